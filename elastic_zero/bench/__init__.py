@@ -1,0 +1,1 @@
+"""Benchmarks: medians and ratios measured side by side in one run."""

@@ -1,0 +1,167 @@
+"""`elastic-zero bench step`: step time of ZeRO stage 1/2/3 against torch DDP (and FSDP2) in one run.
+
+All variants train the same preset with the same data on the same local gloo ranks, one torch
+thread per rank. Rounds alternate the variants so that drift on a shared machine hits them
+alike; the median is taken over every timed step of a variant (rank 0's wall clock, from the
+start of one step to the start of the next, so deferred work is counted).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from elastic_zero.data import MarkovTokens
+from elastic_zero.local_group import LocalRank, run_local_group
+from elastic_zero.models import PRESETS, build_preset, lm_loss
+from elastic_zero.zero import AdamW, ZeroEngine
+
+ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+VARIANTS = ("ddp", "1", "2", "3", "fsdp2")
+
+
+class _Trainer:
+    """One variant on one rank: step(x, y) runs forward, backward and the optimizer."""
+
+    def __init__(self, variant: str, preset: str, zero_pg) -> None:
+        model = build_preset(preset, seed=0)
+        self.engine = None
+        if variant in ("1", "2", "3"):
+            self.engine = ZeroEngine(model, AdamW(**ADAMW), stage=int(variant), process_group=zero_pg)
+            self.model = model
+            return
+        if variant == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.model = DistributedDataParallel(model)
+        elif variant == "fsdp2":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+            for block in model.blocks:
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            self.model = model
+        else:
+            raise ValueError(f"unknown variant {variant!r}; allowed: {', '.join(VARIANTS)}")
+        self.opt = torch.optim.AdamW(self.model.parameters(), **ADAMW, foreach=True)
+
+    def step(self, x, y) -> float:
+        loss = lm_loss(self.model(x), y)
+        if self.engine is not None:
+            self.engine.backward(loss)
+            self.engine.step()
+            self.engine.zero_grad()
+        else:
+            loss.backward()
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    def finish(self) -> None:
+        if self.engine is not None:
+            self.engine.synchronize()
+
+
+def _rank_main(ctx: LocalRank, variants, preset, micro_batch, warmup, steps, rounds):
+    dist.init_process_group("gloo", store=dist.PrefixStore("bench-default/", ctx.store),
+                            rank=ctx.rank, world_size=ctx.world_size)
+    try:
+        cfg = PRESETS[preset]
+        data = MarkovTokens(cfg.vocab_size, cfg.seq_len, seed=0)
+        trainers = {v: _Trainer(v, preset, ctx.process_group) for v in variants}
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        cursor = {v: 0 for v in variants}
+        per_round = [steps // rounds + (1 if r < steps % rounds else 0) for r in range(rounds)]
+        for r, timed in enumerate(per_round):
+            for v in variants:
+                t = trainers[v]
+                n_warm = warmup if r == 0 else 1
+                stamps = []
+                dist.barrier()
+                for i in range(n_warm + timed):
+                    start = (cursor[v] * ctx.world_size + ctx.rank) * micro_batch
+                    x, y = data.batch(range(start, start + micro_batch))
+                    cursor[v] += 1
+                    if i >= n_warm:
+                        stamps.append(time.perf_counter())
+                    t.step(x, y)
+                t.finish()
+                stamps.append(time.perf_counter())
+                times[v].extend(b - a for a, b in zip(stamps, stamps[1:]))
+        memory = {v: trainers[v].engine.memory_report() for v in variants if trainers[v].engine is not None}
+        return {"times": times, "memory": memory}
+    finally:
+        dist.destroy_process_group()
+
+
+def run_step_bench(stage: str, workers: int, preset: str = "gpt-small", micro_batch: int = 8,
+                   warmup: int = 3, steps: int = 30, rounds: int = 3) -> dict:
+    if stage not in VARIANTS:
+        raise ValueError(f"--stage must be one of {', '.join(VARIANTS)}, got {stage!r}")
+    if workers < 1 or steps < rounds or rounds < 1 or warmup < 0:
+        raise ValueError("need workers >= 1, rounds >= 1, steps >= rounds and warmup >= 0")
+    variants = ["ddp"] + ([stage] if stage != "ddp" else [])
+    if stage == "3":
+        variants.append("fsdp2")
+    results = run_local_group(_rank_main, workers, (variants, preset, micro_batch, warmup, steps, rounds),
+                              timeout_s=3600)
+    times, memory = results[0]["times"], results[0]["memory"]
+    medians = {v: statistics.median(ts) for v, ts in times.items()}
+    report = {
+        "stage": stage,
+        "workers": workers,
+        "preset": preset,
+        "micro_batch": micro_batch,
+        "timed_steps": steps,
+        "median_step_s": medians[stage],
+        "ddp_median_step_s": medians["ddp"],
+        "ratio_vs_ddp": medians[stage] / medians["ddp"],
+    }
+    if "fsdp2" in medians:
+        report["fsdp2_median_step_s"] = medians["fsdp2"]
+        report["ratio_vs_fsdp2"] = medians[stage] / medians["fsdp2"]
+    if stage in memory:
+        mem = memory[stage]
+        p, n = mem["param_count"], workers
+        s = int(stage)
+        theory = {
+            "params": 4 * p if s < 3 else 4 * p / n,
+            "grads": 4 * p + 4 * p / n if s == 1 else 4 * p / n,
+            "optimizer": 8 * p / n,
+        }
+        report.update(
+            param_count=p,
+            optimizer_bytes_per_rank=mem["optimizer"],
+            optimizer_bytes_theory=theory["optimizer"],
+            optimizer_ratio_vs_theory=mem["optimizer"] / theory["optimizer"],
+            params_bytes_per_rank=mem["params"],
+            params_bytes_theory=theory["params"],
+            grads_bytes_per_rank=mem["grads"],
+            grads_bytes_theory=theory["grads"],
+        )
+    return report
+
+
+def format_report(r: dict) -> str:
+    lines = [
+        f"bench step: {r['preset']}, micro batch {r['micro_batch']}, {r['workers']} gloo ranks, "
+        f"{r['timed_steps']} timed steps per variant",
+        f"  torch DDP        median {r['ddp_median_step_s']:.3f} s/step",
+    ]
+    if r["stage"] != "ddp":
+        lines.append(f"  ZeRO stage {r['stage']}     median {r['median_step_s']:.3f} s/step   "
+                     f"{r['ratio_vs_ddp']:.3f}x DDP")
+    if "fsdp2_median_step_s" in r:
+        lines.append(f"  FSDP2            median {r['fsdp2_median_step_s']:.3f} s/step   "
+                     f"stage 3 is {r['ratio_vs_fsdp2']:.3f}x FSDP2")
+    if "optimizer_bytes_per_rank" in r:
+        for cat in ("optimizer", "params", "grads"):
+            got, want = r[f"{cat}_bytes_per_rank"], r[f"{cat}_bytes_theory"]
+            lines.append(f"  {cat:<10} {got / 2**20:8.2f} MiB/rank   ZeRO formula {want / 2**20:8.2f} MiB "
+                         f"({got / want:.4f}x)")
+    return "\n".join(lines)

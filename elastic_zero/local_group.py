@@ -1,0 +1,93 @@
+"""Run one function on N local processes joined by a gloo process group (tests, benchmarks, demo).
+
+The parent hosts the TCPStore, so no rank's death takes the rendezvous down. Each child sets
+torch to one thread, builds its own process group (no default group) and sends back its result
+serialised with torch.save, or its traceback.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import multiprocessing as mp
+import queue as queue_mod
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from elastic_zero.zero.comm import new_process_group
+
+
+@dataclass
+class LocalRank:
+    rank: int
+    world_size: int
+    store: Any  # a torch.distributed.TCPStore client
+    process_group: Any
+
+
+class LocalGroupError(RuntimeError):
+    pass
+
+
+def run_local_group(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple = (),
+    timeout_s: float = 300.0,
+    backend: str = "gloo",
+    threads_per_rank: int = 1,
+) -> list[Any]:
+    """`fn(LocalRank, *args)` on `world_size` processes; the results in rank order."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    results_q = ctx.Queue()
+    procs = [
+        ctx.Process(target=_child, daemon=True,
+                    args=(fn, rank, world_size, store.port, args, results_q, backend, threads_per_rank, timeout_s))
+        for rank in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world_size:
+            try:
+                rank, ok, payload = results_q.get(timeout=0.5)
+            except queue_mod.Empty:
+                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in results]
+                if dead:
+                    raise LocalGroupError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode}") from None
+                if time.monotonic() > deadline:
+                    raise LocalGroupError(f"local group timed out after {timeout_s:.0f} s") from None
+                continue
+            if not ok:
+                raise LocalGroupError(f"rank {rank} failed:\n{payload}")
+            results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world_size)]
+
+
+def _child(fn, rank, world_size, port, args, results_q, backend, threads, timeout_s) -> None:
+    torch.set_num_threads(threads)
+    try:
+        store = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=timeout_s))
+        pg = new_process_group(store, "local/", rank, world_size, backend, timeout_s=timeout_s)
+        result = fn(LocalRank(rank, world_size, store, pg), *args)
+        buf = io.BytesIO()
+        torch.save(result, buf)
+        results_q.put((rank, True, buf.getvalue()))
+    except BaseException:
+        results_q.put((rank, False, traceback.format_exc()))

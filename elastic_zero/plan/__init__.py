@@ -1,0 +1,19 @@
+"""Pure planning: layouts, partitions, reshard plans. Standard library only.
+
+Nothing here imports torch.distributed, Ray, pyarrow, os or time; time is an argument.
+"""
+
+from elastic_zero.plan.layout import FlatLayout, ParamSlot, UnitSpan, build_layout, ParamSpec
+from elastic_zero.plan.partition import Partition, Piece, partition_layout, shard_pieces
+
+__all__ = [
+    "FlatLayout",
+    "ParamSlot",
+    "ParamSpec",
+    "UnitSpan",
+    "build_layout",
+    "Partition",
+    "Piece",
+    "partition_layout",
+    "shard_pieces",
+]

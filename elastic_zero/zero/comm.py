@@ -1,0 +1,185 @@
+"""The one small interface every collective of the engine goes through.
+
+`TorchComm` wraps a torch.distributed process group (gloo on CPU, NCCL on GPU; the device comes
+from the tensors). `SingleComm` is the one-rank implementation, so world size 1 runs the same code.
+
+On gloo, reduce-scatter and all-gather are built from all-reduce: gloo's own reduce-scatter and
+all-gather run 3-4x slower than its ring all-reduce of the same buffer (measured here: 5M fp32
+elements on 2 ranks, 19 ms all-reduce, 57 ms reduce-scatter, 78 ms all-gather). An all-gather is
+an all-reduce of a buffer that is zero outside the rank's chunk (adding zeros is exact).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceOptions,
+    BroadcastOptions,
+    ReduceScatterOptions,
+)
+
+
+class Handle(Protocol):
+    def wait(self) -> None: ...
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+class _Then:
+    """A pending collective with a finishing step to run after it completes."""
+
+    def __init__(self, work, finish) -> None:
+        self._work, self._finish = work, finish
+
+    def wait(self) -> None:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            self._finish()
+
+
+class Comm(Protocol):
+    rank: int
+    world_size: int
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> Handle: ...
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle:
+        """Sum `input` (world_size equal chunks) over ranks; this rank's chunk lands in `output`.
+        `input` may be overwritten."""
+        ...
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle:
+        """Concatenate every rank's `input` into `output`; `input` may be this rank's chunk of `output`."""
+        ...
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None: ...
+
+
+class SingleComm:
+    rank = 0
+    world_size = 1
+
+    def all_reduce(self, tensor, op="sum", async_op=False):
+        return _Done()
+
+    def reduce_scatter(self, output, input, async_op=False):
+        if output.data_ptr() != input.data_ptr():
+            output.copy_(input)
+        return _Done()
+
+    def all_gather(self, output, input, async_op=False):
+        if output.data_ptr() != input.data_ptr():
+            output.copy_(input)
+        return _Done()
+
+    def broadcast(self, tensor, src=0):
+        return None
+
+
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+class TorchComm:
+    """A Comm over a torch.distributed process group (a ProcessGroup or a backend object)."""
+
+    def __init__(self, process_group) -> None:
+        self.pg = process_group
+        self.rank = process_group.rank()
+        self.world_size = process_group.size()
+        self.backend = _backend_name(process_group)
+        self._gather_by_all_reduce = self.backend == "gloo"
+
+    def all_reduce(self, tensor, op="sum", async_op=False):
+        opts = AllreduceOptions()
+        opts.reduceOp = _REDUCE_OPS[op]
+        return self._maybe_wait(self.pg.allreduce([tensor], opts), async_op)
+
+    def reduce_scatter(self, output, input, async_op=False):
+        _check_chunks(output, input, self.world_size, "reduce_scatter")
+        if not self._gather_by_all_reduce:
+            return self._maybe_wait(self.pg._reduce_scatter_base(output, input, ReduceScatterOptions()), async_op)
+        work = self.pg.allreduce([input], AllreduceOptions())
+        n = output.numel()
+        mine = input[self.rank * n : (self.rank + 1) * n]
+
+        def finish() -> None:
+            if output.data_ptr() != mine.data_ptr():
+                output.copy_(mine)
+
+        return self._maybe_wait(_Then(work, finish), async_op)
+
+    def all_gather(self, output, input, async_op=False):
+        _check_chunks(input, output, self.world_size, "all_gather")
+        if not self._gather_by_all_reduce:
+            return self._maybe_wait(self.pg._allgather_base(output, input, AllgatherOptions()), async_op)
+        n = input.numel()
+        lo, hi = self.rank * n, (self.rank + 1) * n
+        if output.data_ptr() != input.data_ptr() + lo * input.element_size():
+            output[lo:hi].copy_(input)
+        output[:lo].zero_()
+        output[hi:].zero_()
+        return self._maybe_wait(self.pg.allreduce([output], AllreduceOptions()), async_op)
+
+    def broadcast(self, tensor, src=0):
+        opts = BroadcastOptions()
+        opts.rootRank = src
+        opts.rootTensor = 0
+        self.pg.broadcast([tensor], opts).wait()
+
+    @staticmethod
+    def _maybe_wait(work, async_op: bool):
+        if async_op:
+            return work
+        work.wait()
+        return _Done()
+
+
+def _check_chunks(chunk: torch.Tensor, whole: torch.Tensor, world_size: int, what: str) -> None:
+    if whole.numel() != chunk.numel() * world_size:
+        raise ValueError(
+            f"{what}: buffer of {whole.numel()} elements is not {world_size} chunks of {chunk.numel()}"
+        )
+
+
+def _backend_name(pg) -> str:
+    for getter in ("_get_backend_name", "name"):
+        fn = getattr(pg, getter, None)
+        if fn is not None:
+            try:
+                return str(fn()).lower()
+            except Exception:  # a wrapper whose backend is not set yet
+                continue
+    return "unknown"
+
+
+def as_comm(process_group) -> Comm:
+    """A Comm from None (one rank), an existing Comm, or a torch.distributed process group."""
+    if process_group is None:
+        return SingleComm()
+    if isinstance(process_group, (SingleComm, TorchComm)):
+        return process_group
+    return TorchComm(process_group)
+
+
+def new_process_group(store, prefix: str, rank: int, world_size: int, backend: str = "gloo", timeout_s: float = 60.0):
+    """A process group of its own (no default group): `backend` over `store`, keys under `prefix`."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world size {world_size}")
+    prefixed = dist.PrefixStore(prefix, store)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
+    raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")

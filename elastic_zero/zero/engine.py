@@ -1,0 +1,373 @@
+"""ZeroEngine: data-parallel training with ZeRO stage 1, 2 or 3 sharding.
+
+Every unit (see units.py) keeps its parameters in one flat buffer of N equal chunks; the model's
+parameters are views into it. Rank r owns chunk r of every unit: the fp32 master copy, the
+optimizer state and the reduced gradient of those elements.
+
+- stage 1: full gradients stay on every rank; each unit is reduce-scattered once its gradients
+  are complete in a synchronising backward, so the reduction overlaps the rest of backward.
+- stage 2: as 1, but each unit's gradients go to a temporary bucket that is reduce-scattered and
+  dropped as soon as the unit is done: only the gradient shard persists.
+- stage 3: as 2, and the full parameter buffers are freed outside a unit's forward and backward;
+  they are gathered just before use, the next unit prefetched while the current one computes.
+
+In fp32 at stages 1 and 2 the master shard is the rank's own chunk of the parameter buffer, so no
+second fp32 copy of the parameters exists. After step() the updated chunks are all-gathered
+asynchronously; a unit's forward waits for its own buffer, so the gather overlaps the forward.
+Read parameters outside forward only after synchronize() (full_state_dict does it).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from typing import Sequence
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from elastic_zero.plan.layout import build_layout
+from elastic_zero.plan.partition import partition_layout, shard_pieces
+from elastic_zero.zero.comm import as_comm
+from elastic_zero.zero.shard import ShardState
+from elastic_zero.zero.units import find_units, param_specs
+from elastic_zero.zero.unit_buffer import UnitBuffer
+
+_COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class ZeroEngine:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer,
+        stage: int = 1,
+        process_group=None,
+        *,
+        grad_clip: float | None = None,
+        compute_dtype: torch.dtype = torch.float32,
+        reduce_dtype: torch.dtype | None = None,
+        wrap: type | Sequence[type] | None = None,
+        align: int = 16,
+    ) -> None:
+        if stage not in (1, 2, 3):
+            raise ValueError(f"stage must be 1, 2 or 3, got {stage!r}")
+        if compute_dtype not in _COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype must be one of float32, bfloat16, float16, got {compute_dtype}")
+        if grad_clip is not None and not grad_clip > 0:
+            raise ValueError(f"grad_clip must be > 0 or None, got {grad_clip}")
+        self.module = model
+        self.optimizer = optimizer
+        self.stage = stage
+        self.grad_clip = grad_clip
+        self.compute_dtype = compute_dtype
+        self.reduce_dtype = reduce_dtype or compute_dtype
+        self.comm = as_comm(process_group)
+        self.rank, self.world_size = self.comm.rank, self.comm.world_size
+        self.step_count = 0
+        self.last_grad_norm: float | None = None
+
+        unit_modules = find_units(model, wrap)
+        specs = param_specs(model, unit_modules)
+        self.layout = build_layout([spec for spec, _ in specs], align=align)
+        self._check_same_layout_on_all_ranks()
+        self.partition = partition_layout(self.layout, self.world_size)
+        self.device = specs[0][1].device
+        params = {spec.name: p for spec, p in specs}
+        modules = dict(unit_modules)
+        self.units: list[UnitBuffer] = []
+        for ui, span in enumerate(self.layout.units):
+            slots = self.layout.unit_slots(ui)
+            members = [(params[s.name], s) for s in slots]
+            self.units.append(UnitBuffer(ui, span, modules.get(span.name), members, self.partition,
+                                         self.rank, compute_dtype, self.device))
+
+        # The master copy is the rank's own chunk of each parameter buffer where it can be.
+        self._master_is_view = stage in (1, 2) and compute_dtype == torch.float32
+        shard_numel = self.partition.shard_numel
+        self._master = None if self._master_is_view else torch.zeros(shard_numel, device=self.device)
+        self._grad = torch.zeros(shard_numel, device=self.device)
+        self._state = {name: torch.zeros(shard_numel, device=self.device) for name in optimizer.state_names}
+        for unit in self.units:
+            full32 = unit.initial_values()
+            self.comm.broadcast(full32, 0)  # every rank starts from rank 0's parameters
+            if not self._master_is_view:
+                self._master_unit(unit).copy_(full32[unit.own_slice])
+            unit.take_values(full32)
+            if stage == 1:
+                unit.attach_grad_views()
+            if stage == 3:
+                unit.free()
+        self._groups = self._build_update_groups()
+        self._order = [u for u in self.units if u.module is not None]
+        self._root = next((u for u in self.units if u.module is None), None)
+        self._pending_reduces: list = []
+        self._sync = True
+        self._install_hooks()
+
+    # ---- shard views -------------------------------------------------------------------------
+
+    def _shard_slice(self, unit: UnitBuffer) -> slice:
+        start = self.partition.shard_unit_offset(unit.index)
+        return slice(start, start + unit.chunk)
+
+    def _master_unit(self, unit: UnitBuffer) -> torch.Tensor:
+        if self._master_is_view:
+            return unit.own()
+        return self._master[self._shard_slice(unit)]
+
+    def _build_update_groups(self):
+        """Runs of the shard that share hyperparameters, as lists of views per state vector."""
+        runs: list[tuple] = []  # (hyper, unit, start, stop) in shard coordinates
+        for piece in shard_pieces(self.layout, self.partition, self.rank):
+            slot = self.layout.slots[piece.slot]
+            hyper = self.optimizer.hyper_for(slot.name, slot.shape)
+            stop = piece.shard_offset + piece.numel
+            if runs and runs[-1][0] == hyper and runs[-1][1] == slot.unit:
+                runs[-1] = (hyper, slot.unit, runs[-1][2], stop)  # padding between pieces stays zero
+            else:
+                runs.append((hyper, slot.unit, piece.shard_offset, stop))
+        groups: dict = {}
+        for hyper, ui, start, stop in runs:
+            unit = self.units[ui]
+            base = self.partition.shard_unit_offset(ui)
+            master = self._master_unit(unit)[start - base : stop - base]
+            views = groups.setdefault(hyper, {"params": [], "grads": [], **{n: [] for n in self._state}})
+            views["params"].append(master)
+            views["grads"].append(self._grad[start:stop])
+            for name, buf in self._state.items():
+                views[name].append(buf[start:stop])
+        return list(groups.items())
+
+    # ---- hooks -------------------------------------------------------------------------------
+
+    def _install_hooks(self) -> None:
+        self.module.register_forward_pre_hook(self._before_root_forward)
+        for unit in self._order:
+            unit.module.register_forward_pre_hook(functools.partial(self._before_unit_forward, unit))
+            if self.stage == 3:
+                unit.module.register_forward_hook(functools.partial(self._after_unit_forward, unit))
+        for unit in self.units:
+            for p, _ in unit.members:
+                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_ready, unit))
+
+    def _before_root_forward(self, module, args) -> None:
+        if self._root is not None:
+            self._ensure_gathered(self._root)
+        if self.stage == 3 and self._order:
+            self._prefetch(self._order[0])
+
+    def _before_unit_forward(self, unit: UnitBuffer, module, args) -> None:
+        if self.stage == 3:
+            pos = self._order.index(unit)
+            if pos + 1 < len(self._order):
+                self._prefetch(self._order[pos + 1])
+        self._ensure_gathered(unit)
+
+    def _after_unit_forward(self, unit: UnitBuffer, module, args, output) -> None:
+        if torch.is_grad_enabled():
+            for t in tree_flatten(output)[0]:
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(functools.partial(self._before_unit_backward, unit))
+        unit.free()
+
+    def _before_unit_backward(self, unit: UnitBuffer, grad) -> None:
+        pos = self._order.index(unit)
+        if pos > 0 and not self._order[pos - 1].grads_done:
+            self._prefetch(self._order[pos - 1])
+        self._ensure_gathered(unit)
+
+    def _on_grad_ready(self, unit: UnitBuffer, param: nn.Parameter) -> None:
+        if unit.grad_arrived(param, self.stage, self.reduce_dtype):
+            self._reduce(unit)
+
+    # ---- collectives -------------------------------------------------------------------------
+
+    def _prefetch(self, unit: UnitBuffer) -> None:
+        if unit.is_free:
+            self._launch_gather(unit)
+
+    def _ensure_gathered(self, unit: UnitBuffer) -> None:
+        if unit.is_free:
+            self._launch_gather(unit)
+        unit.wait_gathered()
+
+    def _launch_gather(self, unit: UnitBuffer) -> None:
+        unit.allocate()
+        own = unit.own()
+        if not self._master_is_view:
+            own.copy_(self._master_unit(unit))
+        unit.gather_handle = self.comm.all_gather(unit.full, own, async_op=True)
+
+    def _reduce(self, unit: UnitBuffer) -> None:
+        bucket = unit.take_grad_bucket(self.stage, self.reduce_dtype, self._sync)
+        if bucket is None:
+            return
+        out = bucket[unit.own_slice]
+        self._pending_reduces.append((unit, out, self.comm.reduce_scatter(out, bucket, async_op=True)))
+        if self.stage == 3:
+            unit.free()
+
+    def _finish_backward(self) -> None:
+        for unit in self.units:
+            if not unit.grads_done:
+                self._reduce(unit)  # parameters that got no gradient this backward
+        scale = 1.0 / self.world_size
+        for unit, out, handle in self._pending_reduces:
+            handle.wait()
+            shard = self._grad[self._shard_slice(unit)]
+            if self.stage == 1:  # full gradients accumulate locally; the reduction replaces the shard
+                shard.copy_(out)
+                if scale != 1.0:
+                    shard.mul_(scale)
+            else:
+                shard.add_(out, alpha=scale)
+        self._pending_reduces = []
+        for unit in self.units:
+            unit.start_backward()
+            if self.stage == 3:
+                unit.free()
+
+    def _check_same_layout_on_all_ranks(self) -> None:
+        if self.world_size == 1:
+            return
+        digest = hashlib.sha256(json.dumps(self.layout.to_dict(), sort_keys=True).encode()).digest()
+        mine = int.from_bytes(digest[:7], "little")
+        probe = torch.tensor([mine, -mine], dtype=torch.int64)
+        self.comm.all_reduce(probe, op="max")
+        if probe.tolist() != [mine, -mine]:
+            raise ValueError(
+                f"rank {self.rank}: the ranks of the process group built different parameter layouts "
+                f"({len(self.layout.slots)} parameters, {self.layout.param_numel} elements here)"
+            )
+
+    # ---- the training API --------------------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor, sync: bool = True) -> None:
+        """Backward of `loss`; gradients are averaged over ranks and accumulate over micro batches.
+
+        Stage 1 with sync=False only accumulates locally (use it for all but the last micro batch);
+        stages 2 and 3 always reduce, since they keep no full gradients."""
+        self._sync = sync
+        try:
+            loss.backward()
+            self._finish_backward()
+        finally:
+            self._sync = True
+
+    def step(self) -> None:
+        """Clip by the global norm over all shards, update the shard, publish the parameters."""
+        if self._pending_reduces or any(u.grads_seen for u in self.units):
+            self._finish_backward()  # loss.backward() was called directly
+        self.last_grad_norm = None
+        if self.grad_clip is not None:
+            sq = torch.linalg.vector_norm(self._grad).square().reshape(1)
+            self.comm.all_reduce(sq)
+            norm = float(sq.sqrt())
+            self.last_grad_norm = norm
+            coef = self.grad_clip / (norm + 1e-6)
+            if coef < 1.0:
+                self._grad.mul_(coef)
+        lr_scale = self.optimizer.schedule.scale(self.step_count)
+        for hyper, views in self._groups:
+            states = {name: views[name] for name in self._state}
+            self.optimizer.update(views["params"], views["grads"], states, hyper, self.step_count + 1, lr_scale)
+        self.step_count += 1
+        if self.stage in (1, 2):
+            for unit in self.units:
+                self._launch_gather(unit)
+
+    def zero_grad(self) -> None:
+        self._grad.zero_()
+        for unit in self.units:
+            unit.zero_grads(self.stage)
+
+    def synchronize(self) -> None:
+        """Wait until every parameter buffer that is allocated holds the current parameters."""
+        for unit in self.units:
+            unit.wait_gathered()
+
+    # ---- state as data -----------------------------------------------------------------------
+
+    def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """The model's state dict with the full fp32 parameters; every rank must call it."""
+        self.synchronize()
+        values: dict[int, torch.Tensor] = {}
+        for unit in self.units:
+            full32 = torch.empty(unit.padded, device=self.device)
+            self.comm.all_gather(full32, self._master_unit(unit))
+            for p, slot in unit.members:
+                start = slot.offset - unit.span.offset
+                values[id(p)] = full32[start : start + slot.numel].view(slot.shape).cpu().clone()
+        if rank0_only and self.rank != 0:
+            return {}
+        out = {}
+        for name, t in self.module.state_dict(keep_vars=True).items():
+            out[name] = values[id(t)] if id(t) in values else t.detach().cpu().clone()
+        return out
+
+    def vector_names(self) -> tuple[str, ...]:
+        return ("params", *self._state)
+
+    def _vector_unit(self, name: str, unit: UnitBuffer) -> torch.Tensor:
+        if name == "params":
+            return self._master_unit(unit)
+        return self._state[name][self._shard_slice(unit)]
+
+    def shard_state(self) -> ShardState:
+        """A copy of this rank's shard: every state vector over the rank's ranges, and the step."""
+        self.synchronize()
+        ranges = self.partition.ranges(self.rank)
+        vectors = {
+            name: torch.cat([self._vector_unit(name, u)[: r.numel] for u, r in zip(self.units, ranges)])
+            for name in self.vector_names()
+        }
+        return ShardState(self.layout, self.partition, self.rank, vectors, {"step": self.step_count})
+
+    def load_shard_state(self, state: ShardState) -> None:
+        """Replace this rank's shard with `state` (same layout, world size and rank) and republish."""
+        if state.layout != self.layout:
+            raise ValueError(f"shard layout does not match the model: {self.layout.describe_mismatch(state.layout)}")
+        if state.partition.world_size != self.world_size:
+            raise ValueError(
+                f"shard was cut for world size {state.partition.world_size}, "
+                f"but the process group has {self.world_size} ranks"
+            )
+        if state.partition != self.partition or state.rank != self.rank:
+            raise ValueError(f"shard belongs to rank {state.rank} of another partition; this is rank {self.rank}")
+        missing = [n for n in self.vector_names() if n not in state.vectors]
+        extra = [n for n in state.vectors if n not in self.vector_names()]
+        if missing or extra:
+            raise ValueError(f"shard vectors differ from the optimizer's: missing {missing}, unexpected {extra}")
+        if "step" not in state.scalars:
+            raise ValueError("shard scalars lack 'step'")
+        state.check()
+        self.synchronize()
+        ranges = self.partition.ranges(self.rank)
+        for name in self.vector_names():
+            offset = 0
+            for unit, r in zip(self.units, ranges):
+                dest = self._vector_unit(name, unit)
+                dest[: r.numel].copy_(state.vectors[name][offset : offset + r.numel])
+                dest[r.numel :].zero_()
+                offset += r.numel
+        self.step_count = int(state.scalars["step"])
+        for unit in self.units:
+            if not unit.is_free:
+                self._launch_gather(unit)
+        self.synchronize()
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes held on this rank now, by category, with the parameter count and world size."""
+        master = 0 if self._master is None else self._master.nbytes
+        return {
+            "params": master + sum(u.param_bytes() for u in self.units),
+            "grads": self._grad.nbytes + sum(u.grad_bytes() for u in self.units),
+            "optimizer": sum(b.nbytes for b in self._state.values()),
+            "buffers": sum(b.nbytes for b in self.module.buffers()),
+            "param_count": self.layout.param_numel,
+            "world_size": self.world_size,
+            "stage": self.stage,
+        }

@@ -1,0 +1,145 @@
+"""The flat buffers of one unit on one rank: full parameters, full gradients, and their lifecycle.
+
+The full parameter buffer holds N equal chunks (N = world size); the unit's parameters are views
+into it. Stage 3 frees it by shrinking its storage to zero bytes and refills it by growing the
+storage again, so the views (and any autograd saved for backward) stay valid across the gap.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from elastic_zero.plan.layout import ParamSlot, UnitSpan
+from elastic_zero.plan.partition import Partition
+
+
+class UnitBuffer:
+    def __init__(
+        self,
+        index: int,
+        span: UnitSpan,
+        module: nn.Module | None,
+        members: list[tuple[nn.Parameter, ParamSlot]],
+        partition: Partition,
+        rank: int,
+        compute_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.index = index
+        self.span = span
+        self.module = module  # None for the root unit
+        self.members = members
+        self._slot_of = {id(p): slot for p, slot in members}
+        self.chunk = partition.chunks[index]
+        self.padded = self.chunk * partition.world_size
+        self.own_slice = slice(rank * self.chunk, (rank + 1) * self.chunk)
+        self.full = torch.zeros(self.padded, dtype=compute_dtype, device=device)
+        self.grad_full: torch.Tensor | None = None  # stage 1 only
+        self.gather_handle = None
+        self._allocated = True
+        self._bucket: torch.Tensor | None = None
+        self._arrived = 0
+        self.grads_done = False  # reduced (or skipped) in the current backward
+        self.grads_seen = False  # some gradient arrived in the current backward
+
+    def _flat(self, t: torch.Tensor, slot: ParamSlot) -> torch.Tensor:
+        start = slot.offset - self.span.offset
+        return t[start : start + slot.numel]
+
+    # ---- parameters ---------------------------------------------------------------------------
+
+    def initial_values(self) -> torch.Tensor:
+        """The parameters' current values, flattened into a padded fp32 buffer."""
+        full32 = torch.zeros(self.padded, dtype=torch.float32, device=self.full.device)
+        for p, slot in self.members:
+            self._flat(full32, slot).copy_(p.detach().reshape(-1))
+        return full32
+
+    def take_values(self, full32: torch.Tensor) -> None:
+        """Fill the buffer from `full32` and make the parameters views into it."""
+        self.full.copy_(full32)
+        for p, slot in self.members:
+            p.data = self._flat(self.full, slot).view(slot.shape)
+
+    def own(self) -> torch.Tensor:
+        return self.full[self.own_slice]
+
+    @property
+    def is_free(self) -> bool:
+        return not self._allocated
+
+    def allocate(self) -> None:
+        if not self._allocated:
+            self.full.untyped_storage().resize_(self.padded * self.full.element_size())
+            self._allocated = True
+
+    def free(self) -> None:
+        if self._allocated:
+            self.wait_gathered()
+            self.full.untyped_storage().resize_(0)
+            self._allocated = False
+
+    def wait_gathered(self) -> None:
+        if self.gather_handle is not None:
+            handle, self.gather_handle = self.gather_handle, None
+            handle.wait()
+
+    def param_bytes(self) -> int:
+        return self.full.untyped_storage().nbytes()
+
+    # ---- gradients ----------------------------------------------------------------------------
+
+    def attach_grad_views(self) -> None:
+        """Stage 1: persistent full gradients; autograd accumulates into views of one buffer."""
+        self.grad_full = torch.zeros(self.padded, dtype=self.full.dtype, device=self.full.device)
+        for p, slot in self.members:
+            p.grad = self._flat(self.grad_full, slot).view(slot.shape)
+
+    def grad_arrived(self, p: nn.Parameter, stage: int, reduce_dtype: torch.dtype) -> bool:
+        """Take the gradient of `p`; True once every parameter of the unit has one."""
+        slot = self._slot_of[id(p)]
+        self.grads_seen = True
+        if stage == 1:
+            view = self._flat(self.grad_full, slot)
+            if p.grad.data_ptr() != view.data_ptr():  # someone replaced .grad: fold it back in
+                view.copy_(p.grad.reshape(-1))
+                p.grad = view.view(slot.shape)
+        else:
+            if self._bucket is None:
+                self._bucket = torch.zeros(self.padded, dtype=reduce_dtype, device=self.full.device)
+            self._flat(self._bucket, slot).copy_(p.grad.reshape(-1))
+            p.grad = None
+        self._arrived += 1
+        return self._arrived == len(self.members)
+
+    def take_grad_bucket(self, stage: int, reduce_dtype: torch.dtype, sync: bool) -> torch.Tensor | None:
+        """The padded gradients to reduce-scatter now (a buffer the collective may overwrite), or None."""
+        self.grads_done = True
+        if stage == 1:
+            return self.grad_full.to(reduce_dtype, copy=True) if sync else None
+        bucket = self._bucket
+        self._bucket = None
+        if bucket is None:
+            bucket = torch.zeros(self.padded, dtype=reduce_dtype, device=self.full.device)
+        return bucket
+
+    def start_backward(self) -> None:
+        self._arrived = 0
+        self.grads_done = False
+        self.grads_seen = False
+
+    def zero_grads(self, stage: int) -> None:
+        if stage == 1:
+            self.grad_full.zero_()
+            for p, slot in self.members:
+                view = self._flat(self.grad_full, slot)
+                if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                    p.grad = view.view(slot.shape)
+        else:
+            self._bucket = None
+            for p, _ in self.members:
+                p.grad = None
+
+    def grad_bytes(self) -> int:
+        return 0 if self.grad_full is None else self.grad_full.nbytes

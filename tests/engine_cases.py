@@ -1,0 +1,111 @@
+"""Training cases shared by the single-process oracles and the engine running on local ranks."""
+
+from __future__ import annotations
+
+import torch
+
+from elastic_zero.models import MLP, build_preset, lm_loss
+from elastic_zero.zero import SGD, AdamW, ZeroEngine
+
+GLOBAL_BATCH = 24  # divisible by 1, 2, 3 and by 4 micro batches per rank share
+SEQ = 16
+
+# metric "max_abs": the largest elementwise difference; "relative": ||a - b|| / ||a|| over all
+# parameters together. On the GPT, AdamW turns the fp32 reduction-order noise of a few elements
+# with near-zero gradients into near-full steps (measured at 3 ranks: 1.35e-5 on 3 of 136k
+# elements, 1e-6 overall), so AdamW-on-GPT cases are compared over all parameters together.
+CASES = {
+    "adamw": dict(model="gpt-nobias", opt="adamw", clip=None, accum=1, metric="relative"),
+    "adamw_clip": dict(model="gpt-nobias", opt="adamw", clip=0.05, accum=1, metric="relative"),
+    "adamw_accum4": dict(model="gpt-nobias", opt="adamw", clip=None, accum=4, metric="relative"),
+    # SGD with momentum on a GPT with biases and a tied head (a parameter shared by two modules)
+    "sgd": dict(model="gpt-tied", opt="sgd", clip=None, accum=1, metric="max_abs"),
+    "sgd_clip_accum4": dict(model="gpt-tied", opt="sgd", clip=0.5, accum=4, metric="max_abs"),
+    "mlp_adamw_clip": dict(model="mlp", opt="adamw", clip=0.3, accum=2, metric="max_abs"),
+}
+
+
+def build_model(kind: str, seed: int = 0) -> torch.nn.Module:
+    if kind == "gpt-nobias":
+        return build_preset("gpt-tiny", seed=seed, bias=False)
+    if kind == "gpt-tied":
+        return build_preset("gpt-tiny", seed=seed, tied_head=True)
+    if kind == "mlp":
+        torch.manual_seed(seed)
+        return MLP((12, 24, 24, 6))
+    raise ValueError(kind)
+
+
+def batches(kind: str, steps: int) -> list:
+    g = torch.Generator().manual_seed(1234)
+    if kind == "mlp":
+        return [(torch.randn(GLOBAL_BATCH, 12, generator=g), torch.randn(GLOBAL_BATCH, 6, generator=g))
+                for _ in range(steps)]
+    out = []
+    for _ in range(steps):
+        tokens = torch.randint(0, 256, (GLOBAL_BATCH, SEQ + 1), generator=g)
+        out.append((tokens[:, :-1], tokens[:, 1:]))
+    return out
+
+
+def loss_of(kind: str, model, x, y) -> torch.Tensor:
+    out = model(x)
+    return torch.nn.functional.mse_loss(out, y) if kind == "mlp" else lm_loss(out, y)
+
+
+HYPER = dict(adamw=dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1), sgd=dict(lr=0.05, momentum=0.9, weight_decay=0.01))
+
+
+def engine_optimizer(name: str):
+    # decay_1d=True: torch's AdamW decays every parameter, so the oracle does too
+    return AdamW(**HYPER[name], decay_1d=True) if name == "adamw" else SGD(**HYPER[name])
+
+
+def oracle(case: str, steps: int) -> dict[str, torch.Tensor]:
+    """Plain PyTorch on one process over the same global batches."""
+    c = CASES[case]
+    model = build_model(c["model"])
+    opt_cls = torch.optim.AdamW if c["opt"] == "adamw" else torch.optim.SGD
+    opt = opt_cls(model.parameters(), **HYPER[c["opt"]])
+    for x, y in batches(c["model"], steps):
+        for mx, my in zip(x.chunk(c["accum"]), y.chunk(c["accum"])):
+            (loss_of(c["model"], model, mx, my) / c["accum"]).backward()
+        if c["clip"]:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), c["clip"])
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def train(process_group, rank: int, world: int, case: str, stage: int, steps: int):
+    """The same training through ZeroEngine; returns the full state dict and the grad norms."""
+    c = CASES[case]
+    model = build_model(c["model"], seed=rank)  # ranks start apart: the engine broadcasts rank 0's
+    engine = ZeroEngine(model, engine_optimizer(c["opt"]), stage=stage, process_group=process_group,
+                        grad_clip=c["clip"])
+    norms = []
+    for x, y in batches(c["model"], steps):
+        sx, sy = x.chunk(world)[rank], y.chunk(world)[rank]
+        micro = list(zip(sx.chunk(c["accum"]), sy.chunk(c["accum"])))
+        for i, (mx, my) in enumerate(micro):
+            engine.backward(loss_of(c["model"], engine.module, mx, my) / c["accum"], sync=i == len(micro) - 1)
+        engine.step()
+        engine.zero_grad()
+        norms.append(engine.last_grad_norm)
+    return engine.full_state_dict(), norms
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def relative_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    va = torch.cat([a[k].float().flatten() for k in a])
+    vb = torch.cat([b[k].float().flatten() for k in a])
+    return ((va - vb).norm() / va.norm()).item()
+
+
+def difference(case: str, a: dict, b: dict) -> float:
+    return (max_abs_diff if CASES[case]["metric"] == "max_abs" else relative_diff)(a, b)

@@ -1,0 +1,79 @@
+import math
+
+import pytest
+import torch
+
+from elastic_zero.zero.optim import SGD, AdamW, Hyper, ParamGroup
+from elastic_zero.zero.schedule import WarmupCosine
+
+
+def _run(ours, theirs, steps=6, seed=0):
+    """Apply our update to flat copies and torch's optimizer to the originals; return both."""
+    g = torch.Generator().manual_seed(seed)
+    params = [torch.randn(5, 3, generator=g), torch.randn(7, generator=g)]
+    torch_params = [p.clone().requires_grad_() for p in params]
+    opt = theirs(torch_params)
+    flat = [p.clone().reshape(-1) for p in params]
+    states = {name: [torch.zeros_like(f) for f in flat] for name in ours.state_names}
+    for step in range(1, steps + 1):
+        grads = [torch.randn(p.shape, generator=g) for p in params]
+        for p, gr in zip(torch_params, grads):
+            p.grad = gr.clone()
+        opt.step()
+        hyper = Hyper(ours.lr, ours.weight_decay)
+        ours.update(flat, [gr.reshape(-1) for gr in grads], states, hyper, step, 1.0)
+    return flat, [p.detach().reshape(-1) for p in torch_params]
+
+
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_adamw_matches_torch(wd):
+    ours = AdamW(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=wd, decay_1d=True)
+    a, b = _run(ours, lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=wd))
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(), dict(momentum=0.9), dict(momentum=0.9, nesterov=True, weight_decay=0.01), dict(momentum=0.5, dampening=0.3)],
+)
+def test_sgd_matches_torch(kw):
+    ours = SGD(lr=0.05, **kw)
+    a, b = _run(ours, lambda ps: torch.optim.SGD(ps, lr=0.05, **kw))
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
+
+
+def test_hyperparameters_per_parameter():
+    opt = AdamW(lr=1e-3, weight_decay=0.1, groups=[ParamGroup("head.*", lr=1e-4)])
+    assert opt.hyper_for("blocks.0.fc.weight", (4, 4)) == Hyper(1e-3, 0.1)
+    assert opt.hyper_for("blocks.0.fc.bias", (4,)) == Hyper(1e-3, 0.0)  # no decay for 1-D by default
+    assert opt.hyper_for("head.weight", (4, 4)) == Hyper(1e-4, 0.1)
+    assert AdamW(weight_decay=0.1, decay_1d=True).hyper_for("b", (4,)).weight_decay == 0.1
+    assert SGD(weight_decay=0.1).hyper_for("b", (4,)).weight_decay == 0.1  # torch's SGD decays all
+
+
+def test_warmup_cosine_schedule():
+    s = WarmupCosine(warmup_steps=4, total_steps=14, min_ratio=0.1)
+    assert [s.scale(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert s.scale(9) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert s.scale(14) == s.scale(100) == 0.1
+    values = [s.scale(i) for i in range(3, 15)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: AdamW(lr=-1), "AdamW lr"),
+        (lambda: AdamW(betas=(0.9, 1.0)), "AdamW betas"),
+        (lambda: AdamW(eps=0), "AdamW eps"),
+        (lambda: SGD(momentum=1.0), "SGD momentum"),
+        (lambda: SGD(nesterov=True), "nesterov"),
+        (lambda: AdamW(groups=[ParamGroup("x", lr=-1)]), "param group 'x'"),
+        (lambda: WarmupCosine(10, 5), "total_steps"),
+    ],
+)
+def test_bad_hyperparameters_are_named(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
