@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from elastic_zero.models import MLP, build_preset, lm_loss
-from elastic_zero.zero import SGD, AdamW, ZeroEngine
+from elastic_zero.zero import SGD, AdamW, ParamGroup, WarmupCosine, ZeroEngine
 
 GLOBAL_BATCH = 24  # divisible by 1, 2, 3 and by 4 micro batches per rank share
 SEQ = 16
@@ -22,6 +22,8 @@ CASES = {
     "sgd": dict(model="gpt-tied", opt="sgd", clip=None, accum=1, metric="max_abs"),
     "sgd_clip_accum4": dict(model="gpt-tied", opt="sgd", clip=0.5, accum=4, metric="max_abs"),
     "mlp_adamw_clip": dict(model="mlp", opt="adamw", clip=0.3, accum=2, metric="max_abs"),
+    # per-group hyperparameters (no decay for 1-D, a slower head) under a warmup + cosine schedule
+    "adamw_groups_schedule": dict(model="gpt-nobias", opt="adamw_groups", clip=None, accum=1, metric="relative"),
 }
 
 
@@ -56,17 +58,38 @@ def loss_of(kind: str, model, x, y) -> torch.Tensor:
 HYPER = dict(adamw=dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1), sgd=dict(lr=0.05, momentum=0.9, weight_decay=0.01))
 
 
+SCHEDULE = WarmupCosine(warmup_steps=3, total_steps=8, min_ratio=0.1)
+HEAD_LR = 3e-4
+
+
 def engine_optimizer(name: str):
+    if name == "adamw_groups":
+        return AdamW(**HYPER["adamw"], groups=[ParamGroup("lm_head.*", lr=HEAD_LR)], schedule=SCHEDULE)
     # decay_1d=True: torch's AdamW decays every parameter, so the oracle does too
     return AdamW(**HYPER[name], decay_1d=True) if name == "adamw" else SGD(**HYPER[name])
+
+
+def torch_optimizer(name: str, model):
+    """torch's optimizer (and LR scheduler) with the same hyperparameters."""
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), **HYPER[name]), None
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), **HYPER[name]), None
+    named = list(model.named_parameters())
+    groups = [
+        {"params": [p for n, p in named if n.startswith("lm_head.")], "lr": HEAD_LR},
+        {"params": [p for n, p in named if not n.startswith("lm_head.") and p.dim() >= 2]},
+        {"params": [p for n, p in named if not n.startswith("lm_head.") and p.dim() < 2], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, **HYPER["adamw"])
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, SCHEDULE.scale)
 
 
 def oracle(case: str, steps: int) -> dict[str, torch.Tensor]:
     """Plain PyTorch on one process over the same global batches."""
     c = CASES[case]
     model = build_model(c["model"])
-    opt_cls = torch.optim.AdamW if c["opt"] == "adamw" else torch.optim.SGD
-    opt = opt_cls(model.parameters(), **HYPER[c["opt"]])
+    opt, schedule = torch_optimizer(c["opt"], model)
     for x, y in batches(c["model"], steps):
         for mx, my in zip(x.chunk(c["accum"]), y.chunk(c["accum"])):
             (loss_of(c["model"], model, mx, my) / c["accum"]).backward()
@@ -74,6 +97,8 @@ def oracle(case: str, steps: int) -> dict[str, torch.Tensor]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), c["clip"])
         opt.step()
         opt.zero_grad()
+        if schedule is not None:
+            schedule.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_flatten
 from elastic_zero.plan.layout import build_layout
 from elastic_zero.plan.partition import partition_layout, shard_pieces
 from elastic_zero.zero.comm import as_comm
+from elastic_zero.zero.loss_scale import DynamicLossScale
 from elastic_zero.zero.shard import ShardState
 from elastic_zero.zero.units import find_units, param_specs
 from elastic_zero.zero.unit_buffer import UnitBuffer
@@ -67,7 +68,10 @@ class ZeroEngine:
         self.comm = as_comm(process_group)
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
         self.step_count = 0
+        self.skipped_steps = 0
         self.last_grad_norm: float | None = None
+        # fp16 gradients underflow without it; bf16 has fp32's exponent range and needs none
+        self.loss_scale = DynamicLossScale() if compute_dtype == torch.float16 else None
 
         unit_modules = find_units(model, wrap)
         specs = param_specs(model, unit_modules)
@@ -215,6 +219,8 @@ class ZeroEngine:
             if not unit.grads_done:
                 self._reduce(unit)  # parameters that got no gradient this backward
         scale = 1.0 / self.world_size
+        if self.loss_scale is not None:
+            scale /= self.loss_scale.scale
         for unit, out, handle in self._pending_reduces:
             handle.wait()
             shard = self._grad[self._shard_slice(unit)]
@@ -251,17 +257,28 @@ class ZeroEngine:
         Stage 1 with sync=False only accumulates locally (use it for all but the last micro batch);
         stages 2 and 3 always reduce, since they keep no full gradients."""
         self._sync = sync
+        if self.loss_scale is not None:
+            loss = loss * self.loss_scale.scale
         try:
             loss.backward()
             self._finish_backward()
         finally:
             self._sync = True
 
-    def step(self) -> None:
-        """Clip by the global norm over all shards, update the shard, publish the parameters."""
+    def step(self) -> bool:
+        """Clip by the global norm over all shards, update the shard, publish the parameters.
+
+        Returns False when fp16 gradients overflowed: the step is skipped and the loss scale backs off."""
         if self._pending_reduces or any(u.grads_seen for u in self.units):
             self._finish_backward()  # loss.backward() was called directly
         self.last_grad_norm = None
+        if self.loss_scale is not None:
+            overflow = torch.logical_not(torch.isfinite(self._grad).all()).to(torch.float32).reshape(1)
+            self.comm.all_reduce(overflow, op="max")
+            self.loss_scale.update(bool(overflow.item()))
+            if overflow.item():
+                self.skipped_steps += 1
+                return False
         if self.grad_clip is not None:
             sq = torch.linalg.vector_norm(self._grad).square().reshape(1)
             self.comm.all_reduce(sq)
@@ -278,6 +295,7 @@ class ZeroEngine:
         if self.stage in (1, 2):
             for unit in self.units:
                 self._launch_gather(unit)
+        return True
 
     def zero_grad(self) -> None:
         self._grad.zero_()
@@ -324,7 +342,10 @@ class ZeroEngine:
             name: torch.cat([self._vector_unit(name, u)[: r.numel] for u, r in zip(self.units, ranges)])
             for name in self.vector_names()
         }
-        return ShardState(self.layout, self.partition, self.rank, vectors, {"step": self.step_count})
+        scalars: dict = {"step": self.step_count}
+        if self.loss_scale is not None:
+            scalars["loss_scale"] = self.loss_scale.scale
+        return ShardState(self.layout, self.partition, self.rank, vectors, scalars)
 
     def load_shard_state(self, state: ShardState) -> None:
         """Replace this rank's shard with `state` (same layout, world size and rank) and republish."""
@@ -354,6 +375,8 @@ class ZeroEngine:
                 dest[r.numel :].zero_()
                 offset += r.numel
         self.step_count = int(state.scalars["step"])
+        if self.loss_scale is not None and "loss_scale" in state.scalars:
+            self.loss_scale.scale = float(state.scalars["loss_scale"])
         for unit in self.units:
             if not unit.is_free:
                 self._launch_gather(unit)
