@@ -170,3 +170,27 @@ def test_fp16_loss_scaling_tracks_fp32_and_skips_overflow(stage):
     assert engine.skipped_steps == 1 and engine.loss_scale.scale == 2.0**15
     assert all(torch.equal(before.vectors[k], after.vectors[k]) for k in before.vectors)
     assert after.scalars["step"] == before.scalars["step"]
+
+
+def test_wrap_names_the_unit_class_and_training_still_matches_torch():
+    from elastic_zero.models.gpt import Block
+
+    data = batches("gpt-tied", 4)
+    by_linear = ZeroEngine(build_preset("gpt-tiny", seed=0, bias=False), SGD(lr=0.1, momentum=0.9), stage=3,
+                           wrap=torch.nn.Linear)
+    by_block = ZeroEngine(build_preset("gpt-tiny", seed=0, bias=False), SGD(lr=0.1, momentum=0.9), stage=3,
+                          wrap=Block)
+    assert [u.name for u in by_block.layout.units] == ["", "blocks.0", "blocks.1"]
+    assert [u.name for u in by_linear.layout.units][:3] == ["", "blocks.0.attn.qkv", "blocks.0.attn.proj"]
+    assert len(by_linear.layout.units) == 1 + 2 * 4 + 1  # root, 4 Linear per block, lm_head
+    model = build_preset("gpt-tiny", seed=0, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in data:
+        for engine in (by_linear, by_block):
+            _step(engine, x, y)
+        lm_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    oracle = model.state_dict()
+    assert max_abs_diff(oracle, by_linear.full_state_dict()) <= 1e-5
+    assert max_abs_diff(oracle, by_block.full_state_dict()) <= 1e-5

@@ -75,10 +75,13 @@ class ZeroEngine:
 
         unit_modules = find_units(model, wrap)
         specs = param_specs(model, unit_modules)
+        self.device = specs[0][1].device
+        elsewhere = [spec.name for spec, p in specs if p.device != self.device]
+        if elsewhere:
+            raise ValueError(f"parameters must share one device: {elsewhere[0]!r} is not on {self.device}")
         self.layout = build_layout([spec for spec, _ in specs], align=align)
         self._check_same_layout_on_all_ranks()
         self.partition = partition_layout(self.layout, self.world_size)
-        self.device = specs[0][1].device
         params = {spec.name: p for spec, p in specs}
         modules = dict(unit_modules)
         self.units: list[UnitBuffer] = []
@@ -241,7 +244,7 @@ class ZeroEngine:
             return
         digest = hashlib.sha256(json.dumps(self.layout.to_dict(), sort_keys=True).encode()).digest()
         mine = int.from_bytes(digest[:7], "little")
-        probe = torch.tensor([mine, -mine], dtype=torch.int64)
+        probe = torch.tensor([mine, -mine], dtype=torch.int64, device=self.device)
         self.comm.all_reduce(probe, op="max")
         if probe.tolist() != [mine, -mine]:
             raise ValueError(
