@@ -102,14 +102,25 @@ def oracle(case: str, steps: int) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def make_engine(process_group, rank: int, case: str, stage: int, seed: int | None = None) -> ZeroEngine:
+    c = CASES[case]
+    model = build_model(c["model"], seed=rank if seed is None else seed)  # rank 0's weights are broadcast
+    return ZeroEngine(model, engine_optimizer(c["opt"]), stage=stage, process_group=process_group,
+                      grad_clip=c["clip"])
+
+
 def train(process_group, rank: int, world: int, case: str, stage: int, steps: int):
     """The same training through ZeroEngine; returns the full state dict and the grad norms."""
+    engine = make_engine(process_group, rank, case, stage)
+    norms = run_steps(engine, rank, world, case, 0, steps)
+    return engine.full_state_dict(), norms
+
+
+def run_steps(engine: ZeroEngine, rank: int, world: int, case: str, first: int, last: int) -> list:
+    """Global steps first..last-1 of `case`, this rank taking its share of each global batch."""
     c = CASES[case]
-    model = build_model(c["model"], seed=rank)  # ranks start apart: the engine broadcasts rank 0's
-    engine = ZeroEngine(model, engine_optimizer(c["opt"]), stage=stage, process_group=process_group,
-                        grad_clip=c["clip"])
     norms = []
-    for x, y in batches(c["model"], steps):
+    for x, y in batches(c["model"], last)[first:]:
         sx, sy = x.chunk(world)[rank], y.chunk(world)[rank]
         micro = list(zip(sx.chunk(c["accum"]), sy.chunk(c["accum"])))
         for i, (mx, my) in enumerate(micro):
@@ -117,7 +128,7 @@ def train(process_group, rank: int, world: int, case: str, stage: int, steps: in
         engine.step()
         engine.zero_grad()
         norms.append(engine.last_grad_norm)
-    return engine.full_state_dict(), norms
+    return norms
 
 
 def max_abs_diff(a: dict, b: dict) -> float:

@@ -5,6 +5,7 @@ Nothing here imports torch.distributed, Ray, pyarrow, os or time; time is an arg
 
 from elastic_zero.plan.layout import FlatLayout, ParamSlot, UnitSpan, build_layout, ParamSpec
 from elastic_zero.plan.partition import Partition, Piece, partition_layout, shard_pieces
+from elastic_zero.plan.reshard import Transfer, plan_reshard
 
 __all__ = [
     "FlatLayout",
@@ -16,4 +17,6 @@ __all__ = [
     "Piece",
     "partition_layout",
     "shard_pieces",
+    "Transfer",
+    "plan_reshard",
 ]

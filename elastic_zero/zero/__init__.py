@@ -4,7 +4,7 @@ from elastic_zero.zero.comm import Comm, SingleComm, TorchComm, as_comm, new_pro
 from elastic_zero.zero.engine import ZeroEngine
 from elastic_zero.zero.optim import SGD, AdamW, ParamGroup
 from elastic_zero.zero.schedule import Constant, WarmupCosine
-from elastic_zero.zero.shard import ShardState
+from elastic_zero.zero.shard import ShardState, reshard
 
 __all__ = [
     "AdamW",
@@ -19,4 +19,5 @@ __all__ = [
     "ZeroEngine",
     "as_comm",
     "new_process_group",
+    "reshard",
 ]

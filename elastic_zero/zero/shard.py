@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
 from elastic_zero.plan.layout import FlatLayout
-from elastic_zero.plan.partition import Partition, Range
+from elastic_zero.plan.partition import Partition, Range, partition_layout
+from elastic_zero.plan.reshard import plan_reshard
 
 
 @dataclass
@@ -44,3 +46,32 @@ class ShardState:
     def to(self, device: torch.device | str) -> "ShardState":
         return ShardState(self.layout, self.partition, self.rank,
                           {k: v.to(device, copy=True) for k, v in self.vectors.items()}, dict(self.scalars))
+
+
+def reshard(states: Sequence[ShardState], world_size: int) -> list[ShardState]:
+    """All ranks' shards of one partition, repartitioned over `world_size` ranks (in memory)."""
+    if not states:
+        raise ValueError("reshard needs the shards of every rank, got none")
+    first = states[0]
+    old = first.partition
+    if sorted(s.rank for s in states) != list(range(old.world_size)):
+        raise ValueError(f"reshard needs one shard per rank 0..{old.world_size - 1}, "
+                         f"got ranks {sorted(s.rank for s in states)}")
+    by_rank = {s.rank: s for s in states}
+    for s in states:
+        if s.layout != first.layout or s.partition != old:
+            raise ValueError(f"shard of rank {s.rank} belongs to another layout or partition")
+        if s.scalars != first.scalars or s.vectors.keys() != first.vectors.keys():
+            raise ValueError(f"shard of rank {s.rank} disagrees with rank {first.rank} on scalars or vectors")
+        s.check()
+    new = partition_layout(first.layout, world_size)
+    out = []
+    for rank in range(world_size):
+        numel = sum(r.numel for r in new.ranges(rank))
+        vectors = {name: torch.empty(numel, dtype=v.dtype, device=v.device) for name, v in first.vectors.items()}
+        out.append(ShardState(first.layout, new, rank, vectors, dict(first.scalars)))
+    for t in plan_reshard(old, new):
+        src = by_rank[t.src].vectors
+        for name, dest in out[t.dst].vectors.items():
+            dest[t.dst_offset : t.dst_offset + t.numel].copy_(src[name][t.src_offset : t.src_offset + t.numel])
+    return out
