@@ -12,6 +12,7 @@ an all-reduce of a buffer that is zero outside the rank's chunk (adding zeros is
 from __future__ import annotations
 
 import datetime
+import hashlib
 from typing import Protocol
 
 import torch
@@ -183,3 +184,14 @@ def new_process_group(store, prefix: str, rank: int, world_size: int, backend: s
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
     raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+
+
+def agree_on_all_ranks(comm: Comm, text: str, device: torch.device, what: str) -> None:
+    """Raise ValueError on every rank unless all ranks hold the same `text` (compared by digest)."""
+    if comm.world_size == 1:
+        return
+    mine = int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
+    probe = torch.tensor([mine, -mine], dtype=torch.int64, device=device)
+    comm.all_reduce(probe, op="max")
+    if probe.tolist() != [mine, -mine]:
+        raise ValueError(f"rank {comm.rank}: the ranks of the process group built different {what}")

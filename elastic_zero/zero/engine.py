@@ -20,7 +20,6 @@ Read parameters outside forward only after synchronize() (full_state_dict does i
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from typing import Sequence
 
@@ -30,7 +29,7 @@ from torch.utils._pytree import tree_flatten
 
 from elastic_zero.plan.layout import build_layout
 from elastic_zero.plan.partition import partition_layout, shard_pieces
-from elastic_zero.zero.comm import as_comm
+from elastic_zero.zero.comm import agree_on_all_ranks, as_comm
 from elastic_zero.zero.loss_scale import DynamicLossScale
 from elastic_zero.zero.shard import ShardState
 from elastic_zero.zero.units import find_units, param_specs
@@ -80,7 +79,9 @@ class ZeroEngine:
         if elsewhere:
             raise ValueError(f"parameters must share one device: {elsewhere[0]!r} is not on {self.device}")
         self.layout = build_layout([spec for spec, _ in specs], align=align)
-        self._check_same_layout_on_all_ranks()
+        agree_on_all_ranks(self.comm, json.dumps(self.layout.to_dict(), sort_keys=True), self.device,
+                           f"parameter layouts ({len(self.layout.slots)} parameters, "
+                           f"{self.layout.param_numel} elements on rank {self.rank})")
         self.partition = partition_layout(self.layout, self.world_size)
         params = {spec.name: p for spec, p in specs}
         modules = dict(unit_modules)
@@ -238,19 +239,6 @@ class ZeroEngine:
             unit.start_backward()
             if self.stage == 3:
                 unit.free()
-
-    def _check_same_layout_on_all_ranks(self) -> None:
-        if self.world_size == 1:
-            return
-        digest = hashlib.sha256(json.dumps(self.layout.to_dict(), sort_keys=True).encode()).digest()
-        mine = int.from_bytes(digest[:7], "little")
-        probe = torch.tensor([mine, -mine], dtype=torch.int64, device=self.device)
-        self.comm.all_reduce(probe, op="max")
-        if probe.tolist() != [mine, -mine]:
-            raise ValueError(
-                f"rank {self.rank}: the ranks of the process group built different parameter layouts "
-                f"({len(self.layout.slots)} parameters, {self.layout.param_numel} elements here)"
-            )
 
     # ---- the training API --------------------------------------------------------------------
 
