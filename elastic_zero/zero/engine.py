@@ -28,10 +28,11 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from elastic_zero.plan.layout import build_layout
-from elastic_zero.plan.partition import partition_layout, shard_pieces
+from elastic_zero.plan.partition import partition_layout
 from elastic_zero.zero.comm import agree_on_all_ranks, as_comm
 from elastic_zero.zero.loss_scale import DynamicLossScale
-from elastic_zero.zero.shard import ShardState
+from elastic_zero.zero.shard import ShardState, check_shard_fits
+from elastic_zero.zero.update_groups import update_groups
 from elastic_zero.zero.units import find_units, param_specs
 from elastic_zero.zero.unit_buffer import UnitBuffer
 
@@ -82,38 +83,39 @@ class ZeroEngine:
         agree_on_all_ranks(self.comm, json.dumps(self.layout.to_dict(), sort_keys=True), self.device,
                            f"parameter layouts ({len(self.layout.slots)} parameters, "
                            f"{self.layout.param_numel} elements on rank {self.rank})")
-        self.partition = partition_layout(self.layout, self.world_size)
-        params = {spec.name: p for spec, p in specs}
-        modules = dict(unit_modules)
-        self.units: list[UnitBuffer] = []
-        for ui, span in enumerate(self.layout.units):
-            slots = self.layout.unit_slots(ui)
-            members = [(params[s.name], s) for s in slots]
-            self.units.append(UnitBuffer(ui, span, modules.get(span.name), members, self.partition,
-                                         self.rank, compute_dtype, self.device))
-
+        self._params = {spec.name: p for spec, p in specs}
+        self._unit_modules = dict(unit_modules)
         # The master copy is the rank's own chunk of each parameter buffer where it can be.
         self._master_is_view = stage in (1, 2) and compute_dtype == torch.float32
-        shard_numel = self.partition.shard_numel
-        self._master = None if self._master_is_view else torch.zeros(shard_numel, device=self.device)
-        self._grad = torch.zeros(shard_numel, device=self.device)
-        self._state = {name: torch.zeros(shard_numel, device=self.device) for name in optimizer.state_names}
+        self._pending_reduces: list = []
+        self._sync = True
+        self._partition_over(self.comm)
         for unit in self.units:
             full32 = unit.initial_values()
             self.comm.broadcast(full32, 0)  # every rank starts from rank 0's parameters
             if not self._master_is_view:
                 self._master_unit(unit).copy_(full32[unit.own_slice])
             unit.take_values(full32)
-            if stage == 1:
-                unit.attach_grad_views()
-            if stage == 3:
-                unit.free()
+            self._after_bind(unit)
+        self._install_hooks()
+
+    def _partition_over(self, comm) -> None:
+        """Cut the layout over `comm`'s ranks and allocate this rank's buffers (values not set)."""
+        self.comm = comm
+        self.rank, self.world_size = comm.rank, comm.world_size
+        self.partition = partition_layout(self.layout, self.world_size)
+        self.units: list[UnitBuffer] = []
+        for ui, span in enumerate(self.layout.units):
+            members = [(self._params[s.name], s) for s in self.layout.unit_slots(ui)]
+            self.units.append(UnitBuffer(ui, span, self._unit_modules.get(span.name), members, self.partition,
+                                         self.rank, self.compute_dtype, self.device))
+        shard_numel = self.partition.shard_numel
+        self._master = None if self._master_is_view else torch.zeros(shard_numel, device=self.device)
+        self._grad = torch.zeros(shard_numel, device=self.device)
+        self._state = {name: torch.zeros(shard_numel, device=self.device) for name in self.optimizer.state_names}
         self._groups = self._build_update_groups()
         self._order = [u for u in self.units if u.module is not None]
         self._root = next((u for u in self.units if u.module is None), None)
-        self._pending_reduces: list = []
-        self._sync = True
-        self._install_hooks()
 
     # ---- shard views -------------------------------------------------------------------------
 
@@ -127,39 +129,22 @@ class ZeroEngine:
         return self._master[self._shard_slice(unit)]
 
     def _build_update_groups(self):
-        """Runs of the shard that share hyperparameters, as lists of views per state vector."""
-        runs: list[tuple] = []  # (hyper, unit, start, stop) in shard coordinates
-        for piece in shard_pieces(self.layout, self.partition, self.rank):
-            slot = self.layout.slots[piece.slot]
-            hyper = self.optimizer.hyper_for(slot.name, slot.shape)
-            stop = piece.shard_offset + piece.numel
-            if runs and runs[-1][0] == hyper and runs[-1][1] == slot.unit:
-                runs[-1] = (hyper, slot.unit, runs[-1][2], stop)  # padding between pieces stays zero
-            else:
-                runs.append((hyper, slot.unit, piece.shard_offset, stop))
-        groups: dict = {}
-        for hyper, ui, start, stop in runs:
-            unit = self.units[ui]
-            base = self.partition.shard_unit_offset(ui)
-            master = self._master_unit(unit)[start - base : stop - base]
-            views = groups.setdefault(hyper, {"params": [], "grads": [], **{n: [] for n in self._state}})
-            views["params"].append(master)
-            views["grads"].append(self._grad[start:stop])
-            for name, buf in self._state.items():
-                views[name].append(buf[start:stop])
-        return list(groups.items())
+        views = {name: functools.partial(self._vector_unit, name) for name in self.vector_names()}
+        views["grads"] = lambda unit: self._grad[self._shard_slice(unit)]
+        return update_groups(self.layout, self.partition, self.rank, self.optimizer, self.units, views)
 
     # ---- hooks -------------------------------------------------------------------------------
 
     def _install_hooks(self) -> None:
+        # Hooks name units by index: reconfigure() replaces the UnitBuffer objects.
         self.module.register_forward_pre_hook(self._before_root_forward)
         for unit in self._order:
-            unit.module.register_forward_pre_hook(functools.partial(self._before_unit_forward, unit))
+            unit.module.register_forward_pre_hook(functools.partial(self._before_unit_forward, unit.index))
             if self.stage == 3:
-                unit.module.register_forward_hook(functools.partial(self._after_unit_forward, unit))
+                unit.module.register_forward_hook(functools.partial(self._after_unit_forward, unit.index))
         for unit in self.units:
             for p, _ in unit.members:
-                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_ready, unit))
+                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_ready, unit.index))
 
     def _before_root_forward(self, module, args) -> None:
         if self._root is not None:
@@ -167,27 +152,30 @@ class ZeroEngine:
         if self.stage == 3 and self._order:
             self._prefetch(self._order[0])
 
-    def _before_unit_forward(self, unit: UnitBuffer, module, args) -> None:
+    def _before_unit_forward(self, index: int, module, args) -> None:
+        unit = self.units[index]
         if self.stage == 3:
             pos = self._order.index(unit)
             if pos + 1 < len(self._order):
                 self._prefetch(self._order[pos + 1])
         self._ensure_gathered(unit)
 
-    def _after_unit_forward(self, unit: UnitBuffer, module, args, output) -> None:
+    def _after_unit_forward(self, index: int, module, args, output) -> None:
         if torch.is_grad_enabled():
             for t in tree_flatten(output)[0]:
                 if isinstance(t, torch.Tensor) and t.requires_grad:
-                    t.register_hook(functools.partial(self._before_unit_backward, unit))
-        unit.free()
+                    t.register_hook(functools.partial(self._before_unit_backward, index))
+        self.units[index].free()
 
-    def _before_unit_backward(self, unit: UnitBuffer, grad) -> None:
+    def _before_unit_backward(self, index: int, grad) -> None:
+        unit = self.units[index]
         pos = self._order.index(unit)
         if pos > 0 and not self._order[pos - 1].grads_done:
             self._prefetch(self._order[pos - 1])
         self._ensure_gathered(unit)
 
-    def _on_grad_ready(self, unit: UnitBuffer, param: nn.Parameter) -> None:
+    def _on_grad_ready(self, index: int, param: nn.Parameter) -> None:
+        unit = self.units[index]
         if unit.grad_arrived(param, self.stage, self.reduce_dtype):
             self._reduce(unit)
 
@@ -340,23 +328,35 @@ class ZeroEngine:
 
     def load_shard_state(self, state: ShardState) -> None:
         """Replace this rank's shard with `state` (same layout, world size and rank) and republish."""
-        if state.layout != self.layout:
-            raise ValueError(f"shard layout does not match the model: {self.layout.describe_mismatch(state.layout)}")
-        if state.partition.world_size != self.world_size:
-            raise ValueError(
-                f"shard was cut for world size {state.partition.world_size}, "
-                f"but the process group has {self.world_size} ranks"
-            )
-        if state.partition != self.partition or state.rank != self.rank:
-            raise ValueError(f"shard belongs to rank {state.rank} of another partition; this is rank {self.rank}")
-        missing = [n for n in self.vector_names() if n not in state.vectors]
-        extra = [n for n in state.vectors if n not in self.vector_names()]
-        if missing or extra:
-            raise ValueError(f"shard vectors differ from the optimizer's: missing {missing}, unexpected {extra}")
-        if "step" not in state.scalars:
-            raise ValueError("shard scalars lack 'step'")
-        state.check()
+        self._check_shard(state, self.world_size, self.rank)
         self.synchronize()
+        self._write_shard(state)
+
+    def reconfigure(self, process_group, state: ShardState) -> None:
+        """Continue on another process group (another world size) from `state`, this rank's shard of
+        the new partition: the model, its hooks and the optimizer stay; the buffers are cut anew."""
+        comm = as_comm(process_group)
+        self._check_shard(state, comm.world_size, comm.rank)
+        if self._pending_reduces or any(u.grads_seen for u in self.units):
+            raise RuntimeError("reconfigure() at a safe point only: a backward has not been stepped")
+        self.synchronize()
+        self._partition_over(comm)
+        for unit in self.units:
+            unit.bind_params()
+        self._write_shard(state)
+        for unit in self.units:
+            self._after_bind(unit)
+
+    def _after_bind(self, unit: UnitBuffer) -> None:
+        if self.stage == 1:
+            unit.attach_grad_views()  # after binding: gradients take the parameters' dtype
+        if self.stage == 3:
+            unit.free()
+
+    def _check_shard(self, state: ShardState, world_size: int, rank: int) -> None:
+        check_shard_fits(state, self.layout, partition_layout(self.layout, world_size), rank, self.vector_names())
+
+    def _write_shard(self, state: ShardState) -> None:
         ranges = self.partition.ranges(self.rank)
         for name in self.vector_names():
             offset = 0

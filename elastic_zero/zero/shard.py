@@ -48,6 +48,25 @@ class ShardState:
                           {k: v.to(device, copy=True) for k, v in self.vectors.items()}, dict(self.scalars))
 
 
+def check_shard_fits(state: ShardState, layout: FlatLayout, partition: Partition, rank: int,
+                     vector_names: Sequence[str]) -> None:
+    """Raise ValueError, naming what differs, unless `state` is `rank`'s shard of `partition`."""
+    if state.layout != layout:
+        raise ValueError(f"shard layout does not match the model: {layout.describe_mismatch(state.layout)}")
+    if state.partition.world_size != partition.world_size:
+        raise ValueError(f"shard was cut for world size {state.partition.world_size}, "
+                         f"but the process group has {partition.world_size} ranks")
+    if state.partition != partition or state.rank != rank:
+        raise ValueError(f"shard belongs to rank {state.rank} of another partition; this is rank {rank}")
+    missing = [n for n in vector_names if n not in state.vectors]
+    extra = [n for n in state.vectors if n not in vector_names]
+    if missing or extra:
+        raise ValueError(f"shard vectors differ from the optimizer's: missing {missing}, unexpected {extra}")
+    if "step" not in state.scalars:
+        raise ValueError("shard scalars lack 'step'")
+    state.check()
+
+
 def reshard(states: Sequence[ShardState], world_size: int) -> list[ShardState]:
     """All ranks' shards of one partition, repartitioned over `world_size` ranks (in memory)."""
     if not states:

@@ -59,6 +59,10 @@ class UnitBuffer:
     def take_values(self, full32: torch.Tensor) -> None:
         """Fill the buffer from `full32` and make the parameters views into it."""
         self.full.copy_(full32)
+        self.bind_params()
+
+    def bind_params(self) -> None:
+        """Make the parameters views into this buffer (their values are the buffer's)."""
         for p, slot in self.members:
             p.data = self._flat(self.full, slot).view(slot.shape)
 
