@@ -41,8 +41,11 @@ def run_local_group(
     timeout_s: float = 300.0,
     backend: str = "gloo",
     threads_per_rank: int = 1,
+    may_exit: tuple[int, ...] = (),
 ) -> list[Any]:
-    """`fn(LocalRank, *args)` on `world_size` processes; the results in rank order."""
+    """`fn(LocalRank, *args)` on `world_size` processes; the results in rank order.
+
+    Ranks in `may_exit` may end their process early (a fault drill); their result is None."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=timeout_s),
@@ -63,6 +66,9 @@ def run_local_group(
             try:
                 rank, ok, payload = results_q.get(timeout=0.5)
             except queue_mod.Empty:
+                for i in may_exit:
+                    if procs[i].exitcode is not None and i not in results:
+                        results[i] = None
                 dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in results]
                 if dead:
                     raise LocalGroupError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode}") from None

@@ -64,6 +64,10 @@ class Comm(Protocol):
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None: ...
 
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle: ...
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Handle: ...
+
 
 class SingleComm:
     rank = 0
@@ -84,6 +88,12 @@ class SingleComm:
 
     def broadcast(self, tensor, src=0):
         return None
+
+    def send(self, tensor, dst, tag=0):
+        raise ValueError("a one-rank group has no peer to send to")
+
+    def recv(self, tensor, src, tag=0):
+        raise ValueError("a one-rank group has no peer to receive from")
 
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -135,6 +145,12 @@ class TorchComm:
         opts.rootRank = src
         opts.rootTensor = 0
         self.pg.broadcast([tensor], opts).wait()
+
+    def send(self, tensor, dst, tag=0):
+        return self.pg.send([tensor], dst, tag)
+
+    def recv(self, tensor, src, tag=0):
+        return self.pg.recv([tensor], src, tag)
 
     @staticmethod
     def _maybe_wait(work, async_op: bool):

@@ -281,6 +281,15 @@ class ZeroEngine:
         for unit in self.units:
             unit.zero_grads(self.stage)
 
+    def discard_partial_step(self) -> None:
+        """After a failed collective: forget the work in flight and the gradients of the lost step."""
+        self._pending_reduces = []
+        self._grad.zero_()
+        for unit in self.units:
+            unit.gather_handle = None
+            unit.start_backward()
+            unit.zero_grads(self.stage)
+
     def synchronize(self) -> None:
         """Wait until every parameter buffer that is allocated holds the current parameters."""
         for unit in self.units:

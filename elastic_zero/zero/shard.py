@@ -43,6 +43,19 @@ class ShardState:
                     f"rank {self.rank}'s ranges hold {self.numel}"
                 )
 
+    def pack(self) -> torch.Tensor:
+        """All vectors in one flat tensor, in vector-name order (what a replica send carries)."""
+        return torch.cat([self.vectors[name] for name in sorted(self.vectors)])
+
+    def unpacked(self, flat: torch.Tensor, rank: int, scalars: dict) -> "ShardState":
+        """A state shaped like rank `rank`'s shard of this partition, with the vectors of `flat`."""
+        numel = sum(r.numel for r in self.partition.ranges(rank))
+        names = sorted(self.vectors)
+        if flat.numel() != numel * len(names):
+            raise ValueError(f"packed shard of rank {rank} has {flat.numel()} elements, expected {numel * len(names)}")
+        vectors = {name: flat[i * numel : (i + 1) * numel] for i, name in enumerate(names)}
+        return ShardState(self.layout, self.partition, rank, vectors, dict(scalars))
+
     def to(self, device: torch.device | str) -> "ShardState":
         return ShardState(self.layout, self.partition, self.rank,
                           {k: v.to(device, copy=True) for k, v in self.vectors.items()}, dict(self.scalars))

@@ -1,0 +1,80 @@
+"""Execute a reshard plan between processes: each transfer goes from the process that holds the
+source range (the old rank itself, or its buddy's replica) to the new rank that needs it.
+
+All transfers between one ordered pair of processes travel as one message. Every send and
+receive is posted before any is waited on, so no ordering can deadlock.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+
+from elastic_zero.plan.partition import Partition
+from elastic_zero.plan.reshard import Transfer, plan_reshard
+from elastic_zero.zero.comm import Comm
+from elastic_zero.zero.shard import ShardState
+
+
+def hand_over(
+    comm: Comm,
+    old: Partition,
+    new: Partition,
+    holder_of_old: Sequence[int],
+    member_of_new: Sequence[int],
+    held: Mapping[int, ShardState],
+    template: ShardState,
+) -> ShardState | None:
+    """Move the shards of partition `old` to partition `new` across the processes of `comm`.
+
+    holder_of_old[r]: the comm rank holding old rank r's shard; member_of_new[r]: the comm rank that
+    becomes new rank r; held: the old shards this process holds, by old rank; template: any shard
+    of `old` (for layout, vector names and scalars). Returns this process's new shard, or None when
+    it has no new rank (it is leaving)."""
+    if len(holder_of_old) != old.world_size or len(member_of_new) != new.world_size:
+        raise ValueError("hand_over: holders must name every old rank and members every new rank")
+    me = comm.rank
+    missing = [r for r, h in enumerate(holder_of_old) if h == me and r not in held]
+    if missing:
+        raise ValueError(f"hand_over: process {me} is named holder of old ranks {missing} but does not hold them")
+    names = sorted(template.vectors)
+    plan = plan_reshard(old, new)
+    my_new = member_of_new.index(me) if me in member_of_new else None
+    out = None
+    if my_new is not None:
+        numel = sum(r.numel for r in new.ranges(my_new))
+        vectors = {n: torch.empty(numel, dtype=template.vectors[n].dtype) for n in names}
+        out = ShardState(template.layout, new, my_new, vectors, dict(template.scalars))
+
+    outgoing: dict[int, list[Transfer]] = {}
+    incoming: dict[int, list[Transfer]] = {}
+    for t in plan:
+        src, dst = holder_of_old[t.src], member_of_new[t.dst]
+        if src == me and dst == me:
+            for n in names:
+                out.vectors[n][t.dst_offset : t.dst_offset + t.numel].copy_(
+                    held[t.src].vectors[n][t.src_offset : t.src_offset + t.numel])
+        elif src == me:
+            outgoing.setdefault(dst, []).append(t)
+        elif dst == me:
+            incoming.setdefault(src, []).append(t)
+
+    pending = []
+    for dst, transfers in outgoing.items():
+        message = torch.cat([held[t.src].vectors[n][t.src_offset : t.src_offset + t.numel]
+                             for t in transfers for n in names])
+        pending.append((comm.send(message, dst), None, None))
+    for src, transfers in incoming.items():
+        buf = torch.empty(sum(t.numel for t in transfers) * len(names))
+        pending.append((comm.recv(buf, src), buf, transfers))
+    for handle, buf, transfers in pending:
+        handle.wait()
+        if buf is None:
+            continue
+        cursor = 0
+        for t in transfers:
+            for n in names:
+                out.vectors[n][t.dst_offset : t.dst_offset + t.numel].copy_(buf[cursor : cursor + t.numel])
+                cursor += t.numel
+    return out

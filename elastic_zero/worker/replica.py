@@ -1,0 +1,49 @@
+"""Buddy replication: every rank sends its shard snapshot to its buddy and keeps its ward's copy.
+
+buddies[r] is the rank holding r's replica; the ward of rank b is the r with buddies[r] == b.
+Snapshots live in host memory. The last `keep` steps are kept, so that a failure in the middle
+of a replication still leaves an older step that every survivor can restore.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from elastic_zero.zero.comm import Comm
+from elastic_zero.zero.shard import ShardState
+
+
+@dataclass
+class ReplicaStore:
+    keep: int = 2
+    own: dict[int, ShardState] = field(default_factory=dict)  # step -> this rank's snapshot
+    ward: dict[int, ShardState] = field(default_factory=dict)  # step -> the ward's snapshot
+
+    def add(self, step: int, own: ShardState, ward: ShardState | None) -> None:
+        self.own[step] = own
+        if ward is not None:
+            self.ward[step] = ward
+        for store in (self.own, self.ward):
+            for old in sorted(store)[: -self.keep]:
+                del store[old]
+
+    def clear(self) -> None:
+        self.own.clear()
+        self.ward.clear()
+
+
+def exchange(comm: Comm, snapshot: ShardState, buddies: Sequence[int]) -> ShardState | None:
+    """Send `snapshot` to this rank's buddy and return the ward's snapshot (None when alone)."""
+    if comm.world_size == 1:
+        return None
+    me = comm.rank
+    ward = buddies.index(me)
+    ward_numel = sum(r.numel for r in snapshot.partition.ranges(ward)) * len(snapshot.vectors)
+    packed = snapshot.pack()
+    incoming = packed.new_empty(ward_numel)
+    send = comm.send(packed, buddies[me])
+    recv = comm.recv(incoming, ward)
+    send.wait()
+    recv.wait()
+    return snapshot.unpacked(incoming, ward, snapshot.scalars)
