@@ -13,6 +13,8 @@ import torch
 
 
 class MarkovTokens:
+    num_samples = 1 << 30  # walks are generated on demand: an epoch is practically endless
+
     def __init__(self, vocab_size: int, seq_len: int, seed: int = 0, branching: int = 4) -> None:
         if vocab_size < 2 or seq_len < 1 or not 1 <= branching <= vocab_size:
             raise ValueError(

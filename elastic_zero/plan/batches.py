@@ -1,0 +1,34 @@
+"""How a global batch is split over the ranks of the moment. Pure.
+
+Step s consumes global sample positions [s*B, (s+1)*B). Rank r of N takes a contiguous share
+(the first B % N ranks take one more) and cuts it into micro batches of at most `micro_batch`.
+Each micro batch's mean loss is weighted by (its size * N / B), so that the engine's average over
+ranks is exactly the mean over the global batch, whatever N is.
+"""
+
+from __future__ import annotations
+
+
+def rank_shares(global_batch: int, world_size: int) -> tuple[int, ...]:
+    if world_size < 1 or global_batch < world_size:
+        raise ValueError(f"a global batch of {global_batch} cannot be split over {world_size} ranks")
+    base, extra = divmod(global_batch, world_size)
+    return tuple(base + (1 if r < extra else 0) for r in range(world_size))
+
+
+def rank_positions(step: int, global_batch: int, world_size: int, rank: int) -> range:
+    """The global sample positions rank `rank` trains on at step `step`."""
+    shares = rank_shares(global_batch, world_size)
+    start = step * global_batch + sum(shares[:rank])
+    return range(start, start + shares[rank])
+
+
+def micro_batches(positions: range, micro_batch: int) -> list[range]:
+    if micro_batch < 1:
+        raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
+    return [positions[i : i + micro_batch] for i in range(0, len(positions), micro_batch)]
+
+
+def loss_weight(micro_size: int, global_batch: int, world_size: int) -> float:
+    """The factor for a micro batch's mean loss so that rank-averaged gradients are the global mean."""
+    return micro_size * world_size / global_batch

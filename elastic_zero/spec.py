@@ -1,0 +1,287 @@
+"""The job spec: frozen dataclasses loaded from TOML (or a dict), with `--set section.key=value`.
+
+Every wrong field raises SpecError naming the field and what is allowed; the CLI turns it into
+exit code 2 and one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+class SpecError(ValueError):
+    pass
+
+
+def _fail(where: str, what: str) -> None:
+    raise SpecError(f"{where}: {what}")
+
+
+def _choice(where: str, value, allowed) -> None:
+    if value not in allowed:
+        _fail(where, f"got {value!r}; allowed: {', '.join(repr(a) for a in allowed)}")
+
+
+def _at_least(where: str, value, low) -> None:
+    if value is not None and value < low:
+        _fail(where, f"must be >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    preset: Optional[str] = "gpt-tiny"
+    factory: Optional[str] = None  # "module:function"
+    kwargs: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        from elastic_zero.models import PRESETS
+
+        if (self.preset is None) == (self.factory is None):
+            _fail("model", "give exactly one of 'preset' and 'factory'")
+        if self.preset is not None:
+            _choice("model.preset", self.preset, sorted(PRESETS))
+        if self.factory is not None and (":" not in self.factory or self.factory.count(":") != 1):
+            _fail("model.factory", f"must look like 'package.module:function', got {self.factory!r}")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    source: str = "synthetic"  # or a path / URI of an Arrow or Parquet dataset of token ids
+    column: str = "tokens"
+    branching: int = 4  # synthetic: successors per token
+
+    def validate(self) -> None:
+        if not self.source:
+            _fail("data.source", "must be 'synthetic' or a path/URI to Arrow/Parquet data")
+        _at_least("data.branching", self.branching, 1)
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    steps: int = 40
+    global_batch: int = 16
+    micro_batch: int = 4
+    seed: int = 0
+    grad_clip: Optional[float] = 1.0
+
+    def validate(self) -> None:
+        _at_least("train.steps", self.steps, 1)
+        _at_least("train.global_batch", self.global_batch, 1)
+        _at_least("train.micro_batch", self.micro_batch, 1)
+        _at_least("train.seed", self.seed, 0)
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            _fail("train.grad_clip", f"must be > 0 (or absent), got {self.grad_clip!r}")
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: list = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    momentum: float = 0.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+
+    def validate(self) -> None:
+        _choice("optimizer.name", self.name, ["adamw", "sgd"])
+        _choice("optimizer.schedule", self.schedule, ["constant", "warmup_cosine"])
+        _at_least("optimizer.lr", self.lr, 0.0)
+        _at_least("optimizer.weight_decay", self.weight_decay, 0.0)
+        _at_least("optimizer.warmup_steps", self.warmup_steps, 0)
+        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
+            _fail("optimizer.betas", f"must be two numbers in [0, 1), got {self.betas!r}")
+        if not 0 <= self.momentum < 1:
+            _fail("optimizer.momentum", f"must be in [0, 1), got {self.momentum!r}")
+        if self.eps <= 0:
+            _fail("optimizer.eps", f"must be > 0, got {self.eps!r}")
+
+
+@dataclass(frozen=True)
+class ZeroSpec:
+    stage: int = 2
+    compute_dtype: str = "float32"
+
+    def validate(self) -> None:
+        _choice("zero.stage", self.stage, [1, 2, 3])
+        _choice("zero.compute_dtype", self.compute_dtype, ["float32", "bfloat16", "float16"])
+
+
+@dataclass(frozen=True)
+class ElasticSpec:
+    workers: int = 2
+    min_workers: int = 1
+    max_workers: int = 4
+    replicate_every: int = 1
+    use_gpu: bool = False
+    collective_timeout_s: float = 30.0
+    min_wait_s: float = 60.0  # how long to wait for workers while below min_workers
+
+    def validate(self) -> None:
+        _at_least("elastic.min_workers", self.min_workers, 1)
+        _at_least("elastic.replicate_every", self.replicate_every, 1)
+        if not self.min_workers <= self.workers <= self.max_workers:
+            _fail("elastic.workers", f"must lie in [min_workers, max_workers] = "
+                                     f"[{self.min_workers}, {self.max_workers}], got {self.workers}")
+        if self.collective_timeout_s <= 0:
+            _fail("elastic.collective_timeout_s", f"must be > 0, got {self.collective_timeout_s!r}")
+        _at_least("elastic.min_wait_s", self.min_wait_s, 0.0)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    uri: Optional[str] = None
+    every: int = 0
+    keep: int = 3
+    resume: Optional[str] = None
+
+    def validate(self) -> None:
+        _at_least("checkpoint.every", self.every, 0)
+        _at_least("checkpoint.keep", self.keep, 1)
+        if (self.every or self.resume) and not self.uri:
+            _fail("checkpoint.uri", "is required when 'every' or 'resume' is set")
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    at_step: int
+    action: str
+    rank: Optional[int] = None
+    workers: Optional[int] = None
+    deadline_s: Optional[float] = None
+
+    def validate(self, where: str) -> None:
+        _at_least(f"{where}.at_step", self.at_step, 0)
+        _choice(f"{where}.action", self.action, ["kill", "preempt", "scale"])
+        if self.action in ("kill", "preempt") and self.rank is None:
+            _fail(f"{where}.rank", f"is required for action {self.action!r}")
+        _at_least(f"{where}.rank", self.rank, 0)
+        if self.action == "scale" and self.workers is None:
+            _fail(f"{where}.workers", "is required for action 'scale'")
+        _at_least(f"{where}.workers", self.workers, 1)
+        _at_least(f"{where}.deadline_s", self.deadline_s, 0.0)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str = "elastic-zero"
+    model: ModelSpec = field(default_factory=ModelSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    zero: ZeroSpec = field(default_factory=ZeroSpec)
+    elastic: ElasticSpec = field(default_factory=ElasticSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    faults: tuple = ()
+
+    def validate(self) -> "JobSpec":
+        if not self.name or any(c in self.name for c in "/\\ "):
+            _fail("name", f"must be non-empty without spaces or slashes, got {self.name!r}")
+        for section in ("model", "data", "train", "optimizer", "zero", "elastic", "checkpoint"):
+            getattr(self, section).validate()
+        for i, fault in enumerate(self.faults):
+            fault.validate(f"faults[{i}]")
+            if fault.at_step >= self.train.steps:
+                _fail(f"faults[{i}].at_step", f"must be < train.steps ({self.train.steps}), got {fault.at_step}")
+            if fault.workers is not None and not self.elastic.min_workers <= fault.workers <= self.elastic.max_workers:
+                _fail(f"faults[{i}].workers", f"must lie in [{self.elastic.min_workers}, {self.elastic.max_workers}]")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {
+    "model": ModelSpec, "data": DataSpec, "train": TrainSpec, "optimizer": OptimizerSpec,
+    "zero": ZeroSpec, "elastic": ElasticSpec, "checkpoint": CheckpointSpec,
+}
+
+
+def _typed(where: str, value: Any, annotation) -> Any:
+    hint = annotation
+    optional = False
+    if typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional, hint = True, args[0]
+    if value is None:
+        if optional:
+            return None
+        _fail(where, "must not be empty")
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is bool and not isinstance(value, bool) or hint is int and (isinstance(value, bool) or not isinstance(value, int)):
+        _fail(where, f"must be {'true or false' if hint is bool else 'an integer'}, got {value!r}")
+    if hint in (float, str, dict, list) and not isinstance(value, hint):
+        kind = {float: "a number", str: "a string", dict: "a table", list: "a list"}[hint]
+        _fail(where, f"must be {kind}, got {value!r}")
+    return value
+
+
+def _build(cls, data: dict, where: str, **extra):
+    if not isinstance(data, dict):
+        _fail(where, f"must be a table, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            _fail(f"{where}.{key}", f"unknown field; allowed: {', '.join(fields)}")
+        kwargs[key] = _typed(f"{where}.{key}", value, hints[key])
+    missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING and n not in kwargs]
+    if missing:
+        _fail(f"{where}.{missing[0]}", "is required")
+    return cls(**kwargs, **extra)
+
+
+def spec_from_dict(data: dict) -> JobSpec:
+    data = dict(data)
+    unknown = [k for k in data if k not in (*_SECTIONS, "faults", "name")]
+    if unknown:
+        _fail(unknown[0], f"unknown section; allowed: name, {', '.join(_SECTIONS)}, faults")
+    kwargs: dict[str, Any] = {}
+    if "name" in data:
+        kwargs["name"] = _typed("name", data["name"], str)
+    for section, cls in _SECTIONS.items():
+        if section in data:
+            kwargs[section] = _build(cls, data[section], section)
+    faults = data.get("faults", [])
+    if not isinstance(faults, list):
+        _fail("faults", "must be an array of tables ([[faults]])")
+    kwargs["faults"] = tuple(_build(FaultSpec, f, f"faults[{i}]") for i, f in enumerate(faults))
+    return JobSpec(**kwargs).validate()
+
+
+def apply_override(data: dict, assignment: str) -> None:
+    """Apply `section.key=value` to a spec dict; the value is read as TOML, else as a plain string."""
+    if "=" not in assignment or "." not in assignment.split("=", 1)[0]:
+        _fail("--set", f"expected section.key=value, got {assignment!r}")
+    path, raw = assignment.split("=", 1)
+    section, key = path.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    if section not in _SECTIONS:
+        _fail(f"--set {path}", f"unknown section; allowed: {', '.join(_SECTIONS)}")
+    data.setdefault(section, {})[key] = value
+
+
+def load_spec(path: str | None, overrides: list[str] = ()) -> JobSpec:
+    data: dict = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise SpecError(f"{path}: no such spec file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(f"{path}: not valid TOML ({exc})") from None
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return spec_from_dict(data)
