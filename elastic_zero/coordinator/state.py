@@ -1,0 +1,296 @@
+"""The coordinator's decisions as a pure function: (state, event, now) -> (state, commands, reason).
+
+No Ray, no clock reads: the actor (actor.py) feeds events in and carries the commands out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Union
+
+from elastic_zero.plan.membership import Generation, Member, next_generation
+from elastic_zero.plan.recovery import lost_ranks, restore_point
+
+# ---- what a generation is told to do ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    generation: Generation
+    previous: Generation | None
+    participants: tuple[str, ...]  # the handover group: new members by rank, then leavers holding shards
+    holder_of_old: tuple[int, ...]  # participant index holding each old rank's shard
+    source: str  # "init": fresh model; "live": current engine state; "snapshot": a replicated step
+    step: int  # the optimizer step the generation starts from
+    leaving: tuple[str, ...]  # participants that exit after the handover
+    cause: str
+
+    @property
+    def number(self) -> int:
+        return self.generation.number
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one participant's part of a generation ended."""
+
+    actor_id: str
+    kind: str  # "finished" | "safe_point" | "failed" | "left" | "dead"
+    step: int = 0
+    own_steps: tuple[int, ...] = ()
+    ward_steps: tuple[int, ...] = ()
+    error: str = ""
+
+
+# ---- events and commands ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    pass
+
+
+@dataclass(frozen=True)
+class WorkersReady:
+    members: tuple[Member, ...]
+
+
+@dataclass(frozen=True)
+class ScaleRequested:
+    workers: int
+
+
+@dataclass(frozen=True)
+class PreemptionNotice:
+    actor_id: str
+
+
+@dataclass(frozen=True)
+class GenerationEnded:
+    outcomes: tuple[Outcome, ...]
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+Event = Union[Start, WorkersReady, ScaleRequested, PreemptionNotice, GenerationEnded, Tick]
+
+
+@dataclass(frozen=True)
+class Spawn:
+    count: int
+
+
+@dataclass(frozen=True)
+class RequestSafePoint:
+    pass
+
+
+@dataclass(frozen=True)
+class StartGeneration:
+    plan: GenerationPlan
+
+
+@dataclass(frozen=True)
+class Retire:
+    actor_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Finish:
+    pass
+
+
+@dataclass(frozen=True)
+class Fail:
+    message: str
+
+
+@dataclass(frozen=True)
+class _Recovery:
+    old: Generation
+    survivors: tuple[str, ...]
+    step: int
+    holders: tuple[str, ...]  # actor per old rank
+
+
+@dataclass(frozen=True)
+class CoordinatorState:
+    min_workers: int
+    max_workers: int
+    target: int
+    min_wait_s: float = 60.0
+    generation: Generation | None = None
+    running: bool = False
+    ready: tuple[Member, ...] = ()
+    spawning: int = 0
+    leaving: tuple[str, ...] = ()
+    safe_point_requested: bool = False
+    recovery: _Recovery | None = None  # waiting for workers to reach min_workers
+    waiting_since: float | None = None
+    done: bool = False
+    members_by_id: dict = field(default_factory=dict)  # every member ever seen, by actor id
+
+    def members(self) -> tuple[str, ...]:
+        return tuple(m.actor_id for m in self.generation.members) if self.generation else ()
+
+    def staying(self) -> tuple[str, ...]:
+        return tuple(a for a in self.members() if a not in self.leaving)
+
+
+def decide(state: CoordinatorState, event: Event, now: float):
+    """The next state, the commands to carry out, and why."""
+    if state.done:
+        return state, (), "the job is over"
+    if isinstance(event, Start):
+        return replace(state, spawning=state.target), (Spawn(state.target),), f"start {state.target} workers"
+    if isinstance(event, WorkersReady):
+        return _on_ready(state, event.members, now)
+    if isinstance(event, ScaleRequested):
+        return _on_scale(state, event.workers)
+    if isinstance(event, PreemptionNotice):
+        return _on_preemption(state, event.actor_id)
+    if isinstance(event, GenerationEnded):
+        return _on_generation_end(state, event.outcomes, now)
+    if isinstance(event, Tick):
+        if state.recovery is not None and now - state.waiting_since > state.min_wait_s:
+            return (replace(state, done=True), (Fail(
+                f"only {len(state.recovery.survivors)} workers after a failure, below min_workers "
+                f"{state.min_workers}, for {state.min_wait_s:.0f} s"),), "gave up waiting for workers")
+        return state, (), "nothing to do"
+    raise TypeError(f"unknown event {event!r}")
+
+
+def _remember(state: CoordinatorState, members) -> dict:
+    known = dict(state.members_by_id)
+    known.update({m.actor_id: m for m in members})
+    return known
+
+
+def _on_ready(state, members, now):
+    state = replace(state, ready=state.ready + tuple(members), spawning=max(0, state.spawning - len(members)),
+                    members_by_id=_remember(state, members))
+    if state.generation is None:
+        if len(state.ready) < state.target:
+            return state, (), f"{len(state.ready)} of {state.target} workers ready"
+        gen = next_generation(None, state.ready[: state.target])
+        plan = GenerationPlan(gen, None, tuple(m.actor_id for m in gen.members), (), "init", 0, (), "start")
+        return (replace(state, generation=gen, running=True, ready=state.ready[state.target :]),
+                (StartGeneration(plan),), f"generation 0 with {gen.world_size} workers")
+    if state.recovery is not None:
+        return _try_recover(state, now)
+    return _ask_for_safe_point_if_needed(state, "workers ready to join")
+
+
+def _ask_for_safe_point_if_needed(state, reason):
+    wants = state.leaving or (state.ready and len(state.staying()) < state.target)
+    if state.running and wants and not state.safe_point_requested:
+        return replace(state, safe_point_requested=True), (RequestSafePoint(),), f"{reason}: safe point requested"
+    return state, (), reason
+
+
+def _on_scale(state, workers):
+    if not state.min_workers <= workers <= state.max_workers:
+        return state, (), f"scale to {workers} refused: outside [{state.min_workers}, {state.max_workers}]"
+    state = replace(state, target=workers)
+    commands = []
+    staying = list(state.staying())
+    if workers < len(staying):  # the highest ranks leave
+        leavers = tuple(staying[workers:])
+        state = replace(state, leaving=state.leaving + leavers)
+    surplus = len(state.staying()) + len(state.ready) - workers
+    if surplus > 0 and state.ready:
+        drop = state.ready[len(state.ready) - min(surplus, len(state.ready)) :]
+        state = replace(state, ready=state.ready[: len(state.ready) - len(drop)])
+        commands.append(Retire(tuple(m.actor_id for m in drop)))
+    missing = workers - (len(state.staying()) + len(state.ready) + state.spawning)
+    if missing > 0:
+        state = replace(state, spawning=state.spawning + missing)
+        commands.append(Spawn(missing))
+    state, more, reason = _ask_for_safe_point_if_needed(state, f"scale to {workers}")
+    return state, tuple(commands) + more, reason
+
+
+def _on_preemption(state, actor_id):
+    if actor_id not in state.staying():
+        return state, (), f"preemption notice for {actor_id}, which is not a staying member"
+    state = replace(state, leaving=state.leaving + (actor_id,))
+    commands = []
+    missing = state.target - (len(state.staying()) + len(state.ready) + state.spawning)
+    if missing > 0 and len(state.staying()) + len(state.ready) + state.spawning < state.max_workers:
+        state = replace(state, spawning=state.spawning + missing)
+        commands.append(Spawn(missing))
+    state, more, reason = _ask_for_safe_point_if_needed(state, f"{actor_id} will be preempted")
+    return state, tuple(commands) + more, reason
+
+
+def _on_generation_end(state, outcomes, now):
+    by_id = {o.actor_id: o for o in outcomes}
+    members = state.members()
+    kinds = [by_id[a].kind if a in by_id else "dead" for a in members]
+    state = replace(state, running=False, safe_point_requested=False)
+    if all(k == "finished" for k in kinds):
+        everyone = members + tuple(m.actor_id for m in state.ready)
+        return replace(state, done=True), (Retire(everyone), Finish()), "training finished"
+    dead = tuple(a for a, k in zip(members, kinds) if k == "dead")
+    failed = [by_id[a] for a, k in zip(members, kinds) if k == "failed"]
+    if not dead and failed and len(failed) == len(members):
+        return replace(state, done=True), (Fail(f"every worker failed and none was lost: {failed[0].error}"),), \
+            "failure without a lost worker"
+    if dead or failed:
+        survivors = tuple(a for a in members if a not in dead)
+        own = {o.actor_id: o.own_steps for o in outcomes}
+        ward = {o.actor_id: o.ward_steps for o in outcomes}
+        point = restore_point(state.generation, survivors, own, ward)
+        if point is None:
+            lost = lost_ranks(state.generation, survivors)
+            return replace(state, done=True), (Retire(survivors), Fail(
+                f"ranks {list(lost)} and the replicas of their shards were lost together; "
+                f"no step can be restored from memory"),), "unrecoverable in memory"
+        step, holders = point
+        recovery = _Recovery(state.generation, survivors, step, holders)
+        missing = state.target - (len(survivors) - len(set(state.leaving) & set(survivors))
+                                  + len(state.ready) + state.spawning)
+        commands = [Retire(dead)] if dead else []
+        if missing > 0:
+            state = replace(state, spawning=state.spawning + missing)
+            commands.append(Spawn(missing))
+        state = replace(state, recovery=recovery, waiting_since=now)
+        state, more, reason = _try_recover(state, now)
+        return state, tuple(commands) + more, f"lost {list(dead) or 'no worker'}; {reason}"
+    # every member reached the safe point: a planned change
+    step = max(by_id[a].step for a in members)
+    staying = [m for m in state.generation.members if m.actor_id not in state.leaving]
+    joiners = list(state.ready[: max(0, state.target - len(staying))])
+    gen = next_generation(state.generation, staying + joiners)
+    leavers = tuple(a for a in members if a in state.leaving)
+    participants = tuple(m.actor_id for m in gen.members) + leavers
+    holder_of_old = tuple(participants.index(a) for a in members)
+    plan = GenerationPlan(gen, state.generation, participants, holder_of_old, "live", step, leavers,
+                          "scale" if not state.leaving else "leave")
+    state = replace(state, generation=gen, running=True, ready=state.ready[len(joiners):], leaving=())
+    return state, (StartGeneration(plan),), \
+        f"generation {gen.number}: {len(members)} -> {gen.world_size} workers at step {step}"
+
+
+def _try_recover(state, now):
+    rec = state.recovery
+    staying = [state.members_by_id[a] for a in rec.survivors if a not in state.leaving]
+    room = max(0, state.target - len(staying))
+    joiners = list(state.ready[:room])
+    if len(staying) + len(joiners) < state.min_workers:
+        return state, (), f"{len(staying) + len(joiners)} workers, waiting for min_workers {state.min_workers}"
+    gen = next_generation(rec.old, staying + joiners)
+    new_ids = tuple(m.actor_id for m in gen.members)
+    holding_leavers = tuple(dict.fromkeys(h for h in rec.holders if h not in new_ids))
+    participants = new_ids + holding_leavers
+    plan = GenerationPlan(gen, rec.old, participants, tuple(participants.index(h) for h in rec.holders),
+                          "snapshot", rec.step, holding_leavers, "failure")
+    idle_leavers = tuple(a for a in rec.survivors if a in state.leaving and a not in participants)
+    state = replace(state, generation=gen, running=True, ready=state.ready[len(joiners):], recovery=None,
+                    waiting_since=None, leaving=())
+    retire = (Retire(idle_leavers),) if idle_leavers else ()
+    return state, retire + (StartGeneration(plan),), \
+        f"generation {gen.number}: {gen.world_size} workers restore step {rec.step}"

@@ -1,0 +1,100 @@
+"""The coordinator's state machine, driven by events alone: no Ray, no clock."""
+
+from elastic_zero.coordinator.state import (
+    CoordinatorState, Fail, Finish, GenerationEnded, Outcome, PreemptionNotice, RequestSafePoint, Retire,
+    ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
+)
+from elastic_zero.plan.membership import Member
+
+
+def _members(*ids):
+    return tuple(Member(i, node=f"node-{i}") for i in ids)
+
+
+def _started(n=3, min_workers=1, max_workers=4):
+    s = CoordinatorState(min_workers=min_workers, max_workers=max_workers, target=n, min_wait_s=30)
+    s, cmds, _ = decide(s, Start(), 0.0)
+    assert cmds == (Spawn(n),)
+    s, cmds, _ = decide(s, WorkersReady(_members(*[f"w{i}" for i in range(n)])), 1.0)
+    (start,) = cmds
+    assert isinstance(start, StartGeneration) and start.plan.source == "init" and start.plan.number == 0
+    return s, start.plan
+
+
+def _end(s, plan, **kinds):
+    outs = []
+    for aid in plan.generation.members:
+        kind = kinds.get(aid.actor_id, "failed" if "dead" in kinds.values() else "safe_point")
+        outs.append(Outcome(aid.actor_id, kind, step=5, own_steps=(4, 5), ward_steps=(4, 5)))
+    return decide(s, GenerationEnded(tuple(o for o in outs if o.kind != "dead")), 10.0)
+
+
+def _cmd(cmds, kind):
+    found = [c for c in cmds if isinstance(c, kind)]
+    return found[0] if found else None
+
+
+def test_a_lost_worker_is_rebuilt_from_its_buddy_and_replaced():
+    s, plan = _started(3)
+    s, cmds, reason = _end(s, plan, w1="dead")
+    assert _cmd(cmds, Retire) == Retire(("w1",)) and _cmd(cmds, Spawn) == Spawn(1)
+    new = _cmd(cmds, StartGeneration).plan
+    assert new.source == "snapshot" and new.step == 5 and new.number == 1
+    assert [m.actor_id for m in new.generation.members] == ["w0", "w2"]
+    buddy = plan.generation.members[plan.generation.buddies[1]].actor_id
+    assert new.participants[new.holder_of_old[1]] == buddy
+    # the replacement joins at the next safe point
+    s, cmds, _ = decide(s, WorkersReady(_members("w3")), 11.0)
+    assert cmds == (RequestSafePoint(),)
+    s, cmds, _ = _end(s, new)
+    joined = _cmd(cmds, StartGeneration).plan
+    assert joined.source == "live" and [m.actor_id for m in joined.generation.members] == ["w0", "w2", "w3"]
+    assert joined.holder_of_old == (0, 1)
+
+
+def test_scale_up_then_down_at_safe_points():
+    s, plan = _started(2)
+    s, cmds, _ = decide(s, ScaleRequested(3), 2.0)
+    assert cmds == (Spawn(1),)
+    s, cmds, _ = decide(s, WorkersReady(_members("w9")), 3.0)
+    assert cmds == (RequestSafePoint(),)
+    s, cmds, _ = _end(s, plan)
+    up = cmds[0].plan
+    assert up.generation.world_size == 3 and up.previous.world_size == 2 and up.leaving == ()
+    s, cmds, _ = decide(s, ScaleRequested(2), 4.0)
+    assert cmds == (RequestSafePoint(),) and s.leaving == ("w9",)
+    s, cmds, _ = _end(s, up)
+    down = cmds[0].plan
+    assert [m.actor_id for m in down.generation.members] == ["w0", "w1"]
+    assert down.leaving == ("w9",) and down.participants == ("w0", "w1", "w9") and down.holder_of_old == (0, 1, 2)
+    assert decide(s, ScaleRequested(9), 5.0)[1] == ()  # outside [min, max]: refused
+
+
+def test_preemption_notice_leaves_at_the_next_safe_point_and_spawns_a_replacement():
+    s, plan = _started(3)
+    s, cmds, _ = decide(s, PreemptionNotice("w0"), 2.0)
+    assert cmds == (Spawn(1), RequestSafePoint())
+    s, cmds, _ = _end(s, plan)
+    p = cmds[0].plan
+    assert [m.actor_id for m in p.generation.members] == ["w1", "w2"] and p.leaving == ("w0",)
+
+
+def test_below_min_workers_waits_then_recovers_or_gives_up():
+    s, plan = _started(2, min_workers=2)
+    s, cmds, reason = _end(s, plan, w1="dead")
+    assert _cmd(cmds, StartGeneration) is None and _cmd(cmds, Spawn) == Spawn(1)
+    assert decide(s, Tick(), 20.0)[1] == ()
+    later, cmds, _ = decide(s, Tick(), 41.0)
+    assert isinstance(cmds[0], Fail) and "below min_workers 2" in cmds[0].message
+    s, cmds, _ = decide(s, WorkersReady(_members("w5")), 15.0)
+    p = _cmd(cmds, StartGeneration).plan
+    assert p.source == "snapshot" and [m.actor_id for m in p.generation.members] == ["w0", "w5"]
+
+
+def test_losing_a_shard_and_its_replica_fails_clearly_and_finishing_retires_everyone():
+    s, plan = _started(4)
+    buddy = plan.generation.members[plan.generation.buddies[0]].actor_id
+    _, cmds, _ = _end(s, plan, w0="dead", **{buddy: "dead"})
+    assert "replicas of their shards were lost together" in _cmd(cmds, Fail).message
+    s2, cmds, _ = _end(s, plan, w0="finished", w1="finished", w2="finished", w3="finished")
+    assert cmds == (Retire(("w0", "w1", "w2", "w3")), Finish()) and s2.done
