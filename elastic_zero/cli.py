@@ -5,19 +5,39 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+
+# The embedded default job of `elastic-zero run` with no spec: the small GPT on 3 workers, one of
+# which is killed at step 10; the survivors go on at 2 and a replacement joins when it is ready.
+DEFAULT_JOB = {
+    "name": "demo",
+    "model": {"preset": "gpt-small"},
+    "train": {"steps": 30, "global_batch": 24, "micro_batch": 8},
+    "optimizer": {"name": "adamw", "lr": 3e-3, "schedule": "warmup_cosine", "warmup_steps": 3},
+    "zero": {"stage": 2},
+    "elastic": {"workers": 3, "min_workers": 1, "max_workers": 3},
+    "faults": [{"at_step": 10, "action": "kill", "rank": 1}],
+}
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elastic-zero", description="Elastic ZeRO training for PyTorch on Ray.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the embedded default job: ZeRO training of the small GPT on local ranks")
-    run.add_argument("--preset", default="gpt-small")
-    run.add_argument("--workers", type=int, default=2)
-    run.add_argument("--stage", type=int, default=2, choices=(1, 2, 3))
-    run.add_argument("--steps", type=int, default=30)
-    run.add_argument("--global-batch", type=int, default=16)
-    run.add_argument("--micro-batch", type=int, default=8)
+    run = sub.add_parser("run", help="run a job to the end in the foreground (an embedded local Ray without --address)")
+    run.add_argument("spec", nargs="?", help="the job's TOML file (default: the embedded demo job)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    run.add_argument("--run-dir", help="where summary.json and events.jsonl go (default: runs/NAME-TIME)")
+    run.add_argument("--address", help="the Ray cluster to join (default: start an embedded local Ray)")
+    run.add_argument("--final-weights", metavar="PATH", help="save the final model as a plain torch state dict")
+
+    for name, text in (("scale", "ask a running job for another number of workers"),
+                       ("status", "show a running job's generation and workers")):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("job", help="the job's name")
+        if name == "scale":
+            c.add_argument("workers", type=int)
+        c.add_argument("--address", default="auto")
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -33,17 +53,46 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _run(args, started_at: float) -> int:
+    from elastic_zero.run import run_job
+    from elastic_zero.spec import apply_override, load_spec, spec_from_dict
+
+    if args.spec:
+        spec = load_spec(args.spec, args.overrides)
+    else:
+        data = json.loads(json.dumps(DEFAULT_JOB))
+        for assignment in args.overrides:
+            apply_override(data, assignment)
+        spec = spec_from_dict(data)
+    run_dir = args.run_dir or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return run_job(spec, run_dir, args.address, args.final_weights, started_at)
+
+
+def _control(args) -> int:
+    import ray
+
+    from elastic_zero.coordinator.actor import NAMESPACE, coordinator_name
+
+    ray.init(address=args.address, namespace=NAMESPACE, logging_level="ERROR")
+    try:
+        actor = ray.get_actor(coordinator_name(args.job), namespace=NAMESPACE)
+    except ValueError:
+        raise ValueError(f"no running job named {args.job!r} on this Ray cluster") from None
+    if args.command == "scale":
+        print(ray.get(actor.scale.remote(args.workers)))
+    else:
+        print(json.dumps(ray.get(actor.status.remote())))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    started_at = time.time()
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":
-            from elastic_zero.local_train import train_local
-
-            out = train_local(args.preset, args.workers, args.stage, args.steps, args.global_batch, args.micro_batch)
-            losses = out["losses"]
-            print(f"done: {len(losses)} steps on {args.workers} ranks, ZeRO stage {args.stage}, "
-                  f"loss {losses[0]:.3f} -> {losses[-1]:.3f} in {out['seconds']:.1f} s")
-            return 0
+            return _run(args, started_at)
+        if args.command in ("scale", "status"):
+            return _control(args)
         if args.command == "bench" and args.bench == "step":
             from elastic_zero.bench.step import format_report, run_step_bench
 
@@ -51,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                                     args.warmup, args.steps, args.rounds)
             print(json.dumps(report) if args.json else format_report(report))
             return 0
-    except ValueError as exc:
+    except ValueError as exc:  # SpecError included: one line, exit 2
         print(f"elastic-zero: error: {exc}", file=sys.stderr)
         return 2
     return 2

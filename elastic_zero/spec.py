@@ -251,7 +251,7 @@ def spec_from_dict(data: dict) -> JobSpec:
         if section in data:
             kwargs[section] = _build(cls, data[section], section)
     faults = data.get("faults", [])
-    if not isinstance(faults, list):
+    if not isinstance(faults, (list, tuple)):
         _fail("faults", "must be an array of tables ([[faults]])")
     kwargs["faults"] = tuple(_build(FaultSpec, f, f"faults[{i}]") for i, f in enumerate(faults))
     return JobSpec(**kwargs).validate()

@@ -25,7 +25,8 @@ def _end(s, plan, **kinds):
     outs = []
     for aid in plan.generation.members:
         kind = kinds.get(aid.actor_id, "failed" if "dead" in kinds.values() else "safe_point")
-        outs.append(Outcome(aid.actor_id, kind, step=5, own_steps=(4, 5), ward_steps=(4, 5)))
+        outs.append(Outcome(aid.actor_id, kind, step=5, own_steps=(4, 5), ward_steps=(4, 5),
+                            snapshot_generation=plan.number))
     return decide(s, GenerationEnded(tuple(o for o in outs if o.kind != "dead")), 10.0)
 
 
@@ -97,4 +98,4 @@ def test_losing_a_shard_and_its_replica_fails_clearly_and_finishing_retires_ever
     _, cmds, _ = _end(s, plan, w0="dead", **{buddy: "dead"})
     assert "replicas of their shards were lost together" in _cmd(cmds, Fail).message
     s2, cmds, _ = _end(s, plan, w0="finished", w1="finished", w2="finished", w3="finished")
-    assert cmds == (Retire(("w0", "w1", "w2", "w3")), Finish()) and s2.done
+    assert cmds == (Finish(), Retire(("w0", "w1", "w2", "w3"))) and s2.done

@@ -40,6 +40,7 @@ class Outcome:
     own_steps: tuple[int, ...] = ()
     ward_steps: tuple[int, ...] = ()
     error: str = ""
+    snapshot_generation: int = -1  # the generation whose ranks own_steps and ward_steps describe
 
 
 # ---- events and commands ---------------------------------------------------------------------
@@ -233,13 +234,18 @@ def _on_generation_end(state, outcomes, now):
     state = replace(state, running=False, safe_point_requested=False)
     if all(k == "finished" for k in kinds):
         everyone = members + tuple(m.actor_id for m in state.ready)
-        return replace(state, done=True), (Retire(everyone), Finish()), "training finished"
+        return replace(state, done=True), (Finish(), Retire(everyone)), "training finished"
     dead = tuple(a for a, k in zip(members, kinds) if k == "dead")
     failed = [by_id[a] for a, k in zip(members, kinds) if k == "failed"]
     if not dead and failed and len(failed) == len(members):
         return replace(state, done=True), (Fail(f"every worker failed and none was lost: {failed[0].error}"),), \
             "failure without a lost worker"
     if dead or failed:
+        stale = [o for o in failed if o.snapshot_generation != state.generation.number]
+        if stale:
+            return replace(state, done=True), (Fail(
+                f"a worker was lost during the handover to generation {state.generation.number}; "
+                f"recovery from the previous generation's replicas is not implemented"),), "lost in a handover"
         survivors = tuple(a for a in members if a not in dead)
         own = {o.actor_id: o.own_steps for o in outcomes}
         ward = {o.actor_id: o.ward_steps for o in outcomes}

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import torch
+
 from elastic_zero.zero.comm import Comm
 from elastic_zero.zero.shard import ShardState
 
@@ -33,17 +35,22 @@ class ReplicaStore:
         self.ward.clear()
 
 
-def exchange(comm: Comm, snapshot: ShardState, buddies: Sequence[int]) -> ShardState | None:
-    """Send `snapshot` to this rank's buddy and return the ward's snapshot (None when alone)."""
+def exchange(comm: Comm, snapshot: ShardState, buddies: Sequence[int],
+             log: torch.Tensor | None = None) -> tuple[ShardState | None, torch.Tensor | None]:
+    """Send `snapshot` (and `log`, an int64 [k, c] table with the same k on every rank) to this
+    rank's buddy; return the ward's snapshot and log (None, None when alone)."""
     if comm.world_size == 1:
-        return None
+        return None, None
     me = comm.rank
     ward = buddies.index(me)
     ward_numel = sum(r.numel for r in snapshot.partition.ranges(ward)) * len(snapshot.vectors)
     packed = snapshot.pack()
     incoming = packed.new_empty(ward_numel)
-    send = comm.send(packed, buddies[me])
-    recv = comm.recv(incoming, ward)
-    send.wait()
-    recv.wait()
-    return snapshot.unpacked(incoming, ward, snapshot.scalars)
+    handles = [comm.send(packed, buddies[me], tag=0), comm.recv(incoming, ward, tag=0)]
+    ward_log = None
+    if log is not None and log.numel():
+        ward_log = torch.empty_like(log)
+        handles += [comm.send(log.contiguous(), buddies[me], tag=1), comm.recv(ward_log, ward, tag=1)]
+    for h in handles:
+        h.wait()
+    return snapshot.unpacked(incoming, ward, snapshot.scalars), ward_log

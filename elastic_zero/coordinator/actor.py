@@ -1,0 +1,220 @@
+"""The coordinator actor: hosts the rendezvous store, spawns workers, starts generations.
+
+It feeds events (workers ready, generations ended, scale requests, preemption notices, ticks)
+to the pure state machine and carries out the commands it returns. It is the only owner of
+membership. Workers never call it on the training path: they report when a generation ends.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import queue
+import threading
+import time
+
+import ray
+import torch.distributed as dist
+
+from elastic_zero.coordinator.books import Books
+from elastic_zero.coordinator.state import (
+    CoordinatorState, Fail, Finish, GenerationEnded, Outcome, PreemptionNotice, RequestSafePoint, Retire,
+    ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
+)
+from elastic_zero.spec import spec_from_dict
+from elastic_zero.worker.actor import TrainingWorker
+
+NAMESPACE = "elastic_zero"
+
+
+def coordinator_name(job: str) -> str:
+    return f"elastic-zero:{job}"
+
+
+class Coordinator:
+    def __init__(self, spec: dict, started_at: float) -> None:
+        self.spec_dict = spec
+        self.spec = spec_from_dict(spec)
+        e = self.spec.elastic
+        self.host = ray.util.get_node_ip_address()
+        self.store = dist.TCPStore(self.host, 0, None, True, wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=e.collective_timeout_s))
+        self.state = CoordinatorState(min_workers=e.min_workers, max_workers=e.max_workers, target=e.workers,
+                                      min_wait_s=e.min_wait_s)
+        self.books = Books(self.spec.train.global_batch, self.spec.train.steps, started_at)
+        self.events: list[dict] = []
+        self._inbox: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._workers: dict[str, object] = {}
+        self._ready_refs: dict = {}
+        self._train_refs: dict = {}
+        self._results: dict[str, dict] = {}
+        self._plan = None
+        self._spawned = 0
+        self._result: dict | None = None
+        self._last_end: dict[str, dict] = {}
+        self._timed_faults: set[str] = set()
+        self._worker_cls = ray.remote(TrainingWorker)
+
+    # ---- calls from outside (CLI, workers' fault drills) ---------------------------------------
+
+    def scale(self, workers: int) -> str:
+        self._inbox.put(ScaleRequested(int(workers)))
+        return f"scale to {workers} requested"
+
+    def preemption_notice(self, actor_id: str, deadline_s: float | None = None) -> None:
+        self._log("preemption_notice", actor_id=actor_id, deadline_s=deadline_s)
+        self._inbox.put(PreemptionNotice(actor_id))
+
+    def status(self) -> dict:
+        with self._lock:
+            gen = self.state.generation
+            return {"generation": gen.number if gen else None,
+                    "workers": [m.actor_id for m in gen.members] if gen else [],
+                    "target": self.state.target, "done": self.state.done,
+                    "steps_done": len(self.books.step_log), "steps": self.spec.train.steps}
+
+    # ---- the main loop -------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        self._log("job_start", name=self.spec.name, workers=self.spec.elastic.workers)
+        self._apply(Start())
+        last_tick = time.monotonic()
+        while self._result is None:
+            while not self._inbox.empty():
+                self._apply(self._inbox.get_nowait())
+            refs = list(self._ready_refs) + list(self._train_refs)
+            done, _ = ray.wait(refs, num_returns=1, timeout=0.05) if refs else ([], [])
+            if not refs:
+                time.sleep(0.05)
+            for ref in done:
+                self._collect(ref)
+            if self._plan is not None and not self._train_refs:
+                self._end_generation()
+            if time.monotonic() - last_tick > 0.5:
+                last_tick = time.monotonic()
+                self._apply(Tick())
+        return self._result
+
+    def _collect(self, ref) -> None:
+        if ref in self._ready_refs:
+            actor_id = self._ready_refs.pop(ref)
+            try:
+                member = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                self._log("worker_start_failed", actor_id=actor_id, error=str(exc)[:300])
+                return
+            self._log("worker_ready", actor_id=actor_id, node=member.node)
+            self._apply(WorkersReady((member,)))
+            return
+        actor_id = self._train_refs.pop(ref)
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayError as exc:  # the actor died
+            result = {"outcome": Outcome(actor_id, "dead", error=str(exc)[:300]), "ended_at": time.time()}
+            self._log("worker_lost", actor_id=actor_id)
+        self._results[actor_id] = result
+        if result["outcome"].kind == "left":
+            self._retire((actor_id,), "left after handing its shard over")
+
+    def _end_generation(self) -> None:
+        plan, results = self._plan, self._results
+        self._plan, self._results = None, {}
+        members = {m.actor_id for m in plan.generation.members}
+        self.books.add_generation_results(plan.number, [r for a, r in results.items() if a in members])
+        outcomes = tuple(r["outcome"] for a, r in results.items() if a in members and r["outcome"].kind != "dead")
+        kinds = sorted({o.kind for o in outcomes} | ({"dead"} if len(outcomes) < len(members) else set()))
+        self._log("generation_end", generation=plan.number, outcomes=kinds)
+        self._last_end = results
+        self._apply(GenerationEnded(outcomes))
+
+    # ---- carrying out decisions ------------------------------------------------------------------
+
+    def _apply(self, event) -> None:
+        with self._lock:
+            self.state, commands, reason = decide(self.state, event, time.monotonic())
+        if not isinstance(event, Tick) or commands:
+            self._log("decision", event=type(event).__name__, reason=reason)
+        for command in commands:
+            self._carry_out(command)
+
+    def _carry_out(self, command) -> None:
+        if isinstance(command, Spawn):
+            opts = {"num_gpus": 1} if self.spec.elastic.use_gpu else {"num_cpus": 1}
+            for _ in range(command.count):
+                actor_id = f"w{self._spawned}"
+                self._spawned += 1
+                handle = self._worker_cls.options(max_concurrency=4, **opts).remote(
+                    self.spec_dict, actor_id, self.host, self.store.port,
+                    coordinator_name(self.spec.name), NAMESPACE)
+                self._workers[actor_id] = handle
+                self._ready_refs[handle.member.remote()] = actor_id
+            self._log("spawn", count=command.count)
+        elif isinstance(command, RequestSafePoint):
+            for m in self.state.generation.members:
+                self._workers[m.actor_id].request_safe_point.remote()
+        elif isinstance(command, StartGeneration):
+            self._start(command.plan)
+        elif isinstance(command, Retire):
+            self._retire(command.actor_ids, "retired")
+        elif isinstance(command, Finish):
+            self._finish()
+        elif isinstance(command, Fail):
+            self._log("job_failed", message=command.message)
+            self._retire(tuple(self._workers), "job failed")
+            self._result = {"ok": False, "error": command.message, "summary": self._summary(None),
+                            "events": self.events}
+
+    def _start(self, plan) -> None:
+        now = time.time()
+        last = self._last_end
+        if plan.source == "snapshot":
+            failed_at = min(self._new_kill_times() + [r["ended_at"] for r in last.values()] or [now])
+            reached = max((r["outcome"].step for r in last.values()), default=plan.step)
+            lost = sorted(a for a, r in last.items() if r["outcome"].kind == "dead")
+            self.books.begin_change("recovery", failed_at, step=plan.step, cause=f"lost {', '.join(lost)}",
+                                    lost_steps=max(0, reached - plan.step), recomputed_steps=max(0, reached - plan.step) + 1)
+        elif plan.source == "live":
+            since = max((r["ended_at"] for r in last.values()), default=now)
+            self.books.begin_change("reconfiguration", since, step=plan.step, **{
+                "from": plan.previous.world_size, "to": plan.generation.world_size}, cause=plan.cause)
+        self.books.world_size_history.append([plan.step, plan.generation.world_size])
+        self._log("generation_start", generation=plan.number, step=plan.step, source=plan.source,
+                  workers=[m.actor_id for m in plan.generation.members], leaving=list(plan.leaving))
+        self._plan = plan
+        for actor_id in plan.participants:
+            self._train_refs[self._workers[actor_id].train.remote(plan)] = actor_id
+
+    def _new_kill_times(self) -> list[float]:
+        """When the kill drills that fired since the last recovery killed their workers."""
+        times = []
+        for i, fault in enumerate(self.spec.faults):
+            key = f"fault/{i}/at"
+            if fault.action == "kill" and key not in self._timed_faults and self.store.check([key]):
+                self._timed_faults.add(key)
+                times.append(float(self.store.get(key).decode()))
+        return times
+
+    def _finish(self) -> None:
+        members = [m.actor_id for m in self.state.generation.members]
+        states = ray.get([self._workers[a].final_state.remote(True) for a in members])
+        memory = ray.get(self._workers[members[0]].memory_report.remote())
+        self._log("job_finished", steps=self.spec.train.steps)
+        self._result = {"ok": True, "summary": self._summary(memory.get("param_count")), "events": self.events,
+                        "final_state": states[0]}
+
+    def _retire(self, actor_ids, why: str) -> None:
+        for actor_id in actor_ids:
+            handle = self._workers.pop(actor_id, None)
+            if handle is not None:
+                ray.kill(handle, no_restart=True)
+        if actor_ids:
+            self._log("retire", actor_ids=list(actor_ids), why=why)
+
+    def _summary(self, param_count) -> dict:
+        return self.books.summary(param_count)
+
+    def _log(self, kind: str, **fields) -> None:
+        record = {"t": round(time.time(), 4), "event": kind, **fields}
+        json.dumps(record)  # every record must be plain data
+        self.events.append(record)

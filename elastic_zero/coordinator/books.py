@@ -1,0 +1,70 @@
+"""The coordinator's books: what each generation trained, and the summary they add up to.
+
+Workers report, per step, the global sample positions each rank trained on. A step recomputed
+after a failure is reported again by a later generation, whose report replaces the earlier one;
+the summary counts duplicates and gaps over what was kept.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Books:
+    global_batch: int
+    steps: int
+    started_at: float
+    step_log: dict = field(default_factory=dict)  # step -> (generation, {rank: (start, count)})
+    step_times: list = field(default_factory=list)
+    world_size_history: list = field(default_factory=list)  # [step, size]
+    recoveries: list = field(default_factory=list)
+    reconfigurations: list = field(default_factory=list)
+    first_step_at: float | None = None
+    last_loss: float | None = None
+    pending_change: dict | None = None  # a change whose stall is measured when the next generation reports
+
+    def add_generation_results(self, generation: int, results: list[dict]) -> None:
+        firsts = [r["first_step_at"] for r in results if r.get("first_step_at")]
+        if firsts and self.first_step_at is None:
+            self.first_step_at = min(firsts)
+        if firsts and self.pending_change is not None:
+            change = self.pending_change
+            change["stall_s"] = round(min(firsts) - change.pop("_since"), 4)
+            (self.recoveries if change.pop("_kind") == "recovery" else self.reconfigurations).append(change)
+            self.pending_change = None
+        for r in results:
+            # a rank's committed steps, reported by itself and (if it was lost) by its buddy
+            for step, rank, start, count in list(r.get("log", ())) + list(r.get("ward_log", ())):
+                gen, entries = self.step_log.get(step, (-1, {}))
+                if generation > gen:
+                    self.step_log[step] = (generation, {rank: (start, count)})
+                elif generation == gen:
+                    entries[rank] = (start, count)
+            self.step_times.extend(r.get("step_times", ()))
+            if r.get("last_loss") is not None and r.get("rank") == 0:
+                self.last_loss = r["last_loss"]
+
+    def begin_change(self, kind: str, since: float, **fields) -> None:
+        self.pending_change = {"_kind": kind, "_since": since, **fields}
+
+    def summary(self, param_count: int | None) -> dict:
+        positions = [p for _, entries in self.step_log.values() for start, count in entries.values()
+                     for p in range(start, start + count)]
+        distinct = set(positions)
+        expected = set(range(self.steps * self.global_batch))
+        return {
+            "steps": len(self.step_log),
+            "final_loss": self.last_loss,
+            "global_batch": self.global_batch,
+            "samples_consumed": len(distinct),
+            "duplicate_samples": len(positions) - len(distinct),
+            "skipped_samples": len(expected - distinct),
+            "world_size_history": self.world_size_history,
+            "recoveries": self.recoveries,
+            "reconfigurations": self.reconfigurations,
+            "step_time_s_median": statistics.median(self.step_times) if self.step_times else None,
+            "param_count": param_count,
+            "time_to_first_step_s": None if self.first_step_at is None else round(self.first_step_at - self.started_at, 3),
+        }

@@ -1,0 +1,233 @@
+"""The worker: one device, one ZeRO shard, the step loop of a generation, safe points.
+
+The coordinator calls train(plan) once per generation. train() joins the generation's process
+groups (the only place that creates them), moves the shards to the new layout, then steps until
+the job ends, a safe point is agreed, or a collective fails. Every step ends with one small
+all-reduce that carries the loss and "somebody was asked for a safe point", so all ranks stop at
+the same step without asking the coordinator. Every `replicate_every` steps the shard snapshot
+goes to the buddy's host memory.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from elastic_zero.coordinator.state import GenerationPlan, Outcome
+from elastic_zero.job import DTYPES, build_model, build_optimizer, build_source
+from elastic_zero.models import lm_loss
+from elastic_zero.plan.batches import loss_weight, micro_batches, rank_positions
+from elastic_zero.plan.membership import Member
+from elastic_zero.plan.partition import partition_layout
+from elastic_zero.spec import spec_from_dict
+from elastic_zero.worker.handover import hand_over
+from elastic_zero.worker.replica import ReplicaStore, exchange
+from elastic_zero.zero import TorchComm, ZeroEngine, new_process_group
+
+
+class TrainingWorker:
+    def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int,
+                 coordinator: str | None = None, namespace: str | None = None) -> None:
+        torch.set_num_threads(1)
+        self.spec = spec_from_dict(spec)
+        self.actor_id = actor_id
+        self.use_gpu = self.spec.elastic.use_gpu
+        self.device = torch.device("cuda", 0) if self.use_gpu else torch.device("cpu")  # Ray narrows CUDA devices
+        self.backend = "nccl" if self.use_gpu else "gloo"
+        self.model = build_model(self.spec).to(self.device)
+        self.source = build_source(self.spec, self.model)
+        self.optimizer = build_optimizer(self.spec)
+        self.engine: ZeroEngine | None = None
+        self.replicas = ReplicaStore(keep=2)
+        self.snapshot_generation = -1  # the generation whose ranks the replicas describe
+        self._safe_point = threading.Event()
+        self._pg = None
+        self._coordinator, self._namespace = coordinator, namespace
+        timeout = datetime.timedelta(seconds=self.spec.elastic.collective_timeout_s)
+        self.store = dist.TCPStore(store_host, store_port, None, False, timeout=timeout)
+
+    # ---- control, called concurrently with train() ----------------------------------------
+
+    def member(self) -> Member:
+        node = os.environ.get("ELASTIC_ZERO_NODE") or _ray_node_id() or "local"
+        return Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", ""))
+
+    def request_safe_point(self) -> None:
+        self._safe_point.set()
+
+    # ---- a generation ------------------------------------------------------------------------
+
+    def train(self, plan: GenerationPlan) -> dict:
+        report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [],
+                  "first_step_at": None, "last_loss": None}
+        try:
+            rank = self._enter(plan)
+            if rank is None:
+                return {**report, "outcome": Outcome(self.actor_id, "left", plan.step), "ended_at": time.time()}
+            report["rank"] = rank
+            kind = self._loop(plan, rank, report)
+            return {**report, "outcome": Outcome(self.actor_id, kind, self.engine.step_count),
+                    "ended_at": time.time()}
+        except Exception as exc:  # a collective failed: a peer died or timed out
+            ended = time.time()
+            self._abort_group()
+            if self.engine is not None:
+                self.engine.discard_partial_step()
+            step = self.engine.step_count if self.engine is not None else plan.step
+            outcome = Outcome(self.actor_id, "failed", step, tuple(sorted(self.replicas.own)),
+                              tuple(sorted(self.replicas.ward)), error=f"{type(exc).__name__}: {exc}"[:400],
+                              snapshot_generation=self.snapshot_generation)
+            return {**report, "outcome": outcome, "ended_at": ended}
+
+    def _group(self, plan: GenerationPlan, role: str, rank: int, size: int):
+        return new_process_group(self.store, f"g{plan.number}/{role}/", rank, size, self.backend,
+                                 timeout_s=self.spec.elastic.collective_timeout_s)
+
+    def _enter(self, plan: GenerationPlan) -> int | None:
+        """Join generation `plan.number`: hand the shards over and rebuild the engine on its group."""
+        self._safe_point.clear()
+        world = plan.generation.world_size
+        if plan.source == "init":
+            rank = plan.generation.rank_of(self.actor_id)
+            self._pg = self._group(plan, "train", rank, world)
+            self.engine = ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, process_group=self._pg,
+                                     grad_clip=self.spec.train.grad_clip,
+                                     compute_dtype=DTYPES[self.spec.zero.compute_dtype])
+            self._commit(plan, rank)
+            return rank
+        if self.engine is None:  # a joiner: an engine of its own until the handover fills it
+            self.engine = ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage,
+                                     grad_clip=self.spec.train.grad_clip,
+                                     compute_dtype=DTYPES[self.spec.zero.compute_dtype])
+        me = plan.participants.index(self.actor_id)
+        handover_pg = self._group(plan, "handover", me, len(plan.participants))
+        old = partition_layout(self.engine.layout, plan.previous.world_size)
+        new = partition_layout(self.engine.layout, world)
+        held = self._held_shards(plan)
+        template = self.engine.shard_state()
+        template.scalars = {**template.scalars, "step": plan.step}
+        mine = hand_over(TorchComm(handover_pg), old, new, plan.holder_of_old, list(range(world)), held, template)
+        if mine is None:
+            return None
+        rank = plan.generation.rank_of(self.actor_id)
+        self._pg = self._group(plan, "train", rank, world)
+        self.engine.reconfigure(self._pg, mine)
+        self._commit(plan, rank)
+        return rank
+
+    def _held_shards(self, plan: GenerationPlan) -> dict:
+        """The old shards this process holds for the handover, by old rank."""
+        prev = plan.previous
+        mine = [r for r, holder in enumerate(plan.holder_of_old) if plan.participants[holder] == self.actor_id]
+        if not mine:
+            return {}
+        if plan.source == "live":
+            return {prev.rank_of(self.actor_id): self.engine.shard_state()}
+        held = {}
+        own_rank = prev.rank_of(self.actor_id) if self.actor_id in [m.actor_id for m in prev.members] else None
+        for r in mine:
+            store = self.replicas.own if r == own_rank else self.replicas.ward
+            held[r] = store[plan.step]
+        return held
+
+    def _commit(self, plan: GenerationPlan, rank: int, report: dict | None = None) -> None:
+        """Snapshot this rank's shard and swap replicas with the buddy: the step is now committed.
+        The sample log since the last commit travels along, so a lost rank's record survives."""
+        if self.snapshot_generation != plan.number:
+            self.replicas.clear()
+            self.snapshot_generation = plan.number
+        snap = self.engine.shard_state().to("cpu")
+        log = torch.tensor(report["uncommitted"], dtype=torch.int64).reshape(-1, 4) if report else None
+        ward, ward_log = exchange(TorchComm(self._pg), snap, plan.generation.buddies, log)
+        self.replicas.add(self.engine.step_count, snap, ward)
+        if report:
+            report["log"].extend(report["uncommitted"])
+            report["uncommitted"] = []
+            if ward_log is not None:
+                report["ward_log"].extend(tuple(row) for row in ward_log.tolist())
+
+    def _loop(self, plan: GenerationPlan, rank: int, report: dict) -> str:
+        spec = self.spec
+        world = plan.generation.world_size
+        comm = TorchComm(self._pg)
+        engine = self.engine
+        while engine.step_count < spec.train.steps:
+            step = engine.step_count
+            self._fire_faults(step, rank)
+            started = time.time()
+            if report["first_step_at"] is None:
+                report["first_step_at"] = started
+            positions = rank_positions(step, spec.train.global_batch, world, rank)
+            micro = micro_batches(positions, spec.train.micro_batch)
+            weighted = 0.0
+            for i, m in enumerate(micro):
+                x, y = self.source.batch(m)
+                loss = lm_loss(engine.module(x.to(self.device)), y.to(self.device))
+                loss = loss * loss_weight(len(m), spec.train.global_batch, world)
+                engine.backward(loss, sync=i == len(micro) - 1)
+                weighted += loss.item()
+            engine.step()
+            engine.zero_grad()
+            agree = torch.tensor([1.0 if self._safe_point.is_set() else 0.0, weighted], device=self.device)
+            comm.all_reduce(agree)
+            report["last_loss"] = float(agree[1]) / world
+            report["uncommitted"].append((step, rank, positions.start, len(positions)))
+            if engine.step_count % spec.elastic.replicate_every == 0 or engine.step_count == spec.train.steps:
+                self._commit(plan, rank, report)
+            report["step_times"].append(time.time() - started)
+            if agree[0] > 0 and engine.step_count < spec.train.steps:
+                report["log"].extend(report["uncommitted"])  # a planned change keeps the live state
+                report["uncommitted"] = []
+                return "safe_point"
+        return "finished"
+
+    def _fire_faults(self, step: int, rank: int) -> None:
+        for i, fault in enumerate(self.spec.faults):
+            if fault.at_step != step or (fault.rank if fault.rank is not None else 0) != rank:
+                continue
+            if self.store.add(f"fault/{i}", 1) != 1:
+                continue  # fired once already (before a recovery that repeats this step)
+            if fault.action == "kill":
+                self.store.set(f"fault/{i}/at", repr(time.time()))  # the coordinator times the recovery from here
+                os._exit(1)
+            coordinator = _coordinator(self._coordinator, self._namespace)
+            if fault.action == "preempt":
+                coordinator.preemption_notice.remote(self.actor_id, fault.deadline_s)
+            elif fault.action == "scale":
+                coordinator.scale.remote(fault.workers)
+
+    def _abort_group(self) -> None:
+        pg, self._pg = self._pg, None
+        if pg is not None:
+            try:
+                pg.abort()  # closes its connections, so peers blocked on us fail now, not at the timeout
+            except Exception:
+                pass
+
+    # ---- the end -----------------------------------------------------------------------------
+
+    def final_state(self, rank0_only: bool = True) -> dict:
+        return self.engine.full_state_dict(rank0_only=rank0_only)
+
+    def memory_report(self) -> dict:
+        return self.engine.memory_report() if self.engine is not None else {}
+
+
+def _ray_node_id() -> str | None:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except Exception:
+        return None
+
+
+def _coordinator(name: str, namespace: str):
+    import ray
+
+    return ray.get_actor(name, namespace=namespace)
