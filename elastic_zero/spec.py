@@ -258,15 +258,20 @@ def spec_from_dict(data: dict) -> JobSpec:
 
 
 def apply_override(data: dict, assignment: str) -> None:
-    """Apply `section.key=value` to a spec dict; the value is read as TOML, else as a plain string."""
-    if "=" not in assignment or "." not in assignment.split("=", 1)[0]:
+    """Apply `section.key=value` (or `name=...`, `faults=[...]`) to a spec dict; the value is read
+    as TOML, else taken as a plain string."""
+    path, _, raw = assignment.partition("=")
+    path = path.strip()
+    if not _ or not path or ("." not in path and path not in ("name", "faults")):
         _fail("--set", f"expected section.key=value, got {assignment!r}")
-    path, raw = assignment.split("=", 1)
-    section, key = path.strip().split(".", 1)
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
+    if "." not in path:
+        data[path] = value
+        return
+    section, key = path.split(".", 1)
     if section not in _SECTIONS:
         _fail(f"--set {path}", f"unknown section; allowed: {', '.join(_SECTIONS)}")
     data.setdefault(section, {})[key] = value

@@ -5,6 +5,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
+
+from elastic_zero.models import build_preset
 
 CLI = [sys.executable, "-m", "elastic_zero.cli"]
 
@@ -13,13 +16,17 @@ def _run(*args, timeout=300):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
 
 
-def test_run_trains_and_the_loss_falls():
-    out = _run("run", "--preset", "gpt-tiny", "--steps", "12", "--global-batch", "8", "--micro-batch", "2")
-    assert out.returncode == 0, out.stderr
-    last = out.stdout.strip().splitlines()[-1]
-    assert last.startswith("done: 12 steps on 2 ranks, ZeRO stage 2")
-    first_loss, final_loss = (float(v) for v in last.split("loss ")[1].split(" in ")[0].split(" -> "))
-    assert final_loss < first_loss
+def test_run_a_spec_with_overrides_writes_summary_events_and_weights(tmp_path):
+    out = _run("run", "examples/jobs/tiny.toml", "--set", "train.steps=12", "--set", "faults=[]",
+               "--run-dir", str(tmp_path / "run"), "--final-weights", str(tmp_path / "w.pt"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 12 and summary["ok"] and summary["world_size_history"] == [[0, 3]]
+    assert summary["param_count"] == 136960 and summary["duplicate_samples"] == 0
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert events[0]["event"] == "job_start" and events[-1]["event"] in ("job_finished", "retire")
+    weights = torch.load(tmp_path / "w.pt", weights_only=True)
+    assert set(weights) == set(build_preset("gpt-tiny").state_dict())
 
 
 def test_bench_step_json_reports_the_contract_fields():
@@ -38,8 +45,9 @@ def test_bench_step_json_reports_the_contract_fields():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("run", "--preset", "gpt-huge"), "unknown preset 'gpt-huge'"),
-        (("run", "--global-batch", "15"), "global batch 15 must divide evenly over 2 workers"),
+        (("run", "--set", "model.preset=gpt-huge"), "model.preset: got 'gpt-huge'"),
+        (("run", "examples/jobs/tiny.toml", "--set", "zero.stage=5"), "zero.stage: got 5; allowed: 1, 2, 3"),
+        (("run", "missing.toml"), "missing.toml: no such spec file"),
         (("bench", "step", "--stage", "2", "--steps", "1", "--rounds", "3"), "steps >= rounds"),
     ],
 )
