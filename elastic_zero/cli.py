@@ -50,6 +50,14 @@ def _parser() -> argparse.ArgumentParser:
     step.add_argument("--steps", type=int, default=30)
     step.add_argument("--rounds", type=int, default=3)
     step.add_argument("--json", action="store_true", help="print one JSON object")
+    rec = bench_sub.add_parser("recovery", help="kill a worker here and in a Ray Train elastic TorchTrainer")
+    rec.add_argument("--workers", type=int, default=3)
+    rec.add_argument("--preset", default="gpt-small")
+    rec.add_argument("--steps", type=int, default=24)
+    rec.add_argument("--kill-step", type=int, default=8)
+    rec.add_argument("--micro-batch", type=int, default=8)
+    rec.add_argument("--checkpoint-every", type=int, default=5)
+    rec.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
@@ -99,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
             report = run_step_bench(args.stage, args.workers, args.preset, args.micro_batch,
                                     args.warmup, args.steps, args.rounds)
             print(json.dumps(report) if args.json else format_report(report))
+            return 0
+        if args.command == "bench" and args.bench == "recovery":
+            from elastic_zero.bench.recovery import format_recovery, run_recovery_bench
+
+            report = run_recovery_bench(args.preset, args.workers, args.steps, args.kill_step, args.micro_batch,
+                                        args.checkpoint_every)
+            print(json.dumps(report) if args.json else format_recovery(report))
             return 0
     except ValueError as exc:  # SpecError included: one line, exit 2
         print(f"elastic-zero: error: {exc}", file=sys.stderr)

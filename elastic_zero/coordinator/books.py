@@ -31,7 +31,11 @@ class Books:
             self.first_step_at = min(firsts)
         if firsts and self.pending_change is not None:
             change = self.pending_change
-            change["stall_s"] = round(min(firsts) - change.pop("_since"), 4)
+            since = change.pop("_since")
+            change["stall_s"] = round(min(firsts) - since, 4)  # to the next step starting
+            done = [r["first_step_at"] + r["step_times"][0] for r in results if r.get("step_times")]
+            if done:
+                change["to_next_step_done_s"] = round(max(done) - since, 4)
             (self.recoveries if change.pop("_kind") == "recovery" else self.reconfigurations).append(change)
             self.pending_change = None
         for r in results:
