@@ -79,7 +79,8 @@ def _ray_train_loop(config: dict) -> None:
         opt.zero_grad()
         if rank == 0:
             with open(log, "a") as fh:
-                fh.write(json.dumps({"step": step, "done_at": time.time(), "world": world}) + "\n")
+                fh.write(json.dumps({"step": step, "done_at": time.time(), "world": world,
+                                     "attempt": os.getpid()}) + "\n")
         if (step + 1) % config["checkpoint_every"] == 0:
             with tempfile.TemporaryDirectory() as d:
                 if rank == 0:
@@ -108,8 +109,10 @@ def _ray_train(preset, workers, steps, kill_step, micro_batch, checkpoint_every,
     with open(marker) as fh:
         killed_at = float(fh.read())
     records = [json.loads(line) for line in open(log)]
-    after = [r for r in records if r["done_at"] > killed_at]
-    before = {r["step"] for r in records if r["done_at"] <= killed_at}
+    killed_attempt = [r for r in records if r["done_at"] <= killed_at][-1]["attempt"]
+    first = [r for r in records if r["attempt"] == killed_attempt]
+    after = [r for r in records if r["attempt"] != killed_attempt]  # the restarted worker group
+    before = {r["step"] for r in first}
     times = sorted(b["done_at"] - a["done_at"] for a, b in zip(records, records[1:])
                    if b["step"] == a["step"] + 1 and b["done_at"] < killed_at)
     return {"recovery_s": after[0]["done_at"] - killed_at,

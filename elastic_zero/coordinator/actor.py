@@ -134,19 +134,20 @@ class Coordinator:
         with self._lock:
             self.state, commands, reason = decide(self.state, event, time.monotonic())
         if not isinstance(event, Tick) or commands:
-            self._log("decision", event=type(event).__name__, reason=reason)
+            self._log("decision", on=type(event).__name__, reason=reason)
         for command in commands:
             self._carry_out(command)
 
     def _carry_out(self, command) -> None:
         if isinstance(command, Spawn):
             opts = {"num_gpus": 1} if self.spec.elastic.use_gpu else {"num_cpus": 1}
+            joiner = self.state.generation is not None  # it will receive its shard by handover
             for _ in range(command.count):
                 actor_id = f"w{self._spawned}"
                 self._spawned += 1
                 handle = self._worker_cls.options(max_concurrency=4, **opts).remote(
                     self.spec_dict, actor_id, self.host, self.store.port,
-                    coordinator_name(self.spec.name), NAMESPACE)
+                    coordinator_name(self.spec.name), NAMESPACE, joiner)
                 self._workers[actor_id] = handle
                 self._ready_refs[handle.member.remote()] = actor_id
             self._log("spawn", count=command.count)

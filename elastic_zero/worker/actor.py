@@ -27,12 +27,12 @@ from elastic_zero.plan.partition import partition_layout
 from elastic_zero.spec import spec_from_dict
 from elastic_zero.worker.handover import hand_over
 from elastic_zero.worker.replica import ReplicaStore, exchange
-from elastic_zero.zero import TorchComm, ZeroEngine, new_process_group
+from elastic_zero.zero import ShardState, TorchComm, ZeroEngine, new_process_group
 
 
 class TrainingWorker:
     def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int,
-                 coordinator: str | None = None, namespace: str | None = None) -> None:
+                 coordinator: str | None = None, namespace: str | None = None, joiner: bool = False) -> None:
         torch.set_num_threads(1)
         self.spec = spec_from_dict(spec)
         self.actor_id = actor_id
@@ -43,6 +43,8 @@ class TrainingWorker:
         self.source = build_source(self.spec, self.model)
         self.optimizer = build_optimizer(self.spec)
         self.engine: ZeroEngine | None = None
+        if joiner:  # warm up now, while the others train: an engine of its own until the handover fills it
+            self.engine = self._standalone_engine()
         self.replicas = ReplicaStore(keep=2)
         self.snapshot_generation = -1  # the generation whose ranks the replicas describe
         self._safe_point = threading.Event()
@@ -100,17 +102,16 @@ class TrainingWorker:
                                      compute_dtype=DTYPES[self.spec.zero.compute_dtype])
             self._commit(plan, rank)
             return rank
-        if self.engine is None:  # a joiner: an engine of its own until the handover fills it
-            self.engine = ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage,
-                                     grad_clip=self.spec.train.grad_clip,
-                                     compute_dtype=DTYPES[self.spec.zero.compute_dtype])
+        if self.engine is None:
+            self.engine = self._standalone_engine()
         me = plan.participants.index(self.actor_id)
         handover_pg = self._group(plan, "handover", me, len(plan.participants))
         old = partition_layout(self.engine.layout, plan.previous.world_size)
         new = partition_layout(self.engine.layout, world)
         held = self._held_shards(plan)
-        template = self.engine.shard_state()
-        template.scalars = {**template.scalars, "step": plan.step}
+        template = ShardState(self.engine.layout, old, 0,
+                              {n: torch.empty(0) for n in self.engine.vector_names()},
+                              {**self._scalars(), "step": plan.step})
         mine = hand_over(TorchComm(handover_pg), old, new, plan.holder_of_old, list(range(world)), held, template)
         if mine is None:
             return None
@@ -119,6 +120,14 @@ class TrainingWorker:
         self.engine.reconfigure(self._pg, mine)
         self._commit(plan, rank)
         return rank
+
+    def _standalone_engine(self) -> ZeroEngine:
+        return ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, grad_clip=self.spec.train.grad_clip,
+                          compute_dtype=DTYPES[self.spec.zero.compute_dtype])
+
+    def _scalars(self) -> dict:
+        scale = self.engine.loss_scale
+        return {"loss_scale": scale.scale} if scale is not None else {}
 
     def _held_shards(self, plan: GenerationPlan) -> dict:
         """The old shards this process holds for the handover, by old rank."""
@@ -141,7 +150,9 @@ class TrainingWorker:
         if self.snapshot_generation != plan.number:
             self.replicas.clear()
             self.snapshot_generation = plan.number
-        snap = self.engine.shard_state().to("cpu")
+        snap = self.engine.shard_state()  # fresh tensors already
+        if snap.vectors["params"].device.type != "cpu":
+            snap = snap.to("cpu")
         log = torch.tensor(report["uncommitted"], dtype=torch.int64).reshape(-1, 4) if report else None
         ward, ward_log = exchange(TorchComm(self._pg), snap, plan.generation.buddies, log)
         self.replicas.add(self.engine.step_count, snap, ward)
