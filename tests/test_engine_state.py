@@ -194,3 +194,18 @@ def test_wrap_names_the_unit_class_and_training_still_matches_torch():
     oracle = model.state_dict()
     assert max_abs_diff(oracle, by_linear.full_state_dict()) <= 1e-5
     assert max_abs_diff(oracle, by_block.full_state_dict()) <= 1e-5
+
+
+def test_interrupt_abandons_the_step_and_discard_recovers():
+    data = batches("gpt-tied", 2)
+    a = ZeroEngine(build_preset("gpt-tiny", seed=0), SGD(lr=0.1), stage=3)
+    b = ZeroEngine(build_preset("gpt-tiny", seed=0), SGD(lr=0.1), stage=3)
+    x, y = data[0]
+    a.interrupt()
+    with pytest.raises(Exception, match="interrupted"):
+        _step(a, x, y)
+    a.discard_partial_step()
+    for engine in (a, b):
+        for x, y in data:
+            _step(engine, x, y)
+    assert max_abs_diff(a.full_state_dict(), b.full_state_dict()) == 0.0

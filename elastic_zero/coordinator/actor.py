@@ -113,6 +113,8 @@ class Coordinator:
         except ray.exceptions.RayError as exc:  # the actor died
             result = {"outcome": Outcome(actor_id, "dead", error=str(exc)[:300]), "ended_at": time.time()}
             self._log("worker_lost", actor_id=actor_id)
+            for other in self._train_refs.values():  # don't let survivors find out one collective at a time
+                self._workers[other].abort_generation.remote(self._plan.number)
         self._results[actor_id] = result
         if result["outcome"].kind == "left":
             self._retire((actor_id,), "left after handing its shard over")

@@ -36,6 +36,9 @@ class Books:
             done = [r["first_step_at"] + r["step_times"][0] for r in results if r.get("step_times")]
             if done:
                 change["to_next_step_done_s"] = round(max(done) - since, 4)
+                change["first_step_s"] = round(max(r["step_times"][0] for r in results if r.get("step_times")), 4)
+            phases = [r.get("phases_s", {}) for r in results]
+            change["phases_s"] = {k: max(p.get(k, 0.0) for p in phases) for k in sorted(set().union(*phases))}
             (self.recoveries if change.pop("_kind") == "recovery" else self.reconfigurations).append(change)
             self.pending_change = None
         for r in results:

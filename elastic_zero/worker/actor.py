@@ -49,6 +49,7 @@ class TrainingWorker:
         self.snapshot_generation = -1  # the generation whose ranks the replicas describe
         self._safe_point = threading.Event()
         self._pg = None
+        self._generation = -1
         self._coordinator, self._namespace = coordinator, namespace
         timeout = datetime.timedelta(seconds=self.spec.elastic.collective_timeout_s)
         self.store = dist.TCPStore(store_host, store_port, None, False, timeout=timeout)
@@ -62,13 +63,21 @@ class TrainingWorker:
     def request_safe_point(self) -> None:
         self._safe_point.set()
 
+    def abort_generation(self, number: int) -> None:
+        """A peer of generation `number` is gone: break our group now, so the training thread's
+        next collective fails at once instead of when it reaches the dead peer or the timeout."""
+        if self._generation == number:
+            if self.engine is not None:
+                self.engine.interrupt()
+            self._abort_group()
+
     # ---- a generation ------------------------------------------------------------------------
 
     def train(self, plan: GenerationPlan) -> dict:
         report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [],
                   "first_step_at": None, "last_loss": None}
         try:
-            rank = self._enter(plan)
+            rank = self._enter(plan, report.setdefault("phases_s", {}))
             if rank is None:
                 return {**report, "outcome": Outcome(self.actor_id, "left", plan.step), "ended_at": time.time()}
             report["rank"] = rank
@@ -90,9 +99,11 @@ class TrainingWorker:
         return new_process_group(self.store, f"g{plan.number}/{role}/", rank, size, self.backend,
                                  timeout_s=self.spec.elastic.collective_timeout_s)
 
-    def _enter(self, plan: GenerationPlan) -> int | None:
+    def _enter(self, plan: GenerationPlan, phases: dict) -> int | None:
         """Join generation `plan.number`: hand the shards over and rebuild the engine on its group."""
+        clock = _PhaseClock(phases)
         self._safe_point.clear()
+        self._generation = plan.number
         world = plan.generation.world_size
         if plan.source == "init":
             rank = plan.generation.rank_of(self.actor_id)
@@ -100,12 +111,15 @@ class TrainingWorker:
             self.engine = ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, process_group=self._pg,
                                      grad_clip=self.spec.train.grad_clip,
                                      compute_dtype=DTYPES[self.spec.zero.compute_dtype])
+            clock.lap("engine")
             self._commit(plan, rank)
+            clock.lap("commit")
             return rank
         if self.engine is None:
             self.engine = self._standalone_engine()
         me = plan.participants.index(self.actor_id)
         handover_pg = self._group(plan, "handover", me, len(plan.participants))
+        clock.lap("handover_group")
         old = partition_layout(self.engine.layout, plan.previous.world_size)
         new = partition_layout(self.engine.layout, world)
         held = self._held_shards(plan)
@@ -113,12 +127,16 @@ class TrainingWorker:
                               {n: torch.empty(0) for n in self.engine.vector_names()},
                               {**self._scalars(), "step": plan.step})
         mine = hand_over(TorchComm(handover_pg), old, new, plan.holder_of_old, list(range(world)), held, template)
+        clock.lap("handover")
         if mine is None:
             return None
         rank = plan.generation.rank_of(self.actor_id)
         self._pg = self._group(plan, "train", rank, world)
+        clock.lap("train_group")
         self.engine.reconfigure(self._pg, mine)
+        clock.lap("reconfigure")
         self._commit(plan, rank)
+        clock.lap("commit")
         return rank
 
     def _standalone_engine(self) -> ZeroEngine:
@@ -213,7 +231,7 @@ class TrainingWorker:
                 coordinator.scale.remote(fault.workers)
 
     def _abort_group(self) -> None:
-        pg, self._pg = self._pg, None
+        pg = self._pg
         if pg is not None:
             try:
                 pg.abort()  # closes its connections, so peers blocked on us fail now, not at the timeout
@@ -227,6 +245,18 @@ class TrainingWorker:
 
     def memory_report(self) -> dict:
         return self.engine.memory_report() if self.engine is not None else {}
+
+
+class _PhaseClock:
+    """Seconds spent in each phase of entering a generation, written into `phases`."""
+
+    def __init__(self, phases: dict) -> None:
+        self.phases, self.t = phases, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = round(now - self.t, 4)
+        self.t = now
 
 
 def _ray_node_id() -> str | None:

@@ -1,7 +1,7 @@
 """The ZeRO engine: sharded parameters, gradients and optimizer state over data-parallel ranks."""
 
 from elastic_zero.zero.comm import Comm, SingleComm, TorchComm, as_comm, new_process_group
-from elastic_zero.zero.engine import ZeroEngine
+from elastic_zero.zero.engine import StepInterrupted, ZeroEngine
 from elastic_zero.zero.optim import SGD, AdamW, ParamGroup
 from elastic_zero.zero.schedule import Constant, WarmupCosine
 from elastic_zero.zero.shard import ShardState, reshard
@@ -13,6 +13,7 @@ __all__ = [
     "ParamGroup",
     "SGD",
     "ShardState",
+    "StepInterrupted",
     "SingleComm",
     "TorchComm",
     "WarmupCosine",

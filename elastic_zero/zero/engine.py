@@ -31,7 +31,7 @@ from elastic_zero.plan.layout import build_layout
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.zero.comm import agree_on_all_ranks, as_comm
 from elastic_zero.zero.loss_scale import DynamicLossScale
-from elastic_zero.zero.shard import ShardState, check_shard_fits
+from elastic_zero.zero.shard_io import ShardIO
 from elastic_zero.zero.update_groups import update_groups
 from elastic_zero.zero.units import find_units, param_specs
 from elastic_zero.zero.unit_buffer import UnitBuffer
@@ -39,7 +39,11 @@ from elastic_zero.zero.unit_buffer import UnitBuffer
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class ZeroEngine:
+class StepInterrupted(RuntimeError):
+    """interrupt() was called: the step in flight is abandoned at the next unit boundary."""
+
+
+class ZeroEngine(ShardIO):
     def __init__(
         self,
         model: nn.Module,
@@ -89,6 +93,7 @@ class ZeroEngine:
         self._master_is_view = stage in (1, 2) and compute_dtype == torch.float32
         self._pending_reduces: list = []
         self._sync = True
+        self._interrupted = False
         self._partition_over(self.comm)
         for unit in self.units:
             full32 = unit.initial_values()
@@ -146,13 +151,24 @@ class ZeroEngine:
             for p, _ in unit.members:
                 p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_ready, unit.index))
 
+    def interrupt(self) -> None:
+        """Abandon the step in flight (from another thread): forward and backward raise
+        StepInterrupted at the next unit boundary. discard_partial_step() clears it."""
+        self._interrupted = True
+
+    def _check_interrupt(self) -> None:
+        if self._interrupted:
+            raise StepInterrupted("the step was interrupted (the generation is being torn down)")
+
     def _before_root_forward(self, module, args) -> None:
+        self._check_interrupt()
         if self._root is not None:
             self._ensure_gathered(self._root)
         if self.stage == 3 and self._order:
             self._prefetch(self._order[0])
 
     def _before_unit_forward(self, index: int, module, args) -> None:
+        self._check_interrupt()
         unit = self.units[index]
         if self.stage == 3:
             pos = self._order.index(unit)
@@ -175,6 +191,7 @@ class ZeroEngine:
         self._ensure_gathered(unit)
 
     def _on_grad_ready(self, index: int, param: nn.Parameter) -> None:
+        self._check_interrupt()
         unit = self.units[index]
         if unit.grad_arrived(param, self.stage, self.reduce_dtype):
             self._reduce(unit)
@@ -284,6 +301,7 @@ class ZeroEngine:
     def discard_partial_step(self) -> None:
         """After a failed collective: forget the work in flight and the gradients of the lost step."""
         self._pending_reduces = []
+        self._interrupted = False
         self._grad.zero_()
         for unit in self.units:
             unit.gather_handle = None
@@ -295,25 +313,6 @@ class ZeroEngine:
         for unit in self.units:
             unit.wait_gathered()
 
-    # ---- state as data -----------------------------------------------------------------------
-
-    def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
-        """The model's state dict with the full fp32 parameters; every rank must call it."""
-        self.synchronize()
-        values: dict[int, torch.Tensor] = {}
-        for unit in self.units:
-            full32 = torch.empty(unit.padded, device=self.device)
-            self.comm.all_gather(full32, self._master_unit(unit))
-            for p, slot in unit.members:
-                start = slot.offset - unit.span.offset
-                values[id(p)] = full32[start : start + slot.numel].view(slot.shape).cpu().clone()
-        if rank0_only and self.rank != 0:
-            return {}
-        out = {}
-        for name, t in self.module.state_dict(keep_vars=True).items():
-            out[name] = values[id(t)] if id(t) in values else t.detach().cpu().clone()
-        return out
-
     def vector_names(self) -> tuple[str, ...]:
         return ("params", *self._state)
 
@@ -322,65 +321,11 @@ class ZeroEngine:
             return self._master_unit(unit)
         return self._state[name][self._shard_slice(unit)]
 
-    def shard_state(self) -> ShardState:
-        """A copy of this rank's shard: every state vector over the rank's ranges, and the step."""
-        self.synchronize()
-        ranges = self.partition.ranges(self.rank)
-        vectors = {
-            name: torch.cat([self._vector_unit(name, u)[: r.numel] for u, r in zip(self.units, ranges)])
-            for name in self.vector_names()
-        }
-        scalars: dict = {"step": self.step_count}
-        if self.loss_scale is not None:
-            scalars["loss_scale"] = self.loss_scale.scale
-        return ShardState(self.layout, self.partition, self.rank, vectors, scalars)
-
-    def load_shard_state(self, state: ShardState) -> None:
-        """Replace this rank's shard with `state` (same layout, world size and rank) and republish."""
-        self._check_shard(state, self.world_size, self.rank)
-        self.synchronize()
-        self._write_shard(state)
-
-    def reconfigure(self, process_group, state: ShardState) -> None:
-        """Continue on another process group (another world size) from `state`, this rank's shard of
-        the new partition: the model, its hooks and the optimizer stay; the buffers are cut anew."""
-        comm = as_comm(process_group)
-        self._check_shard(state, comm.world_size, comm.rank)
-        if self._pending_reduces or any(u.grads_seen for u in self.units):
-            raise RuntimeError("reconfigure() at a safe point only: a backward has not been stepped")
-        self.synchronize()
-        self._partition_over(comm)
-        for unit in self.units:
-            unit.bind_params()
-        self._write_shard(state)
-        for unit in self.units:
-            self._after_bind(unit)
-
     def _after_bind(self, unit: UnitBuffer) -> None:
         if self.stage == 1:
             unit.attach_grad_views()  # after binding: gradients take the parameters' dtype
         if self.stage == 3:
             unit.free()
-
-    def _check_shard(self, state: ShardState, world_size: int, rank: int) -> None:
-        check_shard_fits(state, self.layout, partition_layout(self.layout, world_size), rank, self.vector_names())
-
-    def _write_shard(self, state: ShardState) -> None:
-        ranges = self.partition.ranges(self.rank)
-        for name in self.vector_names():
-            offset = 0
-            for unit, r in zip(self.units, ranges):
-                dest = self._vector_unit(name, unit)
-                dest[: r.numel].copy_(state.vectors[name][offset : offset + r.numel])
-                dest[r.numel :].zero_()
-                offset += r.numel
-        self.step_count = int(state.scalars["step"])
-        if self.loss_scale is not None and "loss_scale" in state.scalars:
-            self.loss_scale.scale = float(state.scalars["loss_scale"])
-        for unit in self.units:
-            if not unit.is_free:
-                self._launch_gather(unit)
-        self.synchronize()
 
     def memory_report(self) -> dict[str, int]:
         """Bytes held on this rank now, by category, with the parameter count and world size."""

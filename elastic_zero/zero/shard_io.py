@@ -1,0 +1,84 @@
+"""ZeroEngine's state as plain data: the gathered state dict, this rank's shard, and moving onto
+another process group from a resharded shard. A mixin of ZeroEngine (engine.py), kept apart so
+the engine module holds the training path only."""
+
+from __future__ import annotations
+
+import torch
+
+from elastic_zero.plan.partition import partition_layout
+from elastic_zero.zero.comm import as_comm
+from elastic_zero.zero.shard import ShardState, check_shard_fits
+
+
+class ShardIO:
+    def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """The model's state dict with the full fp32 parameters; every rank must call it."""
+        self.synchronize()
+        values: dict[int, torch.Tensor] = {}
+        for unit in self.units:
+            full32 = torch.empty(unit.padded, device=self.device)
+            self.comm.all_gather(full32, self._master_unit(unit))
+            for p, slot in unit.members:
+                start = slot.offset - unit.span.offset
+                values[id(p)] = full32[start : start + slot.numel].view(slot.shape).cpu().clone()
+        if rank0_only and self.rank != 0:
+            return {}
+        out = {}
+        for name, t in self.module.state_dict(keep_vars=True).items():
+            out[name] = values[id(t)] if id(t) in values else t.detach().cpu().clone()
+        return out
+
+    def shard_state(self) -> ShardState:
+        """A copy of this rank's shard: every state vector over the rank's ranges, and the step."""
+        self.synchronize()
+        ranges = self.partition.ranges(self.rank)
+        vectors = {
+            name: torch.cat([self._vector_unit(name, u)[: r.numel] for u, r in zip(self.units, ranges)])
+            for name in self.vector_names()
+        }
+        scalars: dict = {"step": self.step_count}
+        if self.loss_scale is not None:
+            scalars["loss_scale"] = self.loss_scale.scale
+        return ShardState(self.layout, self.partition, self.rank, vectors, scalars)
+
+    def load_shard_state(self, state: ShardState) -> None:
+        """Replace this rank's shard with `state` (same layout, world size and rank) and republish."""
+        self._check_shard(state, self.world_size, self.rank)
+        self.synchronize()
+        self._write_shard(state)
+
+    def reconfigure(self, process_group, state: ShardState) -> None:
+        """Continue on another process group (another world size) from `state`, this rank's shard of
+        the new partition: the model, its hooks and the optimizer stay; the buffers are cut anew."""
+        comm = as_comm(process_group)
+        self._check_shard(state, comm.world_size, comm.rank)
+        if self._pending_reduces or any(u.grads_seen for u in self.units):
+            raise RuntimeError("reconfigure() at a safe point only: a backward has not been stepped")
+        self.synchronize()
+        self._partition_over(comm)
+        for unit in self.units:
+            unit.bind_params()
+        self._write_shard(state)
+        for unit in self.units:
+            self._after_bind(unit)
+
+    def _check_shard(self, state: ShardState, world_size: int, rank: int) -> None:
+        check_shard_fits(state, self.layout, partition_layout(self.layout, world_size), rank, self.vector_names())
+
+    def _write_shard(self, state: ShardState) -> None:
+        ranges = self.partition.ranges(self.rank)
+        for name in self.vector_names():
+            offset = 0
+            for unit, r in zip(self.units, ranges):
+                dest = self._vector_unit(name, unit)
+                dest[: r.numel].copy_(state.vectors[name][offset : offset + r.numel])
+                dest[r.numel :].zero_()
+                offset += r.numel
+        self.step_count = int(state.scalars["step"])
+        if self.loss_scale is not None and "loss_scale" in state.scalars:
+            self.loss_scale.scale = float(state.scalars["loss_scale"])
+        for unit in self.units:
+            if not unit.is_free:
+                self._launch_gather(unit)
+        self.synchronize()
