@@ -50,6 +50,7 @@ class TrainingWorker:
         self._safe_point = threading.Event()
         self._pg = None
         self._generation = -1
+        self._generation_lock = threading.Lock()  # an abort for generation g never reaches g + 1
         self._coordinator, self._namespace = coordinator, namespace
         timeout = datetime.timedelta(seconds=self.spec.elastic.collective_timeout_s)
         self.store = dist.TCPStore(store_host, store_port, None, False, timeout=timeout)
@@ -66,10 +67,11 @@ class TrainingWorker:
     def abort_generation(self, number: int) -> None:
         """A peer of generation `number` is gone: break our group now, so the training thread's
         next collective fails at once instead of when it reaches the dead peer or the timeout."""
-        if self._generation == number:
-            if self.engine is not None:
-                self.engine.interrupt()
-            self._abort_group()
+        with self._generation_lock:
+            if self._generation == number:
+                if self.engine is not None:
+                    self.engine.interrupt()
+                self._abort_group()
 
     # ---- a generation ------------------------------------------------------------------------
 
@@ -102,8 +104,10 @@ class TrainingWorker:
     def _enter(self, plan: GenerationPlan, phases: dict) -> int | None:
         """Join generation `plan.number`: hand the shards over and rebuild the engine on its group."""
         clock = _PhaseClock(phases)
-        self._safe_point.clear()
-        self._generation = plan.number
+        with self._generation_lock:
+            self._generation = plan.number
+            if self.engine is not None:
+                self.engine.clear_interrupt()
         world = plan.generation.world_size
         if plan.source == "init":
             rank = plan.generation.rank_of(self.actor_id)
@@ -131,7 +135,8 @@ class TrainingWorker:
         if mine is None:
             return None
         rank = plan.generation.rank_of(self.actor_id)
-        self._pg = self._group(plan, "train", rank, world)
+        # with no leavers the handover group is exactly the new members in rank order: train on it
+        self._pg = handover_pg if len(plan.participants) == world else self._group(plan, "train", rank, world)
         clock.lap("train_group")
         self.engine.reconfigure(self._pg, mine)
         clock.lap("reconfigure")
@@ -210,6 +215,7 @@ class TrainingWorker:
                 self._commit(plan, rank, report)
             report["step_times"].append(time.time() - started)
             if agree[0] > 0 and engine.step_count < spec.train.steps:
+                self._safe_point.clear()  # cleared here, not on entry: a request may land before train() runs
                 report["log"].extend(report["uncommitted"])  # a planned change keeps the live state
                 report["uncommitted"] = []
                 return "safe_point"

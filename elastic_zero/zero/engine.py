@@ -156,6 +156,9 @@ class ZeroEngine(ShardIO):
         StepInterrupted at the next unit boundary. discard_partial_step() clears it."""
         self._interrupted = True
 
+    def clear_interrupt(self) -> None:
+        self._interrupted = False
+
     def _check_interrupt(self) -> None:
         if self._interrupted:
             raise StepInterrupted("the step was interrupted (the generation is being torn down)")
