@@ -1,0 +1,236 @@
+"""Sharded checkpoints on pyarrow.fs: local paths, s3://, gs://, hdfs:// (whatever from_uri knows).
+
+    ROOT/step-0000000040/rank-00000.bin ...   one file per saving rank (written first)
+    ROOT/step-0000000040/manifest.json        written last: the commit
+    ROOT/latest                               the newest committed step directory, updated after it
+
+Readers see only directories with a manifest. A reader at any world size fetches just the blocks
+that overlap its ranges and checks each block's CRC-32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+import zlib
+from typing import Sequence
+
+import pyarrow.fs as pafs
+import torch
+
+from elastic_zero.checkpoint.manifest import DTYPE_SIZES, Block, DataFile, Manifest, Segment, blocks_to_read, plan_blocks
+from elastic_zero.plan.layout import FlatLayout
+from elastic_zero.plan.partition import partition_layout
+from elastic_zero.zero.shard import ShardState
+
+MANIFEST = "manifest.json"
+LATEST = "latest"
+BLOCK_NUMEL = 1 << 20
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                 "float64": torch.float64}
+_BIT_VIEWS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class ChecksumError(ValueError):
+    pass
+
+
+def open_store(uri: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, root path) for a URI or local path; `filesystem` overrides (tests, custom auth)."""
+    if filesystem is not None:
+        return filesystem, uri.rstrip("/")
+    if "://" not in uri:
+        uri = os.path.abspath(uri)
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"checkpoint.uri: cannot open {uri!r} ({exc})") from None
+    return fs, path.rstrip("/")
+
+
+def step_dir(root: str, step: int) -> str:
+    return f"{root}/step-{step:010d}"
+
+
+def _raw_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().contiguous().cpu()
+    if sys.byteorder != "little":  # the format is little-endian
+        raise RuntimeError("big-endian hosts are not supported by the checkpoint format")
+    return t.view(_BIT_VIEWS[t.element_size()]).numpy().tobytes()
+
+
+def write_rank_file(fs: pafs.FileSystem, directory: str, state: ShardState,
+                    block_numel: int = BLOCK_NUMEL) -> DataFile:
+    """Write one rank's ranges of every vector; return its entry for the manifest."""
+    name = f"rank-{state.rank:05d}.bin"
+    fs.create_dir(directory, recursive=True)
+    offset, segments = 0, []
+    with fs.open_output_stream(f"{directory}/{name}") as out:
+        for vector in sorted(state.vectors):
+            values = state.vectors[vector]
+            cursor = 0
+            for r in state.ranges:
+                blocks = []
+                for o, n in plan_blocks(r.numel, block_numel):
+                    data = _raw_bytes(values[cursor + o : cursor + o + n])
+                    out.write(data)
+                    blocks.append(Block(r.start + o, n, offset, zlib.crc32(data)))
+                    offset += len(data)
+                cursor += r.numel
+                if blocks:
+                    segments.append(Segment(vector, r.start, r.stop, tuple(blocks)))
+    return DataFile(name, state.rank, offset, tuple(segments))
+
+
+def commit(fs: pafs.FileSystem, root: str, manifest: Manifest, keep: int | None = None) -> str:
+    """Write the manifest (the commit), then the latest pointer, then prune to `keep` checkpoints."""
+    directory = step_dir(root, manifest.step)
+    _write_atomically(fs, f"{directory}/{MANIFEST}", json.dumps(manifest.to_dict()).encode())
+    _write_atomically(fs, f"{root}/{LATEST}", os.path.basename(directory).encode())
+    if keep is not None:
+        for _, old in list_checkpoints(fs, root)[:-keep]:
+            fs.delete_dir(old)
+    return directory
+
+
+def _write_atomically(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    if isinstance(fs, pafs.LocalFileSystem) or isinstance(fs, pafs.SubTreeFileSystem):
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with fs.open_output_stream(tmp) as out:
+            out.write(data)
+        fs.move(tmp, path)  # a rename: readers see the old or the new file, never half of one
+    else:  # object stores make a single put visible whole
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+
+
+def save(uri: str, states: Sequence[ShardState], stage: int, extra: dict | None = None, keep: int | None = None,
+         filesystem: pafs.FileSystem | None = None, block_numel: int = BLOCK_NUMEL) -> str:
+    """Save every rank's shard from one process (each rank may instead call write_rank_file itself)."""
+    fs, root = open_store(uri, filesystem)
+    first = states[0]
+    step = int(first.scalars["step"])
+    directory = step_dir(root, step)
+    files = tuple(write_rank_file(fs, directory, s, block_numel) for s in sorted(states, key=lambda s: s.rank))
+    manifest = make_manifest(first, files, stage, extra)
+    return commit(fs, root, manifest, keep)
+
+
+def make_manifest(state: ShardState, files: Sequence[DataFile], stage: int, extra: dict | None = None) -> Manifest:
+    dtypes = {name: str(v.dtype).replace("torch.", "") for name, v in state.vectors.items()}
+    return Manifest(int(state.scalars["step"]), state.partition.world_size, stage, state.layout.to_dict(), dtypes,
+                    tuple(files), dict(state.scalars), dict(extra or {}))
+
+
+def list_checkpoints(fs: pafs.FileSystem, root: str) -> list[tuple[int, str]]:
+    """Committed checkpoints (those with a manifest), oldest first, as (step, directory)."""
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except OSError:
+        return []
+    found = []
+    for info in infos:
+        name = os.path.basename(info.path)
+        if info.type == pafs.FileType.Directory and name.startswith("step-"):
+            if fs.get_file_info(f"{info.path}/{MANIFEST}").type == pafs.FileType.File:
+                found.append((int(name[len("step-"):]), info.path))
+    return sorted(found)
+
+
+def read_manifest(fs: pafs.FileSystem, directory: str) -> Manifest:
+    path = f"{directory}/{MANIFEST}"
+    try:
+        with fs.open_input_stream(path) as f:
+            data = json.loads(f.read())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no manifest (not a committed checkpoint)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: manifest is not valid JSON ({exc})") from None
+    return Manifest.from_dict(data, path)
+
+
+def resolve(fs: pafs.FileSystem, root: str, which: str = "latest") -> str:
+    """The checkpoint directory for "latest", a step number, or a step directory name."""
+    if which == "latest":
+        committed = list_checkpoints(fs, root)
+        if not committed:
+            raise ValueError(f"{root}: no committed checkpoint")
+        try:
+            with fs.open_input_stream(f"{root}/{LATEST}") as f:
+                pointed = f"{root}/{f.read().decode().strip()}"
+            if any(d == pointed for _, d in committed):
+                return pointed
+        except FileNotFoundError:
+            pass
+        return committed[-1][1]  # the pointer lags a crash between commit and pointer update
+    if which.isdigit():
+        return step_dir(root, int(which))
+    return which if which.startswith(root) else f"{root}/{which}"
+
+
+def load_shard(fs: pafs.FileSystem, directory: str, layout: FlatLayout, world_size: int, rank: int,
+               vector_names: Sequence[str] | None = None) -> ShardState:
+    """Rank `rank`'s shard of a `world_size` partition, read from a checkpoint saved at any size."""
+    manifest = read_manifest(fs, directory)
+    saved = FlatLayout.from_dict(manifest.layout)
+    if saved != layout:
+        raise ValueError(f"{directory}: checkpoint layout does not match the model: {layout.describe_mismatch(saved)}")
+    names = list(vector_names) if vector_names is not None else sorted(manifest.vectors)
+    missing = [n for n in names if n not in manifest.vectors]
+    if missing:
+        raise ValueError(f"{directory}: checkpoint lacks vectors {missing} (it has {sorted(manifest.vectors)})")
+    partition = partition_layout(layout, world_size)
+    ranges = partition.ranges(rank)
+    numel = sum(r.numel for r in ranges)
+    vectors = {}
+    handles: dict[str, object] = {}
+    try:
+        for name in names:
+            dtype = manifest.vectors[name]
+            out = torch.empty(numel, dtype=_TORCH_DTYPES[dtype])
+            cursor = 0
+            for r in ranges:
+                if r.numel:
+                    _read_range(fs, directory, manifest, handles, name, dtype, r.start, r.stop, out[cursor : cursor + r.numel])
+                cursor += r.numel
+            vectors[name] = out
+    finally:
+        for h in handles.values():
+            h.close()
+    return ShardState(layout, partition, rank, vectors, dict(manifest.scalars))
+
+
+def _read_range(fs, directory, manifest, handles, vector, dtype, start, stop, out) -> None:
+    size = DTYPE_SIZES[dtype]
+    for f, seg, b in blocks_to_read(manifest, vector, start, stop):
+        path = f"{directory}/{f.path}"
+        if path not in handles:
+            try:
+                handles[path] = fs.open_input_file(path)
+            except FileNotFoundError:
+                raise ValueError(f"{path}: data file of a committed checkpoint is missing") from None
+        data = handles[path].read_at(b.numel * size, b.offset)
+        if len(data) != b.numel * size or zlib.crc32(data) != b.crc32:
+            what = "truncated" if len(data) != b.numel * size else "checksum mismatch"
+            raise ChecksumError(f"{path}: {what} in {vector!r} elements [{b.start}, {b.start + b.numel}) "
+                                f"at bytes [{b.offset}, {b.offset + b.numel * size})")
+        block = torch.frombuffer(bytearray(data), dtype=_BIT_VIEWS[size]).view(_TORCH_DTYPES[dtype])
+        lo, hi = max(start, b.start), min(stop, b.start + b.numel)
+        out[lo - start : hi - start].copy_(block[lo - b.start : hi - b.start])
+
+
+def load_latest(fs: pafs.FileSystem, root: str, layout: FlatLayout, world_size: int, rank: int,
+                vector_names: Sequence[str] | None = None) -> tuple[ShardState, str]:
+    """Load the newest committed checkpoint; on a checksum error fall back to older ones, warning."""
+    latest = resolve(fs, root, "latest")
+    candidates = [latest] + [d for _, d in reversed(list_checkpoints(fs, root)) if d != latest]
+    errors = []
+    for directory in candidates:
+        try:
+            return load_shard(fs, directory, layout, world_size, rank, vector_names), directory
+        except ChecksumError as exc:
+            errors.append(str(exc))
+            warnings.warn(f"checkpoint {directory} is damaged ({exc}); trying the previous one", stacklevel=2)
+    raise ChecksumError("every committed checkpoint is damaged: " + "; ".join(errors))
