@@ -39,6 +39,17 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("workers", type=int)
         c.add_argument("--address", default="auto")
 
+    ckpt = sub.add_parser("checkpoint", help="list, inspect and export sharded checkpoints")
+    ckpt_sub = ckpt.add_subparsers(dest="action", required=True)
+    for name, text in (("ls", "committed checkpoints under URI"), ("inspect", "one checkpoint's contents"),
+                       ("export", "write a checkpoint's weights as a plain torch state dict")):
+        c = ckpt_sub.add_parser(name, help=text)
+        c.add_argument("uri")
+        if name != "ls":
+            c.add_argument("--step", default="latest", help="a step number or 'latest'")
+        if name == "export":
+            c.add_argument("--out", required=True, metavar="FILE.pt")
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     step = bench_sub.add_parser("step", help="ZeRO step time against torch DDP (and FSDP2) in one run")
@@ -93,6 +104,36 @@ def _control(args) -> int:
     return 0
 
 
+def _checkpoint(args) -> int:
+    from elastic_zero.checkpoint import export_state_dict, list_checkpoints, open_store, read_manifest, resolve
+
+    fs, root = open_store(args.uri)
+    if args.action == "ls":
+        for step, directory in list_checkpoints(fs, root):
+            m = read_manifest(fs, directory)
+            print(f"step {step:>8}  world size {m.world_size}  stage {m.stage}  {m.nbytes / 2**20:9.2f} MiB  {directory}")
+        return 0
+    directory = resolve(fs, root, args.step)
+    if args.action == "inspect":
+        m = read_manifest(fs, directory)
+        layout = m.layout
+        print(json.dumps({
+            "directory": directory, "step": m.step, "world_size": m.world_size, "stage": m.stage, "bytes": m.nbytes,
+            "vectors": m.vectors, "scalars": m.scalars, "extra": m.extra,
+            "layout": {"parameters": len(layout["slots"]), "units": len(layout["units"]),
+                       "elements": sum(s["numel"] for s in layout["slots"]), "align": layout["align"],
+                       "first": [f"{s['name']} {tuple(s['shape'])}" for s in layout["slots"][:5]]},
+            "files": [{"path": f.path, "rank": f.rank, "bytes": f.nbytes} for f in m.files],
+        }, indent=1))
+        return 0
+    import torch
+
+    state = export_state_dict(fs, directory)
+    torch.save(state, args.out)
+    print(f"wrote {len(state)} tensors ({sum(t.numel() for t in state.values())} parameters) to {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     started_at = time.time()
     args = _parser().parse_args(argv)
@@ -101,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, started_at)
         if args.command in ("scale", "status"):
             return _control(args)
+        if args.command == "checkpoint":
+            return _checkpoint(args)
         if args.command == "bench" and args.bench == "step":
             from elastic_zero.bench.step import format_report, run_step_bench
 

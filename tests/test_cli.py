@@ -55,3 +55,23 @@ def test_bad_arguments_exit_2_with_one_line(args, message):
     out = _run(*args, timeout=60)
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_checkpoint_ls_inspect_and_export(tmp_path):
+    from elastic_zero.checkpoint import save
+    from elastic_zero.zero import SGD, ZeroEngine, reshard
+
+    engine = ZeroEngine(build_preset("gpt-tiny", seed=0), SGD(lr=0.1), stage=2)
+    shards = reshard([engine.shard_state()], 2)
+    save(str(tmp_path / "ck"), shards, stage=2)
+    out = _run("checkpoint", "ls", str(tmp_path / "ck"), timeout=120)
+    assert out.returncode == 0 and "step        0  world size 2  stage 2" in out.stdout
+    out = _run("checkpoint", "inspect", str(tmp_path / "ck"), timeout=120)
+    info = json.loads(out.stdout)
+    assert info["world_size"] == 2 and info["layout"]["elements"] == 136960 and len(info["files"]) == 2
+    out = _run("checkpoint", "export", str(tmp_path / "ck"), "--out", str(tmp_path / "w.pt"), timeout=120)
+    assert out.returncode == 0, out.stderr
+    weights = torch.load(tmp_path / "w.pt", weights_only=True)
+    assert torch.equal(weights["wte.weight"], engine.full_state_dict()["wte.weight"])
+    out = _run("checkpoint", "inspect", str(tmp_path / "nothing"), timeout=120)
+    assert out.returncode == 2 and "no committed checkpoint" in out.stderr
