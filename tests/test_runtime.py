@@ -47,7 +47,7 @@ def _relative(a, b):
 
 
 def _exactly_once(summary):
-    assert summary["samples_consumed"] == summary["steps"] * summary["global_batch"]
+    assert summary["samples_consumed"] == summary["steps"] * summary["global_batch"]  # steps run in this job
     assert summary["duplicate_samples"] == 0 and summary["skipped_samples"] == 0
 
 
@@ -81,4 +81,22 @@ def test_final_weights_do_not_depend_on_kills_scaling_or_preemption(tmp_path, st
     assert any(r["cause"] == "leave" for r in summary["reconfigurations"]), "no preemption handled"
     assert len(summary["recoveries"]) == 1
     _exactly_once(summary)
+    assert _relative(reference, weights) <= 1e-4
+
+
+def test_a_job_run_again_resumes_from_its_latest_checkpoint_at_another_size(tmp_path):
+    """Whole-job loss: the same spec run again resumes from the latest checkpoint (written by
+    2 workers, one of them killed on the way) at 3 workers; oracle: one uninterrupted worker."""
+    ckpt = {"uri": str(tmp_path / "ckpt"), "every": 5, "keep": 2, "resume": "latest"}
+    _, _, _, reference = _job(tmp_path, "whole", train={"steps": 30},
+                              elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
+    code, first, _, _ = _job(tmp_path, "part1", [{"at_step": 7, "action": "kill", "rank": 1}],
+                             train={"steps": 20}, checkpoint=ckpt)
+    assert code == 0 and first["checkpoint_errors"] == [] and first["checkpoint_stall_s_median"] is not None
+    steps_saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step-"))
+    assert steps_saved == ["step-0000000015", "step-0000000020"]  # keep = 2
+    code, second, _, weights = _job(tmp_path, "part2", train={"steps": 30}, checkpoint=ckpt,
+                                    elastic={"workers": 3, "max_workers": 3})
+    assert code == 0 and second["resumed_from_step"] == 20 and second["steps"] == 10
+    _exactly_once(second)
     assert _relative(reference, weights) <= 1e-4

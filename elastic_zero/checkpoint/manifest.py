@@ -61,10 +61,7 @@ class Manifest:
             "format": FORMAT, "version": VERSION, "step": self.step, "world_size": self.world_size,
             "stage": self.stage, "layout": self.layout, "vectors": self.vectors, "scalars": self.scalars,
             "extra": self.extra,
-            "files": [{"path": f.path, "rank": f.rank, "nbytes": f.nbytes, "segments": [
-                {"vector": s.vector, "start": s.start, "stop": s.stop,
-                 "blocks": [[b.start, b.numel, b.offset, b.crc32] for b in s.blocks]}
-                for s in f.segments]} for f in self.files],
+            "files": [datafile_to_dict(f) for f in self.files],
         }
 
     @classmethod
@@ -74,16 +71,23 @@ class Manifest:
         if data.get("version") != VERSION:
             raise ValueError(f"{where}: format version {data.get('version')} is not supported (this is {VERSION})")
         try:
-            files = tuple(
-                DataFile(str(f["path"]), int(f["rank"]), int(f["nbytes"]), tuple(
-                    Segment(str(s["vector"]), int(s["start"]), int(s["stop"]),
-                            tuple(Block(*(int(v) for v in b)) for b in s["blocks"]))
-                    for s in f["segments"]))
-                for f in data["files"])
+            files = tuple(datafile_from_dict(f) for f in data["files"])
             return cls(int(data["step"]), int(data["world_size"]), int(data["stage"]), dict(data["layout"]),
                        dict(data["vectors"]), files, dict(data.get("scalars", {})), dict(data.get("extra", {})))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{where}: malformed ({exc!r})") from None
+
+
+def datafile_to_dict(f: DataFile) -> dict:
+    return {"path": f.path, "rank": f.rank, "nbytes": f.nbytes, "segments": [
+        {"vector": s.vector, "start": s.start, "stop": s.stop,
+         "blocks": [[b.start, b.numel, b.offset, b.crc32] for b in s.blocks]} for s in f.segments]}
+
+
+def datafile_from_dict(f: dict) -> DataFile:
+    return DataFile(str(f["path"]), int(f["rank"]), int(f["nbytes"]), tuple(
+        Segment(str(s["vector"]), int(s["start"]), int(s["stop"]), tuple(Block(*(int(v) for v in b)) for b in s["blocks"]))
+        for s in f["segments"]))
 
 
 def plan_blocks(numel: int, block_numel: int) -> list[tuple[int, int]]:

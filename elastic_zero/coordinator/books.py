@@ -23,7 +23,9 @@ class Books:
     reconfigurations: list = field(default_factory=list)
     first_step_at: float | None = None
     last_loss: float | None = None
-    pending_change: dict | None = None  # a change whose stall is measured when the next generation reports
+    pending_change: dict | None = None
+    checkpoint_stalls: list = field(default_factory=list)
+    checkpoint_errors: list = field(default_factory=list)  # a change whose stall is measured when the next generation reports
 
     def add_generation_results(self, generation: int, results: list[dict]) -> None:
         firsts = [r["first_step_at"] for r in results if r.get("first_step_at")]
@@ -50,6 +52,8 @@ class Books:
                 elif generation == gen:
                     entries[rank] = (start, count)
             self.step_times.extend(r.get("step_times", ()))
+            self.checkpoint_stalls.extend(r.get("checkpoint_stall_s", ()))
+            self.checkpoint_errors.extend(r.get("checkpoint_errors", ()))
             if r.get("last_loss") is not None and r.get("rank") == 0:
                 self.last_loss = r["last_loss"]
 
@@ -60,9 +64,13 @@ class Books:
         positions = [p for _, entries in self.step_log.values() for start, count in entries.values()
                      for p in range(start, start + count)]
         distinct = set(positions)
-        expected = set(range(self.steps * self.global_batch))
+        first = min(self.step_log) if self.step_log else 0  # a resumed job starts at its checkpoint
+        expected = set(range(first * self.global_batch, self.steps * self.global_batch))
         return {
             "steps": len(self.step_log),
+            "resumed_from_step": min(self.step_log) if self.step_log else 0,
+            "checkpoint_stall_s_median": statistics.median(self.checkpoint_stalls) if self.checkpoint_stalls else None,
+            "checkpoint_errors": self.checkpoint_errors,
             "final_loss": self.last_loss,
             "global_batch": self.global_batch,
             "samples_consumed": len(distinct),

@@ -18,6 +18,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from elastic_zero.checkpoint import list_checkpoints, load_latest, load_shard, open_store, resolve
+from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.coordinator.state import GenerationPlan, Outcome
 from elastic_zero.job import DTYPES, build_model, build_optimizer, build_source
 from elastic_zero.models import lm_loss
@@ -50,10 +52,14 @@ class TrainingWorker:
         self._safe_point = threading.Event()
         self._pg = None
         self._generation = -1
-        self._generation_lock = threading.Lock()  # an abort for generation g never reaches g + 1
+        self._generation_lock = threading.Lock()
+        self.resumed_from: str | None = None  # an abort for generation g never reaches g + 1
         self._coordinator, self._namespace = coordinator, namespace
         timeout = datetime.timedelta(seconds=self.spec.elastic.collective_timeout_s)
         self.store = dist.TCPStore(store_host, store_port, None, False, timeout=timeout)
+        c = self.spec.checkpoint
+        self.writer = (AsyncCheckpointWriter(c.uri, self.store, c.keep, self.spec.zero.stage,
+                                             self.spec.elastic.collective_timeout_s) if c.uri and c.every else None)
 
     # ---- control, called concurrently with train() ----------------------------------------
 
@@ -77,7 +83,7 @@ class TrainingWorker:
 
     def train(self, plan: GenerationPlan) -> dict:
         report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [],
-                  "first_step_at": None, "last_loss": None}
+                  "first_step_at": None, "last_loss": None, "checkpoint_stall_s": []}
         try:
             rank = self._enter(plan, report.setdefault("phases_s", {}))
             if rank is None:
@@ -88,6 +94,8 @@ class TrainingWorker:
                     "ended_at": time.time()}
         except Exception as exc:  # a collective failed: a peer died or timed out
             ended = time.time()
+            if self.writer is not None:
+                self.writer.abandon()
             self._abort_group()
             if self.engine is not None:
                 self.engine.discard_partial_step()
@@ -116,6 +124,8 @@ class TrainingWorker:
                                      grad_clip=self.spec.train.grad_clip,
                                      compute_dtype=DTYPES[self.spec.zero.compute_dtype])
             clock.lap("engine")
+            self.resumed_from = self._resume(world, rank)
+            clock.lap("resume")
             self._commit(plan, rank)
             clock.lap("commit")
             return rank
@@ -143,6 +153,33 @@ class TrainingWorker:
         self._commit(plan, rank)
         clock.lap("commit")
         return rank
+
+    def _resume(self, world: int, rank: int) -> str | None:
+        """[checkpoint] resume: start from a saved step ("latest" starts fresh when there is none).
+        Returns the checkpoint directory used."""
+        c = self.spec.checkpoint
+        if not c.resume:
+            return None
+        fs, root = open_store(c.uri)
+        if c.resume == "latest":
+            if not list_checkpoints(fs, root):
+                return None
+            state, directory = load_latest(fs, root, self.engine.layout, world, rank, self.engine.vector_names())
+        else:
+            directory = resolve(fs, root, c.resume)
+            state = load_shard(fs, directory, self.engine.layout, world, rank, self.engine.vector_names())
+        self.engine.load_shard_state(state)
+        return directory
+
+    def _save_checkpoint(self, plan: GenerationPlan, report: dict) -> None:
+        step = self.engine.step_count
+        every = self.spec.checkpoint.every
+        if self.writer is None or (step % every and step != self.spec.train.steps):
+            return
+        snapshot = self.replicas.own.get(step) or self.engine.shard_state().to("cpu")
+        extra = {"cursor": step * self.spec.train.global_batch, "seed": self.spec.train.seed,
+                 "generation": plan.number, "optimizer": dict(vars(self.spec.optimizer))}
+        report["checkpoint_stall_s"].append(self.writer.save(snapshot, f"g{plan.number}-s{step}", extra))
 
     def _standalone_engine(self) -> ZeroEngine:
         return ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, grad_clip=self.spec.train.grad_clip,
@@ -213,12 +250,16 @@ class TrainingWorker:
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             if engine.step_count % spec.elastic.replicate_every == 0 or engine.step_count == spec.train.steps:
                 self._commit(plan, rank, report)
+            self._save_checkpoint(plan, report)
             report["step_times"].append(time.time() - started)
             if agree[0] > 0 and engine.step_count < spec.train.steps:
                 self._safe_point.clear()  # cleared here, not on entry: a request may land before train() runs
                 report["log"].extend(report["uncommitted"])  # a planned change keeps the live state
                 report["uncommitted"] = []
                 return "safe_point"
+        if self.writer is not None:
+            self.writer.wait()  # the final checkpoint is committed before the job reports success
+            report["checkpoint_errors"] = list(self.writer.errors)
         return "finished"
 
     def _fire_faults(self, step: int, rank: int) -> None:
