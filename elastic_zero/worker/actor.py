@@ -52,8 +52,7 @@ class TrainingWorker:
         self._safe_point = threading.Event()
         self._pg = None
         self._generation = -1
-        self._generation_lock = threading.Lock()
-        self.resumed_from: str | None = None  # an abort for generation g never reaches g + 1
+        self._generation_lock = threading.Lock()  # an abort for generation g never reaches g + 1
         self._coordinator, self._namespace = coordinator, namespace
         timeout = datetime.timedelta(seconds=self.spec.elastic.collective_timeout_s)
         self.store = dist.TCPStore(store_host, store_port, None, False, timeout=timeout)
@@ -124,7 +123,7 @@ class TrainingWorker:
                                      grad_clip=self.spec.train.grad_clip,
                                      compute_dtype=DTYPES[self.spec.zero.compute_dtype])
             clock.lap("engine")
-            self.resumed_from = self._resume(world, rank)
+            self._resume(world, rank)
             clock.lap("resume")
             self._commit(plan, rank)
             clock.lap("commit")
