@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--micro-batch", type=int, default=8)
     rec.add_argument("--checkpoint-every", type=int, default=5)
     rec.add_argument("--json", action="store_true", help="print one JSON object")
+    ck = bench_sub.add_parser("checkpoint", help="sharded checkpoints against torch.distributed.checkpoint")
+    ck.add_argument("--preset", default="gpt-small")
+    ck.add_argument("--save-workers", type=int, default=2)
+    ck.add_argument("--load-workers", type=int, default=3)
+    ck.add_argument("--rounds", type=int, default=3)
+    ck.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
@@ -157,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
             report = run_recovery_bench(args.preset, args.workers, args.steps, args.kill_step, args.micro_batch,
                                         args.checkpoint_every)
             print(json.dumps(report) if args.json else format_recovery(report))
+            return 0
+        if args.command == "bench" and args.bench == "checkpoint":
+            from elastic_zero.bench.checkpoint import format_checkpoint, run_checkpoint_bench
+
+            report = run_checkpoint_bench(args.preset, args.save_workers, args.load_workers, args.rounds)
+            print(json.dumps(report) if args.json else format_checkpoint(report))
             return 0
     except ValueError as exc:  # SpecError included: one line, exit 2
         print(f"elastic-zero: error: {exc}", file=sys.stderr)

@@ -75,3 +75,15 @@ def test_checkpoint_ls_inspect_and_export(tmp_path):
     assert torch.equal(weights["wte.weight"], engine.full_state_dict()["wte.weight"])
     out = _run("checkpoint", "inspect", str(tmp_path / "nothing"), timeout=120)
     assert out.returncode == 2 and "no committed checkpoint" in out.stderr
+
+
+def test_bench_checkpoint_json_compares_with_dcp_in_one_run():
+    out = _run("bench", "checkpoint", "--preset", "gpt-tiny", "--rounds", "1", "--save-workers", "2",
+               "--load-workers", "3", "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout)
+    for key in ("ours_sync_save_s", "ours_async_stall_s", "dcp_sync_save_s", "dcp_async_stall_s", "ours_load_s",
+                "dcp_load_s", "disk_write_mb_s", "disk_read_mb_s", "save_vs_disk", "load_vs_dcp"):
+        assert r[key] > 0, key
+    # params and two AdamW moments, in fp32, split over 2 ranks (plus alignment padding)
+    assert 1.0 <= r["bytes_per_rank"] / (136960 * 3 * 4 / 2) <= 1.02

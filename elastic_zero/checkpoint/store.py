@@ -81,7 +81,27 @@ def write_rank_file(fs: pafs.FileSystem, directory: str, state: ShardState,
                 cursor += r.numel
                 if blocks:
                     segments.append(Segment(vector, r.start, r.stop, tuple(blocks)))
+    _fsync_local(fs, f"{directory}/{name}")  # on disk before any manifest can name it
     return DataFile(name, state.rank, offset, tuple(segments))
+
+
+def _local_path(fs: pafs.FileSystem, path: str) -> str | None:
+    if isinstance(fs, pafs.LocalFileSystem):
+        return path
+    if isinstance(fs, pafs.SubTreeFileSystem) and isinstance(fs.base_fs, pafs.LocalFileSystem):
+        return os.path.join(fs.base_path, path.lstrip("/"))
+    return None  # object stores persist a completed put themselves
+
+
+def _fsync_local(fs: pafs.FileSystem, path: str) -> None:
+    local = _local_path(fs, path)
+    if local is None:
+        return
+    fd = os.open(local, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def commit(fs: pafs.FileSystem, root: str, manifest: Manifest, keep: int | None = None) -> str:
@@ -96,11 +116,13 @@ def commit(fs: pafs.FileSystem, root: str, manifest: Manifest, keep: int | None 
 
 
 def _write_atomically(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    if isinstance(fs, pafs.LocalFileSystem) or isinstance(fs, pafs.SubTreeFileSystem):
+    if _local_path(fs, path) is not None:
         tmp = f"{path}.tmp-{os.getpid()}"
         with fs.open_output_stream(tmp) as out:
             out.write(data)
+        _fsync_local(fs, tmp)
         fs.move(tmp, path)  # a rename: readers see the old or the new file, never half of one
+        _fsync_local(fs, os.path.dirname(path))  # and the rename itself survives a crash
     else:  # object stores make a single put visible whole
         with fs.open_output_stream(path) as out:
             out.write(data)
