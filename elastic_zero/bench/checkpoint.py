@@ -35,7 +35,8 @@ def _drop_caches() -> bool:
 
 
 def _one_step(model, step_fn) -> None:
-    idx = torch.randint(0, 4096, (2, 129), generator=torch.Generator().manual_seed(0))
+    cfg = model.cfg
+    idx = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len + 1), generator=torch.Generator().manual_seed(0))
     step_fn(lm_loss(model(idx[:, :-1]), idx[:, 1:]))
 
 
