@@ -97,5 +97,11 @@ def test_losing_a_shard_and_its_replica_fails_clearly_and_finishing_retires_ever
     buddy = plan.generation.members[plan.generation.buddies[0]].actor_id
     _, cmds, _ = _end(s, plan, w0="dead", **{buddy: "dead"})
     assert "replicas of their shards were lost together" in _cmd(cmds, Fail).message
+    from dataclasses import replace
+
+    with_checkpoints = replace(s, checkpoints=True)
+    _, cmds, _ = _end(with_checkpoints, plan, w0="dead", **{buddy: "dead"})
+    p = _cmd(cmds, StartGeneration).plan
+    assert p.source == "checkpoint" and p.holder_of_old == () and _cmd(cmds, Spawn) == Spawn(2)
     s2, cmds, _ = _end(s, plan, w0="finished", w1="finished", w2="finished", w3="finished")
     assert cmds == (Finish(), Retire(("w0", "w1", "w2", "w3"))) and s2.done

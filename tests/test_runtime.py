@@ -100,3 +100,23 @@ def test_a_job_run_again_resumes_from_its_latest_checkpoint_at_another_size(tmp_
     assert code == 0 and second["resumed_from_step"] == 20 and second["steps"] == 10
     _exactly_once(second)
     assert _relative(reference, weights) <= 1e-4
+
+
+def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_path):
+    """Ranks 0 and 1 die in the same step; rank 1 holds rank 0's replica (buddies on one node are
+    the next rank), so memory holds no complete step: the survivor and the replacements restart
+    from the checkpoint of step 10. Oracle: one uninterrupted worker."""
+    _, _, _, reference = _job(tmp_path, "whole", train={"steps": 30},
+                              elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
+    ckpt = {"uri": str(tmp_path / "ckpt"), "every": 5, "keep": 2}
+    drill = [{"at_step": 12, "action": "kill", "rank": 0}, {"at_step": 12, "action": "kill", "rank": 1}]
+    code, summary, events, weights = _job(tmp_path, "both", drill, train={"steps": 30}, checkpoint=ckpt,
+                                          elastic={"workers": 3, "max_workers": 3})
+    assert code == 0, summary.get("error")
+    (recovery,) = summary["recoveries"]
+    assert recovery["cause"].endswith("restored from a checkpoint") and recovery["step"] == 10
+    assert recovery["lost_steps"] == 2
+    starts = [e for e in events if e["event"] == "generation_start"]
+    assert starts[1]["source"] == "checkpoint" and starts[1]["checkpoint"].endswith("step-0000000010")
+    _exactly_once(summary)
+    assert _relative(reference, weights) <= 1e-4

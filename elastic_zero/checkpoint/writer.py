@@ -27,13 +27,15 @@ class AsyncCheckpointWriter:
         self.committed: list[str] = []  # directories this rank committed (rank 0 only)
         self.errors: list[str] = []
 
-    def save(self, snapshot: ShardState, tag: str, extra: dict) -> float:
+    def save(self, snapshot: ShardState, tag: str, extra: dict, sample_log: list | None = None) -> float:
         """Start saving `snapshot` (a copy no one else mutates); returns the seconds spent waiting
-        for the previous save. `tag` names this save uniquely across the job (generation and step)."""
+        for the previous save. `tag` names this save uniquely across the job (generation and step);
+        `sample_log` rows (what this rank trained on since its last save) go into the manifest."""
         started = time.perf_counter()
         self.wait()
         stall = time.perf_counter() - started
-        self._thread = threading.Thread(target=self._write, args=(snapshot, tag, extra), daemon=True)
+        self._thread = threading.Thread(target=self._write, args=(snapshot, tag, extra, list(sample_log or ())),
+                                        daemon=True)
         self._thread.start()
         return stall
 
@@ -48,11 +50,12 @@ class AsyncCheckpointWriter:
         self.wait()
         self._abandon.clear()
 
-    def _write(self, snapshot: ShardState, tag: str, extra: dict) -> None:
+    def _write(self, snapshot: ShardState, tag: str, extra: dict, sample_log: list) -> None:
         try:
             step = int(snapshot.scalars["step"])
             entry = write_rank_file(self.fs, step_dir(self.root, step), snapshot)
-            self.store.set(f"ckpt/{tag}/{snapshot.rank}", json.dumps(datafile_to_dict(entry)))
+            self.store.set(f"ckpt/{tag}/{snapshot.rank}",
+                           json.dumps({"file": datafile_to_dict(entry), "sample_log": sample_log}))
             if snapshot.rank != 0:
                 return
             world = snapshot.partition.world_size
@@ -66,8 +69,10 @@ class AsyncCheckpointWriter:
                     self.store.wait(keys, datetime.timedelta(seconds=0.2))
                 except Exception:  # the store's wait timed out: look again
                     pass
-            files = [datafile_from_dict(json.loads(self.store.get(k))) for k in keys]
-            manifest = make_manifest(snapshot, files, self.stage, extra)
+            posted = [json.loads(self.store.get(k)) for k in keys]
+            files = [datafile_from_dict(p["file"]) for p in posted]
+            rows = sorted(tuple(row) for p in posted for row in p["sample_log"])
+            manifest = make_manifest(snapshot, files, self.stage, {**extra, "sample_log": rows})
             self.committed.append(commit(self.fs, self.root, manifest, self.keep))
         except Exception as exc:  # a failed save must not stop training; the previous checkpoint stands
             self.errors.append(f"{tag}: {type(exc).__name__}: {exc}")

@@ -7,6 +7,7 @@ membership. Workers never call it on the training path: they report when a gener
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import queue
@@ -39,8 +40,9 @@ class Coordinator:
         self.host = ray.util.get_node_ip_address()
         self.store = dist.TCPStore(self.host, 0, None, True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=e.collective_timeout_s))
+        c = self.spec.checkpoint
         self.state = CoordinatorState(min_workers=e.min_workers, max_workers=e.max_workers, target=e.workers,
-                                      min_wait_s=e.min_wait_s)
+                                      min_wait_s=e.min_wait_s, checkpoints=bool(c.uri and c.every))
         self.books = Books(self.spec.train.global_batch, self.spec.train.steps, started_at)
         self.events: list[dict] = []
         self._inbox: queue.Queue = queue.Queue()
@@ -157,7 +159,14 @@ class Coordinator:
             for m in self.state.generation.members:
                 self._workers[m.actor_id].request_safe_point.remote()
         elif isinstance(command, StartGeneration):
-            self._start(command.plan)
+            plan = command.plan
+            if plan.source == "checkpoint":
+                try:
+                    plan = dataclasses.replace(plan, checkpoint=self._latest_checkpoint())
+                except ValueError as exc:
+                    self._carry_out(Fail(f"no in-memory copy survived and no checkpoint can be read: {exc}"))
+                    return
+            self._start(plan)
         elif isinstance(command, Retire):
             self._retire(command.actor_ids, "retired")
         elif isinstance(command, Finish):
@@ -171,22 +180,36 @@ class Coordinator:
     def _start(self, plan) -> None:
         now = time.time()
         last = self._last_end
-        if plan.source == "snapshot":
+        if plan.source in ("snapshot", "checkpoint"):
             failed_at = min(self._new_kill_times() + [r["ended_at"] for r in last.values()] or [now])
             reached = max((r["outcome"].step for r in last.values()), default=plan.step)
             lost = sorted(a for a, r in last.items() if r["outcome"].kind == "dead")
-            self.books.begin_change("recovery", failed_at, step=plan.step, cause=f"lost {', '.join(lost)}",
-                                    lost_steps=max(0, reached - plan.step), recomputed_steps=max(0, reached - plan.step) + 1)
+            cause = f"lost {', '.join(lost)}" + ("; restored from a checkpoint" if plan.checkpoint else "")
+            self.books.begin_change("recovery", failed_at, step=plan.step if plan.step >= 0 else None,
+                                    cause=cause, reached=reached)
         elif plan.source == "live":
             since = max((r["ended_at"] for r in last.values()), default=now)
             self.books.begin_change("reconfiguration", since, step=plan.step, **{
                 "from": plan.previous.world_size, "to": plan.generation.world_size}, cause=plan.cause)
         self.books.world_size_history.append([plan.step, plan.generation.world_size])
-        self._log("generation_start", generation=plan.number, step=plan.step, source=plan.source,
+        self._log("generation_start", generation=plan.number, step=plan.step, source=plan.source, checkpoint=plan.checkpoint,
                   workers=[m.actor_id for m in plan.generation.members], leaving=list(plan.leaving))
         self._plan = plan
         for actor_id in plan.participants:
             self._train_refs[self._workers[actor_id].train.remote(plan)] = actor_id
+
+    def _latest_checkpoint(self) -> str:
+        """The directory every member of a checkpoint generation reads; the sample records saved
+        with it and the checkpoints before it go into the books."""
+        from elastic_zero.checkpoint import list_checkpoints, open_store, read_manifest, resolve
+
+        fs, root = open_store(self.spec.checkpoint.uri)
+        latest = resolve(fs, root, "latest")
+        for _, directory in list_checkpoints(fs, root):
+            self.books.add_checkpoint_log(read_manifest(fs, directory).extra.get("sample_log", ()))
+            if directory == latest:
+                break
+        return latest
 
     def _new_kill_times(self) -> list[float]:
         """When the kill drills that fired since the last recovery killed their workers."""

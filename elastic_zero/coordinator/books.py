@@ -34,6 +34,14 @@ class Books:
         if firsts and self.pending_change is not None:
             change = self.pending_change
             since = change.pop("_since")
+            if "reached" in change:  # a recovery: where it restarted, and what that cost
+                reached = change.pop("reached")
+                if change.get("step") is None:  # from a checkpoint: the first step the workers ran
+                    change["step"] = min(step for r in results for step, *_ in r.get("log", ())) \
+                        if any(r.get("log") for r in results) else None
+                if change["step"] is not None:
+                    change["lost_steps"] = max(0, reached - change["step"])
+                    change["recomputed_steps"] = change["lost_steps"] + 1
             change["stall_s"] = round(min(firsts) - since, 4)  # to the next step starting
             done = [r["first_step_at"] + r["step_times"][0] for r in results if r.get("step_times")]
             if done:
@@ -56,6 +64,15 @@ class Books:
             self.checkpoint_errors.extend(r.get("checkpoint_errors", ()))
             if r.get("last_loss") is not None and r.get("rank") == 0:
                 self.last_loss = r["last_loss"]
+
+    def add_checkpoint_log(self, rows) -> None:
+        """Sample records saved with checkpoints: they fill in ranks whose own report was lost."""
+        for generation, step, rank, start, count in rows:
+            gen, entries = self.step_log.get(step, (-1, {}))
+            if generation > gen:
+                self.step_log[step] = (generation, {rank: (start, count)})
+            elif generation == gen:
+                entries.setdefault(rank, (start, count))
 
     def begin_change(self, kind: str, since: float, **fields) -> None:
         self.pending_change = {"_kind": kind, "_since": since, **fields}

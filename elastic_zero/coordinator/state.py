@@ -20,10 +20,12 @@ class GenerationPlan:
     previous: Generation | None
     participants: tuple[str, ...]  # the handover group: new members by rank, then leavers holding shards
     holder_of_old: tuple[int, ...]  # participant index holding each old rank's shard
-    source: str  # "init": fresh model; "live": current engine state; "snapshot": a replicated step
+    source: str  # "init": fresh model; "live": current engine state; "snapshot": a replicated step;
+    # "checkpoint": the latest committed checkpoint (when memory holds no complete step)
     step: int  # the optimizer step the generation starts from
     leaving: tuple[str, ...]  # participants that exit after the handover
     cause: str
+    checkpoint: str | None = None  # for source "checkpoint": the directory every member reads
 
     @property
     def number(self) -> int:
@@ -114,7 +116,7 @@ class _Recovery:
     old: Generation
     survivors: tuple[str, ...]
     step: int
-    holders: tuple[str, ...]  # actor per old rank
+    holders: tuple[str, ...]  # actor per old rank; empty: restore from the latest checkpoint
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ class CoordinatorState:
     max_workers: int
     target: int
     min_wait_s: float = 60.0
+    checkpoints: bool = False  # the job saves checkpoints it can fall back to
     generation: Generation | None = None
     running: bool = False
     ready: tuple[Member, ...] = ()
@@ -250,12 +253,12 @@ def _on_generation_end(state, outcomes, now):
         own = {o.actor_id: o.own_steps for o in outcomes}
         ward = {o.actor_id: o.ward_steps for o in outcomes}
         point = restore_point(state.generation, survivors, own, ward)
-        if point is None:
+        if point is None and not state.checkpoints:
             lost = lost_ranks(state.generation, survivors)
             return replace(state, done=True), (Retire(survivors), Fail(
                 f"ranks {list(lost)} and the replicas of their shards were lost together; "
-                f"no step can be restored from memory"),), "unrecoverable in memory"
-        step, holders = point
+                f"no step can be restored from memory and the job saves no checkpoints"),), "unrecoverable in memory"
+        step, holders = point if point is not None else (-1, ())
         recovery = _Recovery(state.generation, survivors, step, holders)
         missing = state.target - (len(survivors) - len(set(state.leaving) & set(survivors))
                                   + len(state.ready) + state.spawning)
@@ -290,6 +293,12 @@ def _try_recover(state, now):
         return state, (), f"{len(staying) + len(joiners)} workers, waiting for min_workers {state.min_workers}"
     gen = next_generation(rec.old, staying + joiners)
     new_ids = tuple(m.actor_id for m in gen.members)
+    if not rec.holders:  # memory holds no complete step: every member reads the latest checkpoint
+        plan = GenerationPlan(gen, rec.old, new_ids, (), "checkpoint", -1, (), "failure")
+        state = replace(state, generation=gen, running=True, ready=state.ready[len(joiners):], recovery=None,
+                        waiting_since=None, leaving=())
+        return state, (StartGeneration(plan),), \
+            f"generation {gen.number}: {gen.world_size} workers restore the latest checkpoint"
     holding_leavers = tuple(dict.fromkeys(h for h in rec.holders if h not in new_ids))
     participants = new_ids + holding_leavers
     plan = GenerationPlan(gen, rec.old, participants, tuple(participants.index(h) for h in rec.holders),

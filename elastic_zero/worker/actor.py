@@ -52,7 +52,8 @@ class TrainingWorker:
         self._safe_point = threading.Event()
         self._pg = None
         self._generation = -1
-        self._generation_lock = threading.Lock()  # an abort for generation g never reaches g + 1
+        self._generation_lock = threading.Lock()
+        self._unsaved_log: list[tuple] = []  # (generation, step, rank, start, count) not yet in a checkpoint  # an abort for generation g never reaches g + 1
         self._coordinator, self._namespace = coordinator, namespace
         timeout = datetime.timedelta(seconds=self.spec.elastic.collective_timeout_s)
         self.store = dist.TCPStore(store_host, store_port, None, False, timeout=timeout)
@@ -116,6 +117,9 @@ class TrainingWorker:
             if self.engine is not None:
                 self.engine.clear_interrupt()
         world = plan.generation.world_size
+        if plan.source in ("snapshot", "checkpoint"):  # steps from the restored one on are trained again
+            keep_below = plan.step if plan.source == "snapshot" else _checkpoint_step(plan.checkpoint)
+            self._unsaved_log = [row for row in self._unsaved_log if row[1] < keep_below]
         if plan.source == "init":
             rank = plan.generation.rank_of(self.actor_id)
             self._pg = self._group(plan, "train", rank, world)
@@ -130,6 +134,17 @@ class TrainingWorker:
             return rank
         if self.engine is None:
             self.engine = self._standalone_engine()
+        if plan.source == "checkpoint":  # no complete step survived in memory
+            rank = plan.generation.rank_of(self.actor_id)
+            fs, root = open_store(self.spec.checkpoint.uri)
+            state = load_shard(fs, plan.checkpoint, self.engine.layout, world, rank, self.engine.vector_names())
+            clock.lap("read_checkpoint")
+            self._pg = self._group(plan, "train", rank, world)
+            self.engine.reconfigure(self._pg, state)
+            clock.lap("reconfigure")
+            self._commit(plan, rank)
+            clock.lap("commit")
+            return rank
         me = plan.participants.index(self.actor_id)
         handover_pg = self._group(plan, "handover", me, len(plan.participants))
         clock.lap("handover_group")
@@ -178,7 +193,8 @@ class TrainingWorker:
         snapshot = self.replicas.own.get(step) or self.engine.shard_state().to("cpu")
         extra = {"cursor": step * self.spec.train.global_batch, "seed": self.spec.train.seed,
                  "generation": plan.number, "optimizer": dict(vars(self.spec.optimizer))}
-        report["checkpoint_stall_s"].append(self.writer.save(snapshot, f"g{plan.number}-s{step}", extra))
+        rows, self._unsaved_log = self._unsaved_log, []
+        report["checkpoint_stall_s"].append(self.writer.save(snapshot, f"g{plan.number}-s{step}", extra, rows))
 
     def _standalone_engine(self) -> ZeroEngine:
         return ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, grad_clip=self.spec.train.grad_clip,
@@ -216,6 +232,7 @@ class TrainingWorker:
         ward, ward_log = exchange(TorchComm(self._pg), snap, plan.generation.buddies, log)
         self.replicas.add(self.engine.step_count, snap, ward)
         if report:
+            self._unsaved_log.extend((plan.number, *row) for row in report["uncommitted"])
             report["log"].extend(report["uncommitted"])
             report["uncommitted"] = []
             if ward_log is not None:
@@ -253,6 +270,7 @@ class TrainingWorker:
             report["step_times"].append(time.time() - started)
             if agree[0] > 0 and engine.step_count < spec.train.steps:
                 self._safe_point.clear()  # cleared here, not on entry: a request may land before train() runs
+                self._unsaved_log.extend((plan.number, *row) for row in report["uncommitted"])
                 report["log"].extend(report["uncommitted"])  # a planned change keeps the live state
                 report["uncommitted"] = []
                 return "safe_point"
@@ -303,6 +321,10 @@ class _PhaseClock:
         now = time.perf_counter()
         self.phases[name] = round(now - self.t, 4)
         self.t = now
+
+
+def _checkpoint_step(directory: str) -> int:
+    return int(directory.rstrip("/").rsplit("step-", 1)[1])
 
 
 def _ray_node_id() -> str | None:
