@@ -238,7 +238,9 @@ def _read_range(fs, directory, manifest, handles, vector, dtype, start, stop, ou
             what = "truncated" if len(data) != b.numel * size else "checksum mismatch"
             raise ChecksumError(f"{path}: {what} in {vector!r} elements [{b.start}, {b.start + b.numel}) "
                                 f"at bytes [{b.offset}, {b.offset + b.numel * size})")
-        block = torch.frombuffer(bytearray(data), dtype=_BIT_VIEWS[size]).view(_TORCH_DTYPES[dtype])
+        with warnings.catch_warnings():  # read-only bytes: we only copy out of them
+            warnings.simplefilter("ignore", UserWarning)
+            block = torch.frombuffer(data, dtype=_BIT_VIEWS[size]).view(_TORCH_DTYPES[dtype])
         lo, hi = max(start, b.start), min(stop, b.start + b.numel)
         out[lo - start : hi - start].copy_(block[lo - b.start : hi - b.start])
 
