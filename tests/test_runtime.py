@@ -84,9 +84,10 @@ def test_final_weights_do_not_depend_on_kills_scaling_or_preemption(tmp_path, st
     assert _relative(reference, weights) <= 1e-4
 
 
-def test_a_job_run_again_resumes_from_its_latest_checkpoint_at_another_size(tmp_path):
+def test_a_job_run_again_resumes_from_its_latest_good_checkpoint_at_another_size(tmp_path):
     """Whole-job loss: the same spec run again resumes from the latest checkpoint (written by
-    2 workers, one of them killed on the way) at 3 workers; oracle: one uninterrupted worker."""
+    2 workers, one of them killed on the way) at 3 workers; the latest is damaged, so all ranks
+    go back one checkpoint together. Oracle: one uninterrupted worker."""
     ckpt = {"uri": str(tmp_path / "ckpt"), "every": 5, "keep": 2, "resume": "latest"}
     _, _, _, reference = _job(tmp_path, "whole", train={"steps": 30},
                               elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
@@ -95,9 +96,17 @@ def test_a_job_run_again_resumes_from_its_latest_checkpoint_at_another_size(tmp_
     assert code == 0 and first["checkpoint_errors"] == [] and first["checkpoint_stall_s_median"] is not None
     steps_saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step-"))
     assert steps_saved == ["step-0000000015", "step-0000000020"]  # keep = 2
+    # damage one block of the latest: the rank that reads it and the ranks that do not must all
+    # agree to go back to step 15 together
+    damaged = tmp_path / "ckpt" / "step-0000000020" / "rank-00000.bin"
+    with open(damaged, "r+b") as f:
+        f.seek(damaged.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
     code, second, _, weights = _job(tmp_path, "part2", train={"steps": 30}, checkpoint=ckpt,
                                     elastic={"workers": 3, "max_workers": 3})
-    assert code == 0 and second["resumed_from_step"] == 20 and second["steps"] == 10
+    assert code == 0 and second["resumed_from_step"] == 15 and second["steps"] == 15
     _exactly_once(second)
     assert _relative(reference, weights) <= 1e-4
 

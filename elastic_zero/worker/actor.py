@@ -14,11 +14,12 @@ import datetime
 import os
 import threading
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
 
-from elastic_zero.checkpoint import list_checkpoints, load_latest, load_shard, open_store, resolve
+from elastic_zero.checkpoint import ChecksumError, list_checkpoints, load_shard, open_store, resolve
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.coordinator.state import GenerationPlan, Outcome
 from elastic_zero.job import DTYPES, build_model, build_optimizer, build_source
@@ -170,20 +171,35 @@ class TrainingWorker:
 
     def _resume(self, world: int, rank: int) -> str | None:
         """[checkpoint] resume: start from a saved step ("latest" starts fresh when there is none).
-        Returns the checkpoint directory used."""
+        All ranks agree on one checkpoint: if any rank finds a damaged block in a candidate, they
+        all move on to the previous one. Returns the checkpoint directory used."""
         c = self.spec.checkpoint
         if not c.resume:
             return None
         fs, root = open_store(c.uri)
         if c.resume == "latest":
-            if not list_checkpoints(fs, root):
+            committed = [d for _, d in reversed(list_checkpoints(fs, root))]
+            if not committed:
                 return None
-            state, directory = load_latest(fs, root, self.engine.layout, world, rank, self.engine.vector_names())
+            latest = resolve(fs, root, "latest")
+            candidates = [latest] + [d for d in committed if d != latest]
         else:
-            directory = resolve(fs, root, c.resume)
-            state = load_shard(fs, directory, self.engine.layout, world, rank, self.engine.vector_names())
-        self.engine.load_shard_state(state)
-        return directory
+            candidates = [resolve(fs, root, c.resume)]
+        comm = TorchComm(self._pg)
+        for directory in candidates:
+            try:
+                state, problem = load_shard(fs, directory, self.engine.layout, world, rank,
+                                            self.engine.vector_names()), ""
+            except ChecksumError as exc:
+                state, problem = None, str(exc)
+            loaded = torch.tensor([0.0 if state is None else 1.0], device=self.device)
+            comm.all_reduce(loaded, op="min")
+            if loaded.item() == 1.0:
+                self.engine.load_shard_state(state)
+                return directory
+            warnings.warn(f"checkpoint {directory} is damaged{': ' + problem if problem else ' on another rank'}; "
+                          f"trying the previous one", stacklevel=2)
+        raise ChecksumError(f"checkpoint.resume: every candidate checkpoint under {root} is damaged")
 
     def _save_checkpoint(self, plan: GenerationPlan, report: dict) -> None:
         step = self.engine.step_count
