@@ -142,3 +142,43 @@ def test_export_to_and_import_from_a_plain_state_dict(tmp_path):
     assert all(torch.equal(fresh.full_state_dict()[k], full[k]) for k in plain)
     with pytest.raises(ValueError, match="state dict does not fit the model: missing \\['wte.weight', 'wpe.weight'"):
         shards_from_state_dict({}, fresh.layout, 1, fresh.vector_names())
+
+
+KILL_MIDWAY = """
+import os, signal, sys
+import elastic_zero.checkpoint.store as store
+from engine_cases import make_engine
+from elastic_zero.zero import reshard
+
+real = store.write_rank_file
+written = []
+
+def write_then_die(fs, directory, state, block_numel=store.BLOCK_NUMEL):
+    if written:  # the second rank's file: the process is killed in the middle of the save
+        os.kill(os.getpid(), signal.SIGKILL)
+    written.append(real(fs, directory, state, block_numel))
+    return written[-1]
+
+store.write_rank_file = write_then_die
+shards = reshard([make_engine(None, 0, "sgd", 2).shard_state()], 3)
+for s in shards:
+    s.scalars["step"] = 9
+store.save(sys.argv[1], shards, stage=2)
+"""
+
+
+def test_a_process_killed_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    save(str(tmp_path), _shards(4), stage=1)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.getcwd()])}
+    proc = subprocess.run([sys.executable, "-c", KILL_MIDWAY, str(tmp_path)], env=env, timeout=120,
+                          capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr[-2000:]  # SIGKILL
+    assert (tmp_path / "step-0000000009" / "rank-00000.bin").exists()  # half written
+    fs, root = open_store(str(tmp_path))
+    assert [s for s, _ in list_checkpoints(fs, root)] == [4]  # and invisible
+    got, used = load_latest(fs, root, _shards(0)[0].layout, 2, 1)
+    assert used.endswith("step-0000000004") and got.scalars["step"] == 4
