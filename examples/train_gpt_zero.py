@@ -53,6 +53,7 @@ def main() -> None:
         print(f"final: {len(state)} tensors; memory per rank: {engine.memory_report()}")
         if args.save:
             torch.save(state, args.save)
+    engine.close()  # release the group before destroying it
     if pg is not None:
         dist.destroy_process_group()
 

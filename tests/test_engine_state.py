@@ -206,3 +206,16 @@ def test_interrupt_abandons_the_step_and_discard_recovers():
         for x, y in data:
             _step(engine, x, y)
     assert max_abs_diff(a.full_state_dict(), b.full_state_dict()) == 0.0
+
+
+def test_close_releases_the_group_and_leaves_a_plain_model():
+    model = build_preset("gpt-tiny", seed=0)
+    engine = ZeroEngine(model, SGD(lr=0.1), stage=2)
+    x, y = batches("gpt-tied", 1)[0]
+    _step(engine, x, y)
+    want = engine.full_state_dict()
+    engine.close()
+    assert engine.comm is None and engine._hooks == []
+    assert all(torch.equal(p, want[n]) for n, p in model.named_parameters())  # the updated weights stay
+    lm_loss(model(x), y).backward()  # no engine hook fires any more
+    assert all(p.grad is not None for p in model.parameters())

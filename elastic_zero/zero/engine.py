@@ -142,14 +142,15 @@ class ZeroEngine(ShardIO):
 
     def _install_hooks(self) -> None:
         # Hooks name units by index: reconfigure() replaces the UnitBuffer objects.
-        self.module.register_forward_pre_hook(self._before_root_forward)
+        hooks = [self.module.register_forward_pre_hook(self._before_root_forward)]
         for unit in self._order:
-            unit.module.register_forward_pre_hook(functools.partial(self._before_unit_forward, unit.index))
+            hooks.append(unit.module.register_forward_pre_hook(functools.partial(self._before_unit_forward, unit.index)))
             if self.stage == 3:
-                unit.module.register_forward_hook(functools.partial(self._after_unit_forward, unit.index))
+                hooks.append(unit.module.register_forward_hook(functools.partial(self._after_unit_forward, unit.index)))
         for unit in self.units:
             for p, _ in unit.members:
-                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_ready, unit.index))
+                hooks.append(p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_ready, unit.index)))
+        self._hooks = hooks
 
     def interrupt(self) -> None:
         """Abandon the step in flight (from another thread): forward and backward raise
@@ -310,6 +311,15 @@ class ZeroEngine(ShardIO):
             unit.gather_handle = None
             unit.start_backward()
             unit.zero_grads(self.stage)
+
+    def close(self) -> None:
+        """Finish pending work, remove the hooks and let go of the process group, so that it can be
+        destroyed now rather than during interpreter shutdown (where gloo's threads may abort)."""
+        self.synchronize()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self.comm = None
 
     def synchronize(self) -> None:
         """Wait until every parameter buffer that is allocated holds the current parameters."""
