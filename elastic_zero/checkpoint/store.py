@@ -245,13 +245,17 @@ def _read_range(fs, directory, manifest, handles, vector, dtype, start, stop, ou
         out[lo - start : hi - start].copy_(block[lo - b.start : hi - b.start])
 
 
+def restore_candidates(fs: pafs.FileSystem, root: str) -> list[str]:
+    """Where to resume from, in order: the latest committed checkpoint, then older ones."""
+    latest = resolve(fs, root, "latest")
+    return [latest] + [d for _, d in reversed(list_checkpoints(fs, root)) if d != latest]
+
+
 def load_latest(fs: pafs.FileSystem, root: str, layout: FlatLayout, world_size: int, rank: int,
                 vector_names: Sequence[str] | None = None) -> tuple[ShardState, str]:
     """Load the newest committed checkpoint; on a checksum error fall back to older ones, warning."""
-    latest = resolve(fs, root, "latest")
-    candidates = [latest] + [d for _, d in reversed(list_checkpoints(fs, root)) if d != latest]
     errors = []
-    for directory in candidates:
+    for directory in restore_candidates(fs, root):
         try:
             return load_shard(fs, directory, layout, world_size, rank, vector_names), directory
         except ChecksumError as exc:

@@ -174,7 +174,7 @@ class Coordinator:
         elif isinstance(command, Fail):
             self._log("job_failed", message=command.message)
             self._retire(tuple(self._workers), "job failed")
-            self._result = {"ok": False, "error": command.message, "summary": self._summary(None),
+            self._result = {"ok": False, "error": command.message, "summary": self.books.summary(None),
                             "events": self.events}
 
     def _start(self, plan) -> None:
@@ -226,7 +226,7 @@ class Coordinator:
         states = ray.get([self._workers[a].final_state.remote(True) for a in members])
         memory = ray.get(self._workers[members[0]].memory_report.remote())
         self._log("job_finished", steps=self.spec.train.steps)
-        self._result = {"ok": True, "summary": self._summary(memory.get("param_count")), "events": self.events,
+        self._result = {"ok": True, "summary": self.books.summary(memory.get("param_count")), "events": self.events,
                         "final_state": states[0]}
 
     def _retire(self, actor_ids, why: str) -> None:
@@ -236,9 +236,6 @@ class Coordinator:
                 ray.kill(handle, no_restart=True)
         if actor_ids:
             self._log("retire", actor_ids=list(actor_ids), why=why)
-
-    def _summary(self, param_count) -> dict:
-        return self.books.summary(param_count)
 
     def _log(self, kind: str, **fields) -> None:
         record = {"t": round(time.time(), 4), "event": kind, **fields}

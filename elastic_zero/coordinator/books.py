@@ -23,9 +23,9 @@ class Books:
     reconfigurations: list = field(default_factory=list)
     first_step_at: float | None = None
     last_loss: float | None = None
-    pending_change: dict | None = None
+    pending_change: dict | None = None  # a change whose stall is measured when the next generation reports
     checkpoint_stalls: list = field(default_factory=list)
-    checkpoint_errors: list = field(default_factory=list)  # a change whose stall is measured when the next generation reports
+    checkpoint_errors: list = field(default_factory=list)
 
     def add_generation_results(self, generation: int, results: list[dict]) -> None:
         firsts = [r["first_step_at"] for r in results if r.get("first_step_at")]
@@ -54,11 +54,7 @@ class Books:
         for r in results:
             # a rank's committed steps, reported by itself and (if it was lost) by its buddy
             for step, rank, start, count in list(r.get("log", ())) + list(r.get("ward_log", ())):
-                gen, entries = self.step_log.get(step, (-1, {}))
-                if generation > gen:
-                    self.step_log[step] = (generation, {rank: (start, count)})
-                elif generation == gen:
-                    entries[rank] = (start, count)
+                self._record(generation, step, rank, start, count)
             self.step_times.extend(r.get("step_times", ()))
             self.checkpoint_stalls.extend(r.get("checkpoint_stall_s", ()))
             self.checkpoint_errors.extend(r.get("checkpoint_errors", ()))
@@ -68,11 +64,16 @@ class Books:
     def add_checkpoint_log(self, rows) -> None:
         """Sample records saved with checkpoints: they fill in ranks whose own report was lost."""
         for generation, step, rank, start, count in rows:
-            gen, entries = self.step_log.get(step, (-1, {}))
-            if generation > gen:
-                self.step_log[step] = (generation, {rank: (start, count)})
-            elif generation == gen:
-                entries.setdefault(rank, (start, count))
+            self._record(generation, step, rank, start, count)
+
+    def _record(self, generation: int, step: int, rank: int, start: int, count: int) -> None:
+        """A later generation's record of a step replaces an earlier one's; the same generation's
+        records of a step (its ranks, reported by themselves, buddies or checkpoints) add up."""
+        gen, entries = self.step_log.get(step, (-1, {}))
+        if generation > gen:
+            self.step_log[step] = (generation, {rank: (start, count)})
+        elif generation == gen:
+            entries.setdefault(rank, (start, count))
 
     def begin_change(self, kind: str, since: float, **fields) -> None:
         self.pending_change = {"_kind": kind, "_since": since, **fields}
@@ -85,7 +86,7 @@ class Books:
         expected = set(range(first * self.global_batch, self.steps * self.global_batch))
         return {
             "steps": len(self.step_log),
-            "resumed_from_step": min(self.step_log) if self.step_log else 0,
+            "resumed_from_step": first,
             "checkpoint_stall_s_median": statistics.median(self.checkpoint_stalls) if self.checkpoint_stalls else None,
             "checkpoint_errors": self.checkpoint_errors,
             "final_loss": self.last_loss,

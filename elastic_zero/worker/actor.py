@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from elastic_zero.checkpoint import ChecksumError, list_checkpoints, load_shard, open_store, resolve
+from elastic_zero.checkpoint.store import restore_candidates
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.coordinator.state import GenerationPlan, Outcome
 from elastic_zero.job import DTYPES, build_model, build_optimizer, build_source
@@ -53,8 +54,8 @@ class TrainingWorker:
         self._safe_point = threading.Event()
         self._pg = None
         self._generation = -1
-        self._generation_lock = threading.Lock()
-        self._unsaved_log: list[tuple] = []  # (generation, step, rank, start, count) not yet in a checkpoint  # an abort for generation g never reaches g + 1
+        self._generation_lock = threading.Lock()  # an abort for generation g never reaches g + 1
+        self._unsaved_log: list[tuple] = []  # (generation, step, rank, start, count) not yet in a checkpoint
         self._coordinator, self._namespace = coordinator, namespace
         timeout = datetime.timedelta(seconds=self.spec.elastic.collective_timeout_s)
         self.store = dist.TCPStore(store_host, store_port, None, False, timeout=timeout)
@@ -130,7 +131,7 @@ class TrainingWorker:
             clock.lap("engine")
             self._resume(world, rank)
             clock.lap("resume")
-            self._commit(plan, rank)
+            self._commit(plan)
             clock.lap("commit")
             return rank
         if self.engine is None:
@@ -143,7 +144,7 @@ class TrainingWorker:
             self._pg = self._group(plan, "train", rank, world)
             self.engine.reconfigure(self._pg, state)
             clock.lap("reconfigure")
-            self._commit(plan, rank)
+            self._commit(plan)
             clock.lap("commit")
             return rank
         me = plan.participants.index(self.actor_id)
@@ -165,7 +166,7 @@ class TrainingWorker:
         clock.lap("train_group")
         self.engine.reconfigure(self._pg, mine)
         clock.lap("reconfigure")
-        self._commit(plan, rank)
+        self._commit(plan)
         clock.lap("commit")
         return rank
 
@@ -178,11 +179,9 @@ class TrainingWorker:
             return None
         fs, root = open_store(c.uri)
         if c.resume == "latest":
-            committed = [d for _, d in reversed(list_checkpoints(fs, root))]
-            if not committed:
+            if not list_checkpoints(fs, root):
                 return None
-            latest = resolve(fs, root, "latest")
-            candidates = [latest] + [d for d in committed if d != latest]
+            candidates = restore_candidates(fs, root)
         else:
             candidates = [resolve(fs, root, c.resume)]
         comm = TorchComm(self._pg)
@@ -206,7 +205,7 @@ class TrainingWorker:
         every = self.spec.checkpoint.every
         if self.writer is None or (step % every and step != self.spec.train.steps):
             return
-        snapshot = self.replicas.own.get(step) or self.engine.shard_state().to("cpu")
+        snapshot = self.replicas.own.get(step) or self._host_snapshot()
         extra = {"cursor": step * self.spec.train.global_batch, "seed": self.spec.train.seed,
                  "generation": plan.number, "optimizer": dict(vars(self.spec.optimizer))}
         rows, self._unsaved_log = self._unsaved_log, []
@@ -235,24 +234,30 @@ class TrainingWorker:
             held[r] = store[plan.step]
         return held
 
-    def _commit(self, plan: GenerationPlan, rank: int, report: dict | None = None) -> None:
+    def _commit(self, plan: GenerationPlan, report: dict | None = None) -> None:
         """Snapshot this rank's shard and swap replicas with the buddy: the step is now committed.
         The sample log since the last commit travels along, so a lost rank's record survives."""
         if self.snapshot_generation != plan.number:
             self.replicas.clear()
             self.snapshot_generation = plan.number
-        snap = self.engine.shard_state()  # fresh tensors already
-        if snap.vectors["params"].device.type != "cpu":
-            snap = snap.to("cpu")
+        snap = self._host_snapshot()
         log = torch.tensor(report["uncommitted"], dtype=torch.int64).reshape(-1, 4) if report else None
         ward, ward_log = exchange(TorchComm(self._pg), snap, plan.generation.buddies, log)
         self.replicas.add(self.engine.step_count, snap, ward)
         if report:
-            self._unsaved_log.extend((plan.number, *row) for row in report["uncommitted"])
-            report["log"].extend(report["uncommitted"])
-            report["uncommitted"] = []
+            self._keep_uncommitted(plan, report)
             if ward_log is not None:
                 report["ward_log"].extend(tuple(row) for row in ward_log.tolist())
+
+    def _keep_uncommitted(self, plan: GenerationPlan, report: dict) -> None:
+        """The steps since the last commit are kept: into the report and the next checkpoint."""
+        self._unsaved_log.extend((plan.number, *row) for row in report["uncommitted"])
+        report["log"].extend(report["uncommitted"])
+        report["uncommitted"] = []
+
+    def _host_snapshot(self) -> ShardState:
+        snap = self.engine.shard_state()  # fresh tensors already: copy again only off the host
+        return snap if snap.vectors["params"].device.type == "cpu" else snap.to("cpu")
 
     def _loop(self, plan: GenerationPlan, rank: int, report: dict) -> str:
         spec = self.spec
@@ -281,14 +286,12 @@ class TrainingWorker:
             report["last_loss"] = float(agree[1]) / world
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             if engine.step_count % spec.elastic.replicate_every == 0 or engine.step_count == spec.train.steps:
-                self._commit(plan, rank, report)
+                self._commit(plan, report)
             self._save_checkpoint(plan, report)
             report["step_times"].append(time.time() - started)
             if agree[0] > 0 and engine.step_count < spec.train.steps:
                 self._safe_point.clear()  # cleared here, not on entry: a request may land before train() runs
-                self._unsaved_log.extend((plan.number, *row) for row in report["uncommitted"])
-                report["log"].extend(report["uncommitted"])  # a planned change keeps the live state
-                report["uncommitted"] = []
+                self._keep_uncommitted(plan, report)  # a planned change keeps the live state
                 return "safe_point"
         if self.writer is not None:
             self.writer.wait()  # the final checkpoint is committed before the job reports success
