@@ -20,10 +20,10 @@ import time
 import torch
 import torch.distributed as dist
 
+from elastic_zero.bench.baselines import ADAMW, default_group, fsdp2
 from elastic_zero.local_group import LocalRank, run_local_group
 from elastic_zero.models import build_preset, lm_loss
 
-ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
 
 
 def _drop_caches() -> bool:
@@ -56,16 +56,10 @@ def _engine(preset, pg):
     return engine
 
 
-def _fsdp(preset, world):
+def _fsdp(preset):
     from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
-    model = build_preset(preset, seed=0)
-    mesh = init_device_mesh("cpu", (world,))
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = fsdp2(build_preset(preset, seed=0))
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
 
     def step(loss):
@@ -96,13 +90,13 @@ def _disk(path: str, nbytes: int) -> tuple[float, float]:
 
     w = _timed(write)
     _drop_caches()
+    return w, _timed(lambda: _read_all(path))
 
-    def read():
-        with open(path, "rb") as fh:
-            while fh.read(1 << 24):
-                pass
 
-    return w, _timed(read)
+def _read_all(path: str) -> None:
+    with open(path, "rb") as fh:
+        while fh.read(1 << 24):
+            pass
 
 
 def _save_phase(ctx: LocalRank, preset: str, work: str, rounds: int) -> dict:
@@ -112,10 +106,8 @@ def _save_phase(ctx: LocalRank, preset: str, work: str, rounds: int) -> dict:
     from elastic_zero.checkpoint.store import step_dir, write_rank_file
     from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 
-    dist.init_process_group("gloo", store=dist.PrefixStore("bench-default/", ctx.store), rank=ctx.rank,
-                            world_size=ctx.world_size)
-    try:
-        engine, dcp_state = _engine(preset, ctx.process_group), _fsdp(preset, ctx.world_size)
+    with default_group(ctx, "bench-default/"):
+        engine, dcp_state = _engine(preset, ctx.process_group), _fsdp(preset)
         fs, root = open_store(os.path.join(work, "ours"))
         out = {k: [] for k in ("ours_sync", "ours_stall", "ours_stall_snapshot_ready", "dcp_sync", "dcp_stall",
                                "disk_write", "disk_read")}
@@ -163,8 +155,6 @@ def _save_phase(ctx: LocalRank, preset: str, work: str, rounds: int) -> dict:
             out["disk_read"].append(rd)
         out["bytes"] = nbytes
         return out
-    finally:
-        dist.destroy_process_group()
 
 
 def _load_phase(ctx: LocalRank, preset: str, work: str, rounds: int) -> dict:
@@ -173,11 +163,9 @@ def _load_phase(ctx: LocalRank, preset: str, work: str, rounds: int) -> dict:
     from elastic_zero.checkpoint import load_shard, open_store, resolve
     from elastic_zero.zero import AdamW, ZeroEngine
 
-    dist.init_process_group("gloo", store=dist.PrefixStore("bench-load/", ctx.store), rank=ctx.rank,
-                            world_size=ctx.world_size)
-    try:
+    with default_group(ctx, "bench-load/"):
         engine = ZeroEngine(build_preset(preset, seed=1), AdamW(**ADAMW), stage=2, process_group=ctx.process_group)
-        dcp_state = _fsdp(preset, ctx.world_size)
+        dcp_state = _fsdp(preset)
         fs, root = open_store(os.path.join(work, "ours"))
         out = {"ours_load": [], "dcp_load": [], "disk_read_same_readers": [], "dropped_caches": True}
         my_bytes = sum(v.nbytes for v in engine.shard_state().vectors.values())
@@ -202,17 +190,9 @@ def _load_phase(ctx: LocalRank, preset: str, work: str, rounds: int) -> dict:
             if ctx.rank == 0:
                 _drop_caches()
             dist.barrier()  # the disk read by as many concurrent readers, of as many bytes each
-
-            def read_disk():
-                with open(disk_file, "rb") as fh:
-                    while fh.read(1 << 24):
-                        pass
-
-            out["disk_read_same_readers"].append(_timed(read_disk))
+            out["disk_read_same_readers"].append(_timed(lambda: _read_all(disk_file)))
         out["bytes"] = my_bytes
         return out
-    finally:
-        dist.destroy_process_group()
 
 
 def run_checkpoint_bench(preset: str = "gpt-small", save_workers: int = 2, load_workers: int = 3,

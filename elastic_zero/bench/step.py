@@ -14,12 +14,12 @@ import time
 import torch
 import torch.distributed as dist
 
+from elastic_zero.bench.baselines import ADAMW, default_group, fsdp2
 from elastic_zero.data import MarkovTokens
 from elastic_zero.local_group import LocalRank, run_local_group
 from elastic_zero.models import PRESETS, build_preset, lm_loss
 from elastic_zero.zero import AdamW, ZeroEngine
 
-ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
 VARIANTS = ("ddp", "1", "2", "3", "fsdp2")
 
 
@@ -38,14 +38,7 @@ class _Trainer:
 
             self.model = DistributedDataParallel(model)
         elif variant == "fsdp2":
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-
-            mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-            for block in model.blocks:
-                fully_shard(block, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-            self.model = model
+            self.model = fsdp2(model)
         else:
             raise ValueError(f"unknown variant {variant!r}; allowed: {', '.join(VARIANTS)}")
         self.opt = torch.optim.AdamW(self.model.parameters(), **ADAMW, foreach=True)
@@ -68,9 +61,7 @@ class _Trainer:
 
 
 def _rank_main(ctx: LocalRank, variants, preset, micro_batch, warmup, steps, rounds):
-    dist.init_process_group("gloo", store=dist.PrefixStore("bench-default/", ctx.store),
-                            rank=ctx.rank, world_size=ctx.world_size)
-    try:
+    with default_group(ctx, "bench-default/"):
         cfg = PRESETS[preset]
         data = MarkovTokens(cfg.vocab_size, cfg.seq_len, seed=0)
         trainers = {v: _Trainer(v, preset, ctx.process_group) for v in variants}
@@ -95,8 +86,6 @@ def _rank_main(ctx: LocalRank, variants, preset, micro_batch, warmup, steps, rou
                 times[v].extend(b - a for a, b in zip(stamps, stamps[1:]))
         memory = {v: trainers[v].engine.memory_report() for v in variants if trainers[v].engine is not None}
         return {"times": times, "memory": memory}
-    finally:
-        dist.destroy_process_group()
 
 
 def run_step_bench(stage: str, workers: int, preset: str = "gpt-small", micro_batch: int = 8,
