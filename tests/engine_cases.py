@@ -125,10 +125,28 @@ def run_steps(engine: ZeroEngine, rank: int, world: int, case: str, first: int, 
         micro = list(zip(sx.chunk(c["accum"]), sy.chunk(c["accum"])))
         for i, (mx, my) in enumerate(micro):
             engine.backward(loss_of(c["model"], engine.module, mx, my) / c["accum"], sync=i == len(micro) - 1)
+        _check_same_parameters(engine)
         engine.step()
         engine.zero_grad()
         norms.append(engine.last_grad_norm)
     return norms
+
+
+def _check_same_parameters(engine: ZeroEngine) -> None:
+    """Every rank must have computed this step from the same full parameters (the buffers the
+    forward waited for); a rank that read a stale or half-gathered buffer shows up here."""
+    if engine.world_size == 1:
+        return
+    digest = torch.zeros(2, dtype=torch.float64)
+    for unit in engine.units:
+        if not unit.is_free:
+            values = unit.full.double()
+            digest[0] += values.sum()
+            digest[1] += (values * torch.arange(1, values.numel() + 1, dtype=torch.float64)).sum()
+    low, high = digest.clone(), digest.clone()
+    engine.comm.all_reduce(low, op="min")
+    engine.comm.all_reduce(high, op="max")
+    assert torch.equal(low, high), f"step {engine.step_count}: ranks hold different parameters"
 
 
 def max_abs_diff(a: dict, b: dict) -> float:
