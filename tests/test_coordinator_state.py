@@ -2,7 +2,7 @@
 
 from elastic_zero.coordinator.state import (
     CoordinatorState, Fail, Finish, GenerationEnded, Outcome, PreemptionNotice, RequestSafePoint, Retire,
-    ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
+    GenerationStepped, ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
 )
 from elastic_zero.plan.membership import Member
 
@@ -38,12 +38,17 @@ def _cmd(cmds, kind):
 def test_a_lost_worker_is_rebuilt_from_its_buddy_and_replaced():
     s, plan = _started(3)
     s, cmds, reason = _end(s, plan, w1="dead")
-    assert _cmd(cmds, Retire) == Retire(("w1",)) and _cmd(cmds, Spawn) == Spawn(1)
+    assert _cmd(cmds, Retire) == Retire(("w1",)) and _cmd(cmds, Spawn) is None
     new = _cmd(cmds, StartGeneration).plan
     assert new.source == "snapshot" and new.step == 5 and new.number == 1
     assert [m.actor_id for m in new.generation.members] == ["w0", "w2"]
     buddy = plan.generation.members[plan.generation.buddies[1]].actor_id
     assert new.participants[new.holder_of_old[1]] == buddy
+    # the replacement is asked for once the survivors have stepped, not while they recover
+    assert decide(s, GenerationStepped(0), 10.5)[1] == ()
+    s, cmds, _ = decide(s, GenerationStepped(1), 10.6)
+    assert cmds == (Spawn(1),)
+    assert decide(s, GenerationStepped(1), 10.7)[1] == ()  # once
     # the replacement joins at the next safe point
     s, cmds, _ = decide(s, WorkersReady(_members("w3")), 11.0)
     assert cmds == (RequestSafePoint(),)
@@ -80,6 +85,23 @@ def test_preemption_notice_leaves_at_the_next_safe_point_and_spawns_a_replacemen
     assert [m.actor_id for m in p.generation.members] == ["w1", "w2"] and p.leaving == ("w0",)
 
 
+def test_replacements_still_due_are_neither_lost_nor_doubled():
+    s, plan = _started(3)
+    s, cmds, _ = _end(s, plan, w1="dead")
+    new = _cmd(cmds, StartGeneration).plan
+    # a preemption notice before the recovered generation reported its first step
+    s1, cmds, _ = decide(s, PreemptionNotice("w0"), 10.2)
+    assert cmds == (Spawn(2), RequestSafePoint())  # w0's replacement and the one still due
+    s1, cmds, _ = _end(s1, new)
+    assert _cmd(cmds, StartGeneration) is not None and _cmd(cmds, Spawn) is None
+    # another loss before the first step: one top-up for both, after the next generation steps
+    s2, cmds, _ = _end(s, new, w2="dead")
+    again = _cmd(cmds, StartGeneration).plan
+    assert _cmd(cmds, Spawn) is None and [m.actor_id for m in again.generation.members] == ["w0"]
+    assert decide(s2, GenerationStepped(new.number), 11.0)[1] == ()
+    assert decide(s2, GenerationStepped(again.number), 11.0)[1] == (Spawn(2),)
+
+
 def test_below_min_workers_waits_then_recovers_or_gives_up():
     s, plan = _started(2, min_workers=2)
     s, cmds, reason = _end(s, plan, w1="dead")
@@ -102,6 +124,8 @@ def test_losing_a_shard_and_its_replica_fails_clearly_and_finishing_retires_ever
     with_checkpoints = replace(s, checkpoints=True)
     _, cmds, _ = _end(with_checkpoints, plan, w0="dead", **{buddy: "dead"})
     p = _cmd(cmds, StartGeneration).plan
-    assert p.source == "checkpoint" and p.holder_of_old == () and _cmd(cmds, Spawn) == Spawn(2)
+    assert p.source == "checkpoint" and p.holder_of_old == () and _cmd(cmds, Spawn) is None
+    s_ckpt, _, _ = _end(with_checkpoints, plan, w0="dead", **{buddy: "dead"})
+    assert decide(s_ckpt, GenerationStepped(p.number), 11.0)[1] == (Spawn(2),)
     s2, cmds, _ = _end(s, plan, w0="finished", w1="finished", w2="finished", w3="finished")
     assert cmds == (Finish(), Retire(("w0", "w1", "w2", "w3"))) and s2.done

@@ -63,6 +63,11 @@ def test_a_killed_worker_leaves_the_survivors_running(tmp_path):
     assert starts[0]["workers"] == ["w0", "w1", "w2"] and starts[1]["workers"][:2] == ["w0", "w2"]
     spawns = [e["count"] for e in events if e["event"] == "spawn"]
     assert spawns[0] == 3 and sum(spawns[1:]) <= 1  # only a replacement: the survivors were never restarted
+    # the replacement is asked for once the survivors have stepped, so it does not slow their recovery
+    kinds = [(e["event"], e.get("on")) for e in events]
+    stepped = kinds.index(("decision", "GenerationStepped"), kinds.index(("generation_start", None), 1))
+    later_spawns = [i for i, e in enumerate(events) if e["event"] == "spawn"][1:]
+    assert all(i > stepped for i in later_spawns), "a replacement was spawned during the recovery"
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

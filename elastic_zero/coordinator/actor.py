@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from elastic_zero.coordinator.books import Books
 from elastic_zero.coordinator.state import (
-    CoordinatorState, Fail, Finish, GenerationEnded, Outcome, PreemptionNotice, RequestSafePoint, Retire,
+    CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, Outcome, PreemptionNotice, RequestSafePoint, Retire,
     ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
 )
 from elastic_zero.spec import spec_from_dict
@@ -67,6 +67,9 @@ class Coordinator:
     def preemption_notice(self, actor_id: str, deadline_s: float | None = None) -> None:
         self._log("preemption_notice", actor_id=actor_id, deadline_s=deadline_s)
         self._inbox.put(PreemptionNotice(actor_id))
+
+    def generation_stepped(self, number: int) -> None:
+        self._inbox.put(GenerationStepped(number))
 
     def status(self) -> dict:
         with self._lock:
@@ -128,7 +131,8 @@ class Coordinator:
         self.books.add_generation_results(plan.number, [r for a, r in results.items() if a in members])
         outcomes = tuple(r["outcome"] for a, r in results.items() if a in members and r["outcome"].kind != "dead")
         kinds = sorted({o.kind for o in outcomes} | ({"dead"} if len(outcomes) < len(members) else set()))
-        self._log("generation_end", generation=plan.number, outcomes=kinds)
+        self._log("generation_end", generation=plan.number, outcomes=kinds,
+                  ended_at={a: round(r["ended_at"], 4) for a, r in results.items()})
         self._last_end = results
         self._apply(GenerationEnded(outcomes))
 

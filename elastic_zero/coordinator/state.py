@@ -74,11 +74,18 @@ class GenerationEnded:
 
 
 @dataclass(frozen=True)
+class GenerationStepped:
+    """The generation completed its first step (rank 0 reports it once per generation)."""
+
+    number: int
+
+
+@dataclass(frozen=True)
 class Tick:
     pass
 
 
-Event = Union[Start, WorkersReady, ScaleRequested, PreemptionNotice, GenerationEnded, Tick]
+Event = Union[Start, WorkersReady, ScaleRequested, PreemptionNotice, GenerationEnded, GenerationStepped, Tick]
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,9 @@ class CoordinatorState:
     safe_point_requested: bool = False
     recovery: _Recovery | None = None  # waiting for workers to reach min_workers
     waiting_since: float | None = None
+    # After a failure the survivors go on first and replacements are asked for once this
+    # generation has stepped: a replacement warming up beside them would slow the recovery step.
+    top_up_after: int | None = None
     done: bool = False
     members_by_id: dict = field(default_factory=dict)  # every member ever seen, by actor id
 
@@ -158,6 +168,11 @@ def decide(state: CoordinatorState, event: Event, now: float):
         return _on_preemption(state, event.actor_id)
     if isinstance(event, GenerationEnded):
         return _on_generation_end(state, event.outcomes, now)
+    if isinstance(event, GenerationStepped):
+        if event.number != state.top_up_after:
+            return state, (), f"generation {event.number} stepped"
+        state, commands = _top_up(replace(state, top_up_after=None))
+        return state, commands, f"generation {event.number} stepped: replacements requested"
     if isinstance(event, Tick):
         if state.recovery is not None and now - state.waiting_since > state.min_wait_s:
             return (replace(state, done=True), (Fail(
@@ -230,11 +245,20 @@ def _on_preemption(state, actor_id):
     return state, tuple(commands) + more, reason
 
 
+def _top_up(state):
+    """Spawn workers up to the target (which never exceeds max_workers)."""
+    missing = state.target - (len(state.staying()) + len(state.ready) + state.spawning)
+    if missing <= 0:
+        return state, ()
+    return replace(state, spawning=state.spawning + missing), (Spawn(missing),)
+
+
 def _on_generation_end(state, outcomes, now):
     by_id = {o.actor_id: o for o in outcomes}
     members = state.members()
     kinds = [by_id[a].kind if a in by_id else "dead" for a in members]
-    state = replace(state, running=False, safe_point_requested=False)
+    top_up_pending = state.top_up_after is not None  # its report raced the generation's end
+    state = replace(state, running=False, safe_point_requested=False, top_up_after=None)
     if all(k == "finished" for k in kinds):
         everyone = members + tuple(m.actor_id for m in state.ready)
         return replace(state, done=True), (Finish(), Retire(everyone)), "training finished"
@@ -263,11 +287,16 @@ def _on_generation_end(state, outcomes, now):
         missing = state.target - (len(survivors) - len(set(state.leaving) & set(survivors))
                                   + len(state.ready) + state.spawning)
         commands = [Retire(dead)] if dead else []
-        if missing > 0:
+        staying = [a for a in survivors if a not in state.leaving]
+        go_on_now = len(staying) + len(state.ready) >= state.min_workers
+        if missing > 0 and not go_on_now:
             state = replace(state, spawning=state.spawning + missing)
             commands.append(Spawn(missing))
         state = replace(state, recovery=recovery, waiting_since=now)
         state, more, reason = _try_recover(state, now)
+        if missing > 0 and go_on_now:
+            state = replace(state, top_up_after=state.generation.number)
+            reason += f"; {missing} replacement(s) after its first step"
         return state, tuple(commands) + more, f"lost {list(dead) or 'no worker'}; {reason}"
     # every member reached the safe point: a planned change
     step = max(by_id[a].step for a in members)
@@ -280,7 +309,8 @@ def _on_generation_end(state, outcomes, now):
     plan = GenerationPlan(gen, state.generation, participants, holder_of_old, "live", step, leavers,
                           "scale" if not state.leaving else "leave")
     state = replace(state, generation=gen, running=True, ready=state.ready[len(joiners):], leaving=())
-    return state, (StartGeneration(plan),), \
+    state, spawn = _top_up(state) if top_up_pending else (state, ())
+    return state, (StartGeneration(plan),) + spawn, \
         f"generation {gen.number}: {len(members)} -> {gen.world_size} workers at step {step}"
 
 

@@ -11,6 +11,7 @@ goes to the buddy's host memory.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import threading
 import time
@@ -289,6 +290,8 @@ class TrainingWorker:
                 self._commit(plan, report)
             self._save_checkpoint(plan, report)
             report["step_times"].append(time.time() - started)
+            if rank == 0 and len(report["step_times"]) == 1 and self._coordinator:
+                _coordinator(self._coordinator, self._namespace).generation_stepped.remote(plan.number)
             if agree[0] > 0 and engine.step_count < spec.train.steps:
                 self._safe_point.clear()  # cleared here, not on entry: a request may land before train() runs
                 self._keep_uncommitted(plan, report)  # a planned change keeps the live state
@@ -355,6 +358,7 @@ def _ray_node_id() -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=4)
 def _coordinator(name: str, namespace: str):
     import ray
 
