@@ -167,7 +167,7 @@ class TrainingWorker:
         clock.lap("train_group")
         self.engine.reconfigure(self._pg, mine)
         clock.lap("reconfigure")
-        self._commit(plan)
+        self._commit(plan, snapshot=mine)  # reconfigure copied it: it can be the snapshot as it is
         clock.lap("commit")
         return rank
 
@@ -235,13 +235,15 @@ class TrainingWorker:
             held[r] = store[plan.step]
         return held
 
-    def _commit(self, plan: GenerationPlan, report: dict | None = None) -> None:
-        """Snapshot this rank's shard and swap replicas with the buddy: the step is now committed.
-        The sample log since the last commit travels along, so a lost rank's record survives."""
+    def _commit(self, plan: GenerationPlan, report: dict | None = None, snapshot: ShardState | None = None) -> None:
+        """Snapshot this rank's shard (or take `snapshot`, a host copy of it) and swap replicas with
+        the buddy: the step is now committed. The sample log since the last commit travels along,
+        so a lost rank's record survives."""
         if self.snapshot_generation != plan.number:
             self.replicas.clear()
             self.snapshot_generation = plan.number
-        snap = self._host_snapshot()
+        snap = snapshot if snapshot is not None and snapshot.vectors["params"].device.type == "cpu" \
+            else self._host_snapshot()
         log = torch.tensor(report["uncommitted"], dtype=torch.int64).reshape(-1, 4) if report else None
         ward, ward_log = exchange(TorchComm(self._pg), snap, plan.generation.buddies, log)
         self.replicas.add(self.engine.step_count, snap, ward)

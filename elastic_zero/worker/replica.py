@@ -43,14 +43,19 @@ def exchange(comm: Comm, snapshot: ShardState, buddies: Sequence[int],
         return None, None
     me = comm.rank
     ward = buddies.index(me)
-    ward_numel = sum(r.numel for r in snapshot.partition.ranges(ward)) * len(snapshot.vectors)
-    packed = snapshot.pack()
-    incoming = packed.new_empty(ward_numel)
-    handles = [comm.send(packed, buddies[me], tag=0), comm.recv(incoming, ward, tag=0)]
+    names = sorted(snapshot.vectors)
+    ward_numel = sum(r.numel for r in snapshot.partition.ranges(ward))
+    # one message per vector, received into slices of one buffer: no packing copy on either side
+    incoming = snapshot.vectors[names[0]].new_empty(ward_numel * len(names))
+    handles = []
+    for tag, name in enumerate(names):
+        handles.append(comm.send(snapshot.vectors[name].contiguous(), buddies[me], tag=tag))
+        handles.append(comm.recv(incoming[tag * ward_numel : (tag + 1) * ward_numel], ward, tag=tag))
     ward_log = None
     if log is not None and log.numel():
         ward_log = torch.empty_like(log)
-        handles += [comm.send(log.contiguous(), buddies[me], tag=1), comm.recv(ward_log, ward, tag=1)]
+        handles += [comm.send(log.contiguous(), buddies[me], tag=len(names)),
+                    comm.recv(ward_log, ward, tag=len(names))]
     for h in handles:
         h.wait()
     return snapshot.unpacked(incoming, ward, snapshot.scalars), ward_log

@@ -43,12 +43,9 @@ class ShardState:
                     f"rank {self.rank}'s ranges hold {self.numel}"
                 )
 
-    def pack(self) -> torch.Tensor:
-        """All vectors in one flat tensor, in vector-name order (what a replica send carries)."""
-        return torch.cat([self.vectors[name] for name in sorted(self.vectors)])
-
     def unpacked(self, flat: torch.Tensor, rank: int, scalars: dict) -> "ShardState":
-        """A state shaped like rank `rank`'s shard of this partition, with the vectors of `flat`."""
+        """A state shaped like rank `rank`'s shard of this partition whose vectors are consecutive
+        slices of `flat`, in vector-name order (views, not copies)."""
         numel = sum(r.numel for r in self.partition.ranges(rank))
         names = sorted(self.vectors)
         if flat.numel() != numel * len(names):

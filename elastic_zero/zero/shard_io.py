@@ -78,7 +78,8 @@ class ShardIO:
         self.step_count = int(state.scalars["step"])
         if self.loss_scale is not None and "loss_scale" in state.scalars:
             self.loss_scale.scale = float(state.scalars["loss_scale"])
-        for unit in self.units:
-            if not unit.is_free:
+        # Publish lazily, as after step(): each unit's forward waits for its own buffer, so the
+        # gathers overlap the first forward. Stage 3 frees the buffers instead (see _after_bind).
+        if self.stage != 3:
+            for unit in self.units:
                 self._launch_gather(unit)
-        self.synchronize()
