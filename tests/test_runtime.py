@@ -70,6 +70,23 @@ def test_a_killed_worker_leaves_the_survivors_running(tmp_path):
     assert all(i > stepped for i in later_spawns), "a replacement was spawned during the recovery"
 
 
+def test_a_hung_worker_is_found_by_the_collective_timeout_and_replaced(tmp_path):
+    timeout_s = 3.0
+    code, summary, events, _ = _job(tmp_path, "hang", [{"at_step": 6, "action": "hang", "rank": 1}],
+                                    train={"steps": 16},
+                                    elastic={"workers": 3, "max_workers": 3, "collective_timeout_s": timeout_s})
+    assert code == 0
+    (recovery,) = summary["recoveries"]
+    assert recovery["step"] == 6 and recovery["lost_steps"] == 0 and recovery["cause"] == "lost w1"
+    assert [e["actor_id"] for e in events if e["event"] == "worker_unresponsive"] == ["w1"]
+    starts = [e for e in events if e["event"] == "generation_start"]
+    assert starts[1]["workers"][:2] == ["w0", "w2"]
+    # the survivors waited one collective timeout, then w1 one more before it was declared lost
+    failed_at = next(e["t"] for e in events if e["event"] == "worker_unresponsive")
+    assert failed_at - starts[0]["t"] >= 2 * timeout_s
+    _exactly_once(summary)
+
+
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_final_weights_do_not_depend_on_kills_scaling_or_preemption(tmp_path, stage):
     _, plain, _, reference = _job(tmp_path, f"plain{stage}", zero={"stage": stage},

@@ -56,6 +56,7 @@ class Coordinator:
         self._result: dict | None = None
         self._last_end: dict[str, dict] = {}
         self._timed_faults: set[str] = set()
+        self._failure_seen_at: float | None = None  # a participant of the current generation failed
         self._worker_cls = ray.remote(TrainingWorker)
 
     # ---- calls from outside (CLI, workers' fault drills) ---------------------------------------
@@ -94,6 +95,7 @@ class Coordinator:
                 time.sleep(0.05)
             for ref in done:
                 self._collect(ref)
+            self._kill_unresponsive()
             if self._plan is not None and not self._train_refs:
                 self._end_generation()
             if time.monotonic() - last_tick > 0.5:
@@ -121,8 +123,26 @@ class Coordinator:
             for other in self._train_refs.values():  # don't let survivors find out one collective at a time
                 self._workers[other].abort_generation.remote(self._plan.number)
         self._results[actor_id] = result
+        if result["outcome"].kind == "failed" and self._failure_seen_at is None:
+            self._failure_seen_at = time.monotonic()
+            for other in self._train_refs.values():  # the generation is over: let the others stop now
+                self._workers[other].abort_generation.remote(self._plan.number)
         if result["outcome"].kind == "left":
             self._retire((actor_id,), "left after handing its shard over")
+
+    def _kill_unresponsive(self) -> None:
+        """A participant still silent a collective timeout after the generation failed is hung (alive
+        but not answering): kill it, so that it counts as lost and the survivors can recover."""
+        if self._failure_seen_at is None or not self._train_refs:
+            return
+        if time.monotonic() - self._failure_seen_at < self.spec.elastic.collective_timeout_s:
+            return
+        for actor_id in list(self._train_refs.values()):
+            self._log("worker_unresponsive", actor_id=actor_id)
+            handle = self._workers.get(actor_id)
+            if handle is not None:
+                ray.kill(handle, no_restart=True)
+        self._failure_seen_at = time.monotonic()  # their deaths arrive through ray.wait
 
     def _end_generation(self) -> None:
         plan, results = self._plan, self._results
@@ -199,6 +219,7 @@ class Coordinator:
         self._log("generation_start", generation=plan.number, step=plan.step, source=plan.source, checkpoint=plan.checkpoint,
                   workers=[m.actor_id for m in plan.generation.members], leaving=list(plan.leaving))
         self._plan = plan
+        self._failure_seen_at = None
         for actor_id in plan.participants:
             self._train_refs[self._workers[actor_id].train.remote(plan)] = actor_id
 

@@ -312,6 +312,8 @@ class TrainingWorker:
             if fault.action == "kill":
                 self.store.set(f"fault/{i}/at", repr(time.time()))  # the coordinator times the recovery from here
                 os._exit(1)
+            if fault.action == "hang":  # alive but silent: the peers' collectives time out
+                threading.Event().wait()
             coordinator = _coordinator(self._coordinator, self._namespace)
             if fault.action == "preempt":
                 coordinator.preemption_notice.remote(self.actor_id, fault.deadline_s)
