@@ -2,7 +2,8 @@
 
 It feeds events (workers ready, generations ended, scale requests, preemption notices, ticks)
 to the pure state machine and carries out the commands it returns. It is the only owner of
-membership. Workers never call it on the training path: they report when a generation ends.
+membership. Workers never wait on it on the training path: they report when a generation ends,
+and rank 0 sends one fire-and-forget note when a generation completes its first step.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import torch.distributed as dist
 
 from elastic_zero.coordinator.books import Books
 from elastic_zero.coordinator.state import (
-    CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, Outcome, PreemptionNotice, RequestSafePoint, Retire,
-    ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
+    CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, Outcome, PreemptionNotice,
+    RequestSafePoint, Retire, ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
 )
 from elastic_zero.spec import spec_from_dict
 from elastic_zero.worker.actor import TrainingWorker
