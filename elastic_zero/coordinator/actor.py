@@ -121,15 +121,19 @@ class Coordinator:
         except ray.exceptions.RayError as exc:  # the actor died
             result = {"outcome": Outcome(actor_id, "dead", error=str(exc)[:300]), "ended_at": time.time()}
             self._log("worker_lost", actor_id=actor_id)
-            for other in self._train_refs.values():  # don't let survivors find out one collective at a time
-                self._workers[other].abort_generation.remote(self._plan.number)
         self._results[actor_id] = result
-        if result["outcome"].kind == "failed" and self._failure_seen_at is None:
-            self._failure_seen_at = time.monotonic()
-            for other in self._train_refs.values():  # the generation is over: let the others stop now
-                self._workers[other].abort_generation.remote(self._plan.number)
+        if result["outcome"].kind in ("dead", "failed"):
+            self._generation_failed()
         if result["outcome"].kind == "left":
             self._retire((actor_id,), "left after handing its shard over")
+
+    def _generation_failed(self) -> None:
+        """A participant died or its collective failed: the generation is over. Abort the others now,
+        so that they don't find out one collective (or one timeout) at a time."""
+        if self._failure_seen_at is None:
+            self._failure_seen_at = time.monotonic()
+        for other in self._train_refs.values():
+            self._workers[other].abort_generation.remote(self._plan.number)
 
     def _kill_unresponsive(self) -> None:
         """A participant still silent a collective timeout after the generation failed is hung (alive

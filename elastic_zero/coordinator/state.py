@@ -224,25 +224,17 @@ def _on_scale(state, workers):
         drop = state.ready[len(state.ready) - min(surplus, len(state.ready)) :]
         state = replace(state, ready=state.ready[: len(state.ready) - len(drop)])
         commands.append(Retire(tuple(m.actor_id for m in drop)))
-    missing = workers - (len(state.staying()) + len(state.ready) + state.spawning)
-    if missing > 0:
-        state = replace(state, spawning=state.spawning + missing)
-        commands.append(Spawn(missing))
+    state, spawn = _top_up(state)
     state, more, reason = _ask_for_safe_point_if_needed(state, f"scale to {workers}")
-    return state, tuple(commands) + more, reason
+    return state, tuple(commands) + spawn + more, reason
 
 
 def _on_preemption(state, actor_id):
     if actor_id not in state.staying():
         return state, (), f"preemption notice for {actor_id}, which is not a staying member"
-    state = replace(state, leaving=state.leaving + (actor_id,))
-    commands = []
-    missing = state.target - (len(state.staying()) + len(state.ready) + state.spawning)
-    if missing > 0 and len(state.staying()) + len(state.ready) + state.spawning < state.max_workers:
-        state = replace(state, spawning=state.spawning + missing)
-        commands.append(Spawn(missing))
+    state, spawn = _top_up(replace(state, leaving=state.leaving + (actor_id,)))
     state, more, reason = _ask_for_safe_point_if_needed(state, f"{actor_id} will be preempted")
-    return state, tuple(commands) + more, reason
+    return state, spawn + more, reason
 
 
 def _top_up(state):

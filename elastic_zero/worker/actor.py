@@ -242,8 +242,7 @@ class TrainingWorker:
         if self.snapshot_generation != plan.number:
             self.replicas.clear()
             self.snapshot_generation = plan.number
-        snap = snapshot if snapshot is not None and snapshot.vectors["params"].device.type == "cpu" \
-            else self._host_snapshot()
+        snap = self._host_snapshot(snapshot)
         log = torch.tensor(report["uncommitted"], dtype=torch.int64).reshape(-1, 4) if report else None
         ward, ward_log = exchange(TorchComm(self._pg), snap, plan.generation.buddies, log)
         self.replicas.add(self.engine.step_count, snap, ward)
@@ -258,8 +257,9 @@ class TrainingWorker:
         report["log"].extend(report["uncommitted"])
         report["uncommitted"] = []
 
-    def _host_snapshot(self) -> ShardState:
-        snap = self.engine.shard_state()  # fresh tensors already: copy again only off the host
+    def _host_snapshot(self, taken: ShardState | None = None) -> ShardState:
+        """A host copy of this rank's shard: `taken` (a copy made already) or the engine's."""
+        snap = taken if taken is not None else self.engine.shard_state()  # fresh tensors: copy only off the host
         return snap if snap.vectors["params"].device.type == "cpu" else snap.to("cpu")
 
     def _loop(self, plan: GenerationPlan, rank: int, report: dict) -> str:
