@@ -129,3 +129,27 @@ def test_losing_a_shard_and_its_replica_fails_clearly_and_finishing_retires_ever
     assert decide(s_ckpt, GenerationStepped(p.number), 11.0)[1] == (Spawn(2),)
     s2, cmds, _ = _end(s, plan, w0="finished", w1="finished", w2="finished", w3="finished")
     assert cmds == (Finish(), Retire(("w0", "w1", "w2", "w3"))) and s2.done
+
+
+def test_a_loss_during_a_handover_restores_the_checkpoint_or_fails_clearly():
+    s, plan = _started(3)
+    s, cmds, _ = decide(s, ScaleRequested(2), 2.0)
+    s, cmds, _ = _end(s, plan)
+    handover = _cmd(cmds, StartGeneration).plan
+    assert [m.actor_id for m in handover.generation.members] == ["w0", "w1"] and handover.leaving == ("w2",)
+    # w1 dies before the new generation's first commit: w0's snapshots describe generation 0's ranks
+    stale = (Outcome("w0", "failed", step=5, own_steps=(4, 5), ward_steps=(4, 5),
+                     snapshot_generation=plan.number),)
+    _, cmds, reason = decide(s, GenerationEnded(stale), 10.0)
+    assert reason == "lost in a handover" and "saves no checkpoints" in _cmd(cmds, Fail).message
+    from dataclasses import replace
+
+    _, cmds, _ = decide(replace(s, checkpoints=True), GenerationEnded(stale), 10.0)
+    restore = _cmd(cmds, StartGeneration).plan
+    assert _cmd(cmds, Fail) is None and restore.source == "checkpoint" and restore.holder_of_old == ()
+    assert [m.actor_id for m in restore.generation.members] == ["w0"]
+    # the same loss after the first commit in the new generation recovers from memory
+    fresh = (replace(stale[0], snapshot_generation=handover.number),)
+    _, cmds, _ = decide(s, GenerationEnded(fresh), 10.0)
+    again = _cmd(cmds, StartGeneration).plan
+    assert again.source == "snapshot" and again.step == 5 and again.participants[again.holder_of_old[1]] == "w0"

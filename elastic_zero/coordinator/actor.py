@@ -159,6 +159,8 @@ class Coordinator:
         self._log("generation_end", generation=plan.number, outcomes=kinds,
                   ended_at={a: round(r["ended_at"], 4) for a, r in results.items()})
         self._last_end = results
+        # leavers that did not leave (the handover failed) hold nothing any plan will ask for
+        self._retire(tuple(a for a in plan.leaving if a in self._workers), "its handover failed")
         self._apply(GenerationEnded(outcomes))
 
     # ---- carrying out decisions ------------------------------------------------------------------

@@ -260,15 +260,18 @@ def _on_generation_end(state, outcomes, now):
         return replace(state, done=True), (Fail(f"every worker failed and none was lost: {failed[0].error}"),), \
             "failure without a lost worker"
     if dead or failed:
-        stale = [o for o in failed if o.snapshot_generation != state.generation.number]
-        if stale:
+        # A loss before the new generation's first commit leaves replicas of the previous layout,
+        # which this generation's ranks do not describe: only a checkpoint can restore the job.
+        in_handover = any(o.snapshot_generation != state.generation.number for o in failed)
+        if in_handover and not state.checkpoints:
             return replace(state, done=True), (Fail(
-                f"a worker was lost during the handover to generation {state.generation.number}; "
-                f"recovery from the previous generation's replicas is not implemented"),), "lost in a handover"
+                f"a worker was lost during the handover to generation {state.generation.number} and the job "
+                f"saves no checkpoints; recovery from the previous generation's replicas is not implemented"),), \
+                "lost in a handover"
         survivors = tuple(a for a in members if a not in dead)
         own = {o.actor_id: o.own_steps for o in outcomes}
         ward = {o.actor_id: o.ward_steps for o in outcomes}
-        point = restore_point(state.generation, survivors, own, ward)
+        point = None if in_handover else restore_point(state.generation, survivors, own, ward)
         if point is None and not state.checkpoints:
             lost = lost_ranks(state.generation, survivors)
             return replace(state, done=True), (Retire(survivors), Fail(
