@@ -151,3 +151,29 @@ def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_p
     assert starts[1]["source"] == "checkpoint" and starts[1]["checkpoint"].endswith("step-0000000010")
     _exactly_once(summary)
     assert _relative(reference, weights) <= 1e-4
+
+
+def test_a_worker_lost_during_a_handover_is_recovered_from_the_latest_checkpoint(tmp_path):
+    """A scale-down from 3 to 2 at step 7; the new rank 1 dies inside that handover, before the new
+    generation commits anything. The previous layout's replicas describe no rank of the new
+    generation, so the survivor restores the checkpoint of step 6 and a replacement joins later.
+    Oracle: one uninterrupted worker."""
+    _, _, _, reference = _job(tmp_path, "whole", train={"steps": 16},
+                              elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
+    ckpt = {"uri": str(tmp_path / "ckpt"), "every": 3, "keep": 2}
+    drill = [{"at_step": 7, "action": "scale", "workers": 2},
+             {"at_step": 7, "action": "kill_in_handover", "rank": 1}]
+    code, summary, events, weights = _job(tmp_path, "handover", drill, train={"steps": 16}, checkpoint=ckpt,
+                                          elastic={"workers": 3, "max_workers": 3})
+    assert code == 0, summary.get("error")
+    (recovery,) = summary["recoveries"]
+    assert recovery["cause"].endswith("restored from a checkpoint") and recovery["step"] == 6
+    starts = [e for e in events if e["event"] == "generation_start"]
+    assert [s["source"] for s in starts[:3]] == ["init", "live", "checkpoint"]
+    assert starts[2]["checkpoint"].endswith("step-0000000006") and len(starts[2]["workers"]) == 1
+    retired = [e for e in events if e["event"] == "retire" and e["why"] == "its handover failed"]
+    assert [e["actor_ids"] for e in retired] == [starts[1]["leaving"]]
+    spawns = [i for i, e in enumerate(events) if e["event"] == "spawn"]
+    assert spawns[-1] > events.index(starts[2])  # a replacement was asked for after the recovery
+    _exactly_once(summary)
+    assert _relative(reference, weights) <= 1e-4

@@ -151,6 +151,7 @@ class TrainingWorker:
         me = plan.participants.index(self.actor_id)
         handover_pg = self._group(plan, "handover", me, len(plan.participants))
         clock.lap("handover_group")
+        self._fire_handover_faults(plan)
         old = partition_layout(self.engine.layout, plan.previous.world_size)
         new = partition_layout(self.engine.layout, world)
         held = self._held_shards(plan)
@@ -303,8 +304,19 @@ class TrainingWorker:
             report["checkpoint_errors"] = list(self.writer.errors)
         return "finished"
 
+    def _fire_handover_faults(self, plan: GenerationPlan) -> None:
+        """'kill_in_handover': die in the first handover from step `at_step` on, as new rank `rank`."""
+        for i, fault in enumerate(self.spec.faults):
+            ranks = [r for r, m in enumerate(plan.generation.members) if m.actor_id == self.actor_id]
+            if fault.action != "kill_in_handover" or plan.step < fault.at_step or ranks != [fault.rank]:
+                continue
+            if self.store.add(f"fault/{i}", 1) == 1:
+                os._exit(1)
+
     def _fire_faults(self, step: int, rank: int) -> None:
         for i, fault in enumerate(self.spec.faults):
+            if fault.action == "kill_in_handover":
+                continue
             if fault.at_step != step or (fault.rank if fault.rank is not None else 0) != rank:
                 continue
             if self.store.add(f"fault/{i}", 1) != 1:
