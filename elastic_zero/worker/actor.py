@@ -306,11 +306,12 @@ class TrainingWorker:
 
     def _fire_handover_faults(self, plan: GenerationPlan) -> None:
         """'kill_in_handover': die in the first handover from step `at_step` on, as new rank `rank`."""
+        ranks = [r for r, m in enumerate(plan.generation.members) if m.actor_id == self.actor_id]
         for i, fault in enumerate(self.spec.faults):
-            ranks = [r for r, m in enumerate(plan.generation.members) if m.actor_id == self.actor_id]
             if fault.action != "kill_in_handover" or plan.step < fault.at_step or ranks != [fault.rank]:
                 continue
             if self.store.add(f"fault/{i}", 1) == 1:
+                self.store.set(f"fault/{i}/at", repr(time.time()))  # the recovery is timed from here
                 os._exit(1)
 
     def _fire_faults(self, step: int, rank: int) -> None:
