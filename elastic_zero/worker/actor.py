@@ -306,25 +306,25 @@ class TrainingWorker:
 
     def _fire_handover_faults(self, plan: GenerationPlan) -> None:
         """'kill_in_handover': die in the first handover from step `at_step` on, as new rank `rank`."""
-        ranks = [r for r, m in enumerate(plan.generation.members) if m.actor_id == self.actor_id]
+        members = plan.generation.members
         for i, fault in enumerate(self.spec.faults):
-            if fault.action != "kill_in_handover" or plan.step < fault.at_step or ranks != [fault.rank]:
-                continue
-            if self.store.add(f"fault/{i}", 1) == 1:
-                self.store.set(f"fault/{i}/at", repr(time.time()))  # the recovery is timed from here
-                os._exit(1)
+            if (fault.action == "kill_in_handover" and plan.step >= fault.at_step and fault.rank < len(members)
+                    and members[fault.rank].actor_id == self.actor_id and self.store.add(f"fault/{i}", 1) == 1):
+                self._die(i)
+
+    def _die(self, fault_index: int) -> None:
+        self.store.set(f"fault/{fault_index}/at", repr(time.time()))  # the coordinator times the recovery from here
+        os._exit(1)
 
     def _fire_faults(self, step: int, rank: int) -> None:
         for i, fault in enumerate(self.spec.faults):
-            if fault.action == "kill_in_handover":
-                continue
-            if fault.at_step != step or (fault.rank if fault.rank is not None else 0) != rank:
+            if (fault.action == "kill_in_handover" or fault.at_step != step
+                    or (fault.rank if fault.rank is not None else 0) != rank):
                 continue
             if self.store.add(f"fault/{i}", 1) != 1:
                 continue  # fired once already (before a recovery that repeats this step)
             if fault.action == "kill":
-                self.store.set(f"fault/{i}/at", repr(time.time()))  # the coordinator times the recovery from here
-                os._exit(1)
+                self._die(i)
             if fault.action == "hang":  # alive but silent: the peers' collectives time out
                 threading.Event().wait()
             coordinator = _coordinator(self._coordinator, self._namespace)
