@@ -131,25 +131,51 @@ def test_losing_a_shard_and_its_replica_fails_clearly_and_finishing_retires_ever
     assert cmds == (Finish(), Retire(("w0", "w1", "w2", "w3"))) and s2.done
 
 
-def test_a_loss_during_a_handover_restores_the_checkpoint_or_fails_clearly():
+def test_a_loss_during_a_handover_restores_the_layout_before_it_from_memory():
+    from dataclasses import replace
+
     s, plan = _started(3)
     s, cmds, _ = decide(s, ScaleRequested(2), 2.0)
     s, cmds, _ = _end(s, plan)
     handover = _cmd(cmds, StartGeneration).plan
     assert [m.actor_id for m in handover.generation.members] == ["w0", "w1"] and handover.leaving == ("w2",)
-    # w1 dies before the new generation's first commit: w0's snapshots describe generation 0's ranks
-    stale = (Outcome("w0", "failed", step=5, own_steps=(4, 5), ward_steps=(4, 5),
-                     snapshot_generation=plan.number),)
-    _, cmds, reason = decide(s, GenerationEnded(stale), 10.0)
-    assert reason == "lost in a handover" and "saves no checkpoints" in _cmd(cmds, Fail).message
-    from dataclasses import replace
+    old = plan.generation
 
-    _, cmds, _ = decide(replace(s, checkpoints=True), GenerationEnded(stale), 10.0)
+    def held(actor_id):  # replicas of generation 0's ranks, as before the handover
+        return Outcome(actor_id, "failed", step=5, own_steps=(4, 5), ward_steps=(4, 5), snapshot_generation=old.number)
+
+    # w1 dies inside the handover: no rank committed generation 1, but w0 and the leaver w2 still
+    # hold generation 0's shards and replicas
+    s2, cmds, _ = decide(s, GenerationEnded((held("w0"), held("w2"))), 10.0)
     restore = _cmd(cmds, StartGeneration).plan
-    assert _cmd(cmds, Fail) is None and restore.source == "checkpoint" and restore.holder_of_old == ()
-    assert [m.actor_id for m in restore.generation.members] == ["w0"]
-    # the same loss after the first commit in the new generation recovers from memory
-    fresh = (replace(stale[0], snapshot_generation=handover.number),)
+    assert _cmd(cmds, Fail) is None and _cmd(cmds, Retire) == Retire(("w1",))
+    assert restore.source == "snapshot" and restore.step == 5 and restore.previous == old
+    assert restore.number == handover.number + 1  # the failed generation's store keys stay taken
+    assert [m.actor_id for m in restore.generation.members] == ["w0"] and restore.leaving == ("w2",)
+    buddy_of_1 = old.members[old.buddies[1]].actor_id
+    assert [restore.participants[h] for h in restore.holder_of_old] == ["w0", buddy_of_1, "w2"]
+    assert decide(s2, GenerationStepped(restore.number), 11.0)[1] == (Spawn(1),)  # back to 2 after its first step
+    # a rank whose generation-1 replicas do not cover every rank falls back to `earlier`, the
+    # generation-0 replicas it keeps until every rank has committed: the same plan
+    partial = replace(held("w0"), own_steps=(5,), ward_steps=(), snapshot_generation=handover.number,
+                      earlier=(old.number, (4, 5), (4, 5)))
+    assert _cmd(decide(s, GenerationEnded((partial, held("w2"))), 10.0)[1], StartGeneration).plan == restore
+    # w0 holding w1's generation-1 replica as well: generation 1 itself is restored, the leaver retired
+    complete = replace(partial, ward_steps=(5,))
+    _, cmds, _ = decide(s, GenerationEnded((complete, held("w2"))), 10.0)
+    assert _cmd(cmds, StartGeneration).plan.previous == handover.generation and Retire(("w2",)) in cmds
+    # the leaver lost too: generation 0's ranks 1 and 2 cannot both be held by w0
+    _, cmds, reason = decide(s, GenerationEnded((held("w0"),)), 10.0)
+    assert reason == "unrecoverable in memory" and _cmd(cmds, StartGeneration) is None
+    message = _cmd(cmds, Fail).message
+    assert "during the handover to generation 1" in message and "saves no checkpoints" in message
+    _, cmds, _ = decide(replace(s, checkpoints=True), GenerationEnded((held("w0"),)), 10.0)
+    from_checkpoint = _cmd(cmds, StartGeneration).plan
+    assert from_checkpoint.source == "checkpoint" and from_checkpoint.holder_of_old == ()
+    assert [m.actor_id for m in from_checkpoint.generation.members] == ["w0"]
+    assert _cmd(cmds, Retire) == Retire(("w1", "w2"))
+    # once every rank committed generation 1 (the leaver has left), its own layout is restored
+    fresh = (replace(held("w0"), snapshot_generation=handover.number), Outcome("w2", "left", step=5))
     _, cmds, _ = decide(s, GenerationEnded(fresh), 10.0)
     again = _cmd(cmds, StartGeneration).plan
-    assert again.source == "snapshot" and again.step == 5 and again.participants[again.holder_of_old[1]] == "w0"
+    assert again.source == "snapshot" and again.previous == handover.generation and again.participants == ("w0",)

@@ -153,29 +153,29 @@ def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_p
     assert _relative(reference, weights) <= 1e-4
 
 
-def test_a_worker_lost_during_a_handover_is_recovered_from_the_latest_checkpoint(tmp_path):
+def test_a_worker_lost_during_a_handover_is_recovered_from_memory(tmp_path):
     """A scale-down from 3 to 2 at step 7; the new rank 1 dies inside that handover, before the new
-    generation commits anything. The previous layout's replicas describe no rank of the new
-    generation, so the survivor restores the latest checkpoint (every 3 steps) at or before the
-    handover's step, which depends on when the safe point is agreed; a replacement joins later.
-    Oracle: one uninterrupted worker."""
+    generation commits anything, and the job saves no checkpoints. The layout before the handover
+    is still replicated in memory (the leaver holds its shard until a handover no longer needs it),
+    so the survivor restores the handover's step from it; the leaver leaves after that restore and
+    a replacement joins later. Oracle: one uninterrupted worker."""
     _, _, _, reference = _job(tmp_path, "whole", train={"steps": 16},
                               elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
-    ckpt = {"uri": str(tmp_path / "ckpt"), "every": 3, "keep": 2}
     drill = [{"at_step": 7, "action": "scale", "workers": 2},
              {"at_step": 7, "action": "kill_in_handover", "rank": 1}]
-    code, summary, events, weights = _job(tmp_path, "handover", drill, train={"steps": 16}, checkpoint=ckpt,
+    code, summary, events, weights = _job(tmp_path, "handover", drill, train={"steps": 16},
                                           elastic={"workers": 3, "max_workers": 3})
     assert code == 0, summary.get("error")
     starts = [e for e in events if e["event"] == "generation_start"]
-    assert [s["source"] for s in starts[:3]] == ["init", "live", "checkpoint"]
+    assert [s["source"] for s in starts[:3]] == ["init", "live", "snapshot"]
     (recovery,) = summary["recoveries"]
-    handover_step = starts[1]["step"]
-    assert recovery["cause"].endswith("restored from a checkpoint") and recovery["step"] % 3 == 0
-    assert handover_step - 3 <= recovery["step"] <= handover_step  # the latest one, or the one before if in flight
-    assert starts[2]["checkpoint"].endswith(f"step-{recovery['step']:010d}") and len(starts[2]["workers"]) == 1
-    retired = [e for e in events if e["event"] == "retire" and e["why"] == "its handover failed"]
-    assert [e["actor_ids"] for e in retired] == [starts[1]["leaving"]]
+    leaver, killed = starts[1]["leaving"], starts[1]["workers"][1]
+    assert recovery["step"] == starts[1]["step"] == starts[2]["step"] and recovery["lost_steps"] == 0
+    assert recovery["cause"] == f"lost {killed}"
+    assert starts[2]["workers"] == [starts[1]["workers"][0]] and starts[2]["leaving"] == leaver
+    left = [e for e in events if e["event"] == "retire" and e["why"] == "left after handing its shard over"]
+    assert [e["actor_ids"] for e in left] == [leaver]  # only after the restore it took part in
+    assert events.index(left[0]) > events.index(starts[2])
     spawns = [i for i, e in enumerate(events) if e["event"] == "spawn"]
     assert spawns[-1] > events.index(starts[2])  # a replacement was asked for after the recovery
     _exactly_once(summary)

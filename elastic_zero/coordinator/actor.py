@@ -154,13 +154,13 @@ class Coordinator:
         self._plan, self._results = None, {}
         members = {m.actor_id for m in plan.generation.members}
         self.books.add_generation_results(plan.number, [r for a, r in results.items() if a in members])
-        outcomes = tuple(r["outcome"] for a, r in results.items() if a in members and r["outcome"].kind != "dead")
-        kinds = sorted({o.kind for o in outcomes} | ({"dead"} if len(outcomes) < len(members) else set()))
+        # the leavers' outcomes too: after a failed handover they still hold shards of the previous layout
+        outcomes = tuple(r["outcome"] for r in results.values() if r["outcome"].kind != "dead")
+        alive = sum(1 for o in outcomes if o.actor_id in members)
+        kinds = sorted({o.kind for o in outcomes if o.actor_id in members} | ({"dead"} if alive < len(members) else set()))
         self._log("generation_end", generation=plan.number, outcomes=kinds,
                   ended_at={a: round(r["ended_at"], 4) for a, r in results.items()})
         self._last_end = results
-        # leavers that did not leave (the handover failed) hold nothing any plan will ask for
-        self._retire(tuple(a for a in plan.leaving if a in self._workers), "its handover failed")
         self._apply(GenerationEnded(outcomes))
 
     # ---- carrying out decisions ------------------------------------------------------------------

@@ -43,6 +43,17 @@ class Outcome:
     ward_steps: tuple[int, ...] = ()
     error: str = ""
     snapshot_generation: int = -1  # the generation whose ranks own_steps and ward_steps describe
+    # (generation, own_steps, ward_steps): the replicas of the layout snapshot_generation was built
+    # from, kept until the new layout is committed on every rank
+    earlier: tuple = ()
+
+    def replicas_of(self, generation: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(own_steps, ward_steps) of the replicas this participant holds in `generation`'s ranks."""
+        if self.snapshot_generation == generation:
+            return self.own_steps, self.ward_steps
+        if self.earlier and self.earlier[0] == generation:
+            return tuple(self.earlier[1]), tuple(self.earlier[2])
+        return (), ()
 
 
 # ---- events and commands ---------------------------------------------------------------------
@@ -134,6 +145,8 @@ class CoordinatorState:
     min_wait_s: float = 60.0
     checkpoints: bool = False  # the job saves checkpoints it can fall back to
     generation: Generation | None = None
+    previous: Generation | None = None  # the layout the running generation was built from
+    handover_leavers: tuple[str, ...] = ()  # the running generation's leavers (they hand over, then exit)
     running: bool = False
     ready: tuple[Member, ...] = ()
     spawning: int = 0
@@ -196,8 +209,7 @@ def _on_ready(state, members, now):
             return state, (), f"{len(state.ready)} of {state.target} workers ready"
         gen = next_generation(None, state.ready[: state.target])
         plan = GenerationPlan(gen, None, tuple(m.actor_id for m in gen.members), (), "init", 0, (), "start")
-        return (replace(state, generation=gen, running=True, ready=state.ready[state.target :]),
-                (StartGeneration(plan),), f"generation 0 with {gen.world_size} workers")
+        return _begin(state, plan, state.target), (StartGeneration(plan),), f"generation 0 with {gen.world_size} workers"
     if state.recovery is not None:
         return _try_recover(state, now)
     return _ask_for_safe_point_if_needed(state, "workers ready to join")
@@ -256,43 +268,13 @@ def _on_generation_end(state, outcomes, now):
         return replace(state, done=True), (Finish(), Retire(everyone)), "training finished"
     dead = tuple(a for a, k in zip(members, kinds) if k == "dead")
     failed = [by_id[a] for a, k in zip(members, kinds) if k == "failed"]
-    if not dead and failed and len(failed) == len(members):
+    # a leaver that dies inside the handover fails its peers' collectives; after it, nobody misses it
+    dead_leavers = tuple(a for a in state.handover_leavers if a not in by_id) if failed else ()
+    if not (dead or dead_leavers) and failed and len(failed) == len(members):
         return replace(state, done=True), (Fail(f"every worker failed and none was lost: {failed[0].error}"),), \
             "failure without a lost worker"
-    if dead or failed:
-        # A loss before the new generation's first commit leaves replicas of the previous layout,
-        # which this generation's ranks do not describe: only a checkpoint can restore the job.
-        in_handover = any(o.snapshot_generation != state.generation.number for o in failed)
-        if in_handover and not state.checkpoints:
-            return replace(state, done=True), (Fail(
-                f"a worker was lost during the handover to generation {state.generation.number} and the job "
-                f"saves no checkpoints; recovery from the previous generation's replicas is not implemented"),), \
-                "lost in a handover"
-        survivors = tuple(a for a in members if a not in dead)
-        own = {o.actor_id: o.own_steps for o in outcomes}
-        ward = {o.actor_id: o.ward_steps for o in outcomes}
-        point = None if in_handover else restore_point(state.generation, survivors, own, ward)
-        if point is None and not state.checkpoints:
-            lost = lost_ranks(state.generation, survivors)
-            return replace(state, done=True), (Retire(survivors), Fail(
-                f"ranks {list(lost)} and the replicas of their shards were lost together; "
-                f"no step can be restored from memory and the job saves no checkpoints"),), "unrecoverable in memory"
-        step, holders = point if point is not None else (-1, ())
-        recovery = _Recovery(state.generation, survivors, step, holders)
-        missing = state.target - (len(survivors) - len(set(state.leaving) & set(survivors))
-                                  + len(state.ready) + state.spawning)
-        commands = [Retire(dead)] if dead else []
-        staying = [a for a in survivors if a not in state.leaving]
-        go_on_now = len(staying) + len(state.ready) >= state.min_workers
-        if missing > 0 and not go_on_now:
-            state = replace(state, spawning=state.spawning + missing)
-            commands.append(Spawn(missing))
-        state = replace(state, recovery=recovery, waiting_since=now)
-        state, more, reason = _try_recover(state, now)
-        if missing > 0 and go_on_now:
-            state = replace(state, top_up_after=state.generation.number)
-            reason += f"; {missing} replacement(s) after its first step"
-        return state, tuple(commands) + more, f"lost {list(dead) or 'no worker'}; {reason}"
+    if dead or dead_leavers or failed:
+        return _on_failure(state, by_id, dead, dead_leavers, now)
     # every member reached the safe point: a planned change
     step = max(by_id[a].step for a in members)
     staying = [m for m in state.generation.members if m.actor_id not in state.leaving]
@@ -303,10 +285,63 @@ def _on_generation_end(state, outcomes, now):
     holder_of_old = tuple(participants.index(a) for a in members)
     plan = GenerationPlan(gen, state.generation, participants, holder_of_old, "live", step, leavers,
                           "scale" if not state.leaving else "leave")
-    state = replace(state, generation=gen, running=True, ready=state.ready[len(joiners):], leaving=())
+    state = _begin(state, plan, len(joiners))
     state, spawn = _top_up(state) if top_up_pending else (state, ())
     return state, (StartGeneration(plan),) + spawn, \
         f"generation {gen.number}: {len(members)} -> {gen.world_size} workers at step {step}"
+
+
+def _on_failure(state, by_id, dead, dead_leavers, now):
+    """A member or a handover leaver was lost, or a collective failed: restore the latest step that
+    memory holds for every rank, else the latest checkpoint, else fail."""
+    gen = state.generation
+    survivors = tuple(a for a in state.members() if a not in dead)
+    point, old = restore_point(gen, survivors, *_holdings(by_id, gen.number)), gen
+    # alive leavers of this generation's handover still hold their shards of the layout before it
+    leavers = tuple(a for a in state.handover_leavers if a in by_id and by_id[a].kind == "failed")
+    if point is None and state.previous is not None:
+        # lost before this generation's layout was committed on every rank: the layout it was
+        # built from is still replicated in memory until then
+        point = restore_point(state.previous, survivors + leavers, *_holdings(by_id, state.previous.number))
+        old = state.previous
+    survivors += leavers  # they leave as soon as no handover needs them
+    state = replace(state, leaving=state.leaving + leavers)
+    lost = dead + dead_leavers
+    if point is None and not state.checkpoints:
+        in_handover = any(by_id[a].snapshot_generation != gen.number for a in survivors)
+        why = (f"a worker was lost during the handover to generation {gen.number}, and neither that layout nor "
+               f"the one before it is complete in memory" if in_handover else
+               f"ranks {list(lost_ranks(gen, survivors))} and the replicas of their shards were lost together")
+        return replace(state, done=True), (Retire(survivors), Fail(
+            f"{why}; no step can be restored from memory and the job saves no checkpoints")), "unrecoverable in memory"
+    step, holders = point if point is not None else (-1, ())
+    recovery = _Recovery(old, survivors, step, holders)
+    missing = state.target - (len(survivors) - len(set(state.leaving) & set(survivors))
+                              + len(state.ready) + state.spawning)
+    commands = [Retire(lost)] if lost else []
+    staying = [a for a in survivors if a not in state.leaving]
+    go_on_now = len(staying) + len(state.ready) >= state.min_workers
+    if missing > 0 and not go_on_now:
+        state = replace(state, spawning=state.spawning + missing)
+        commands.append(Spawn(missing))
+    state = replace(state, recovery=recovery, waiting_since=now)
+    state, more, reason = _try_recover(state, now)
+    if missing > 0 and go_on_now:
+        state = replace(state, top_up_after=state.generation.number)
+        reason += f"; {missing} replacement(s) after its first step"
+    return state, tuple(commands) + more, f"lost {list(lost) or 'no worker'}; {reason}"
+
+
+def _holdings(by_id, generation: int):
+    """Per participant: the steps of its own snapshots and of its ward's replicas in `generation`'s ranks."""
+    held = {a: o.replicas_of(generation) for a, o in by_id.items()}
+    return {a: h[0] for a, h in held.items()}, {a: h[1] for a, h in held.items()}
+
+
+def _begin(state, plan: GenerationPlan, joined: int):
+    """The state once `plan` starts: `joined` ready workers became members."""
+    return replace(state, generation=plan.generation, previous=plan.previous, handover_leavers=plan.leaving,
+                   running=True, ready=state.ready[joined:], recovery=None, waiting_since=None, leaving=())
 
 
 def _try_recover(state, now):
@@ -316,21 +351,18 @@ def _try_recover(state, now):
     joiners = list(state.ready[:room])
     if len(staying) + len(joiners) < state.min_workers:
         return state, (), f"{len(staying) + len(joiners)} workers, waiting for min_workers {state.min_workers}"
-    gen = next_generation(rec.old, staying + joiners)
+    # numbered after the failed generation, whose store keys stay taken, even when built from an earlier layout
+    gen = replace(next_generation(rec.old, staying + joiners), number=state.generation.number + 1)
     new_ids = tuple(m.actor_id for m in gen.members)
     if not rec.holders:  # memory holds no complete step: every member reads the latest checkpoint
         plan = GenerationPlan(gen, rec.old, new_ids, (), "checkpoint", -1, (), "failure")
-        state = replace(state, generation=gen, running=True, ready=state.ready[len(joiners):], recovery=None,
-                        waiting_since=None, leaving=())
-        return state, (StartGeneration(plan),), \
-            f"generation {gen.number}: {gen.world_size} workers restore the latest checkpoint"
-    holding_leavers = tuple(dict.fromkeys(h for h in rec.holders if h not in new_ids))
-    participants = new_ids + holding_leavers
-    plan = GenerationPlan(gen, rec.old, participants, tuple(participants.index(h) for h in rec.holders),
-                          "snapshot", rec.step, holding_leavers, "failure")
-    idle_leavers = tuple(a for a in rec.survivors if a in state.leaving and a not in participants)
-    state = replace(state, generation=gen, running=True, ready=state.ready[len(joiners):], recovery=None,
-                    waiting_since=None, leaving=())
+        reason = f"generation {gen.number}: {gen.world_size} workers restore the latest checkpoint"
+    else:
+        holding_leavers = tuple(dict.fromkeys(h for h in rec.holders if h not in new_ids))
+        participants = new_ids + holding_leavers
+        plan = GenerationPlan(gen, rec.old, participants, tuple(participants.index(h) for h in rec.holders),
+                              "snapshot", rec.step, holding_leavers, "failure")
+        reason = f"generation {gen.number}: {gen.world_size} workers restore step {rec.step}"
+    idle_leavers = tuple(a for a in rec.survivors if a in state.leaving and a not in plan.participants)
     retire = (Retire(idle_leavers),) if idle_leavers else ()
-    return state, retire + (StartGeneration(plan),), \
-        f"generation {gen.number}: {gen.world_size} workers restore step {rec.step}"
+    return _begin(state, plan, len(joiners)), retire + (StartGeneration(plan),), reason

@@ -52,6 +52,9 @@ class TrainingWorker:
             self.engine = self._standalone_engine()
         self.replicas = ReplicaStore(keep=2)
         self.snapshot_generation = -1  # the generation whose ranks the replicas describe
+        # (generation, ReplicaStore): the layout the current generation was built from, kept until
+        # every rank has committed the new one, so that a loss inside a handover is recovered from memory
+        self.earlier: tuple[int, ReplicaStore] | None = None
         self._safe_point = threading.Event()
         self._pg = None
         self._generation = -1
@@ -103,9 +106,11 @@ class TrainingWorker:
             if self.engine is not None:
                 self.engine.discard_partial_step()
             step = self.engine.step_count if self.engine is not None else plan.step
+            earlier = ((self.earlier[0], tuple(sorted(self.earlier[1].own)), tuple(sorted(self.earlier[1].ward)))
+                       if self.earlier is not None else ())
             outcome = Outcome(self.actor_id, "failed", step, tuple(sorted(self.replicas.own)),
                               tuple(sorted(self.replicas.ward)), error=f"{type(exc).__name__}: {exc}"[:400],
-                              snapshot_generation=self.snapshot_generation)
+                              snapshot_generation=self.snapshot_generation, earlier=earlier)
             return {**report, "outcome": outcome, "ended_at": ended}
 
     def _group(self, plan: GenerationPlan, role: str, rank: int, size: int):
@@ -150,6 +155,8 @@ class TrainingWorker:
             return rank
         me = plan.participants.index(self.actor_id)
         handover_pg = self._group(plan, "handover", me, len(plan.participants))
+        with self._generation_lock:
+            self._pg = handover_pg  # an abort_generation now breaks the handover too
         clock.lap("handover_group")
         self._fire_handover_faults(plan)
         old = partition_layout(self.engine.layout, plan.previous.world_size)
@@ -229,23 +236,28 @@ class TrainingWorker:
             return {}
         if plan.source == "live":
             return {prev.rank_of(self.actor_id): self.engine.shard_state()}
-        held = {}
+        replicas = self._replicas_of(prev.number)
         own_rank = prev.rank_of(self.actor_id) if self.actor_id in [m.actor_id for m in prev.members] else None
-        for r in mine:
-            store = self.replicas.own if r == own_rank else self.replicas.ward
-            held[r] = store[plan.step]
-        return held
+        return {r: (replicas.own if r == own_rank else replicas.ward)[plan.step] for r in mine}
+
+    def _replicas_of(self, generation: int) -> ReplicaStore | None:
+        if self.snapshot_generation == generation:
+            return self.replicas
+        if self.earlier is not None and self.earlier[0] == generation:
+            return self.earlier[1]
+        return None
 
     def _commit(self, plan: GenerationPlan, report: dict | None = None, snapshot: ShardState | None = None) -> None:
         """Snapshot this rank's shard (or take `snapshot`, a host copy of it) and swap replicas with
         the buddy: the step is now committed. The sample log since the last commit travels along,
         so a lost rank's record survives."""
-        if self.snapshot_generation != plan.number:
-            self.replicas.clear()
-            self.snapshot_generation = plan.number
         snap = self._host_snapshot(snapshot)
         log = torch.tensor(report["uncommitted"], dtype=torch.int64).reshape(-1, 4) if report else None
         ward, ward_log = exchange(TorchComm(self._pg), snap, plan.generation.buddies, log)
+        if self.snapshot_generation != plan.number:  # the first commit in this layout
+            source = self._replicas_of(plan.previous.number) if plan.previous is not None else None
+            self.earlier = (plan.previous.number, source) if source is not None else None
+            self.replicas, self.snapshot_generation = ReplicaStore(keep=2), plan.number
         self.replicas.add(self.engine.step_count, snap, ward)
         if report:
             self._keep_uncommitted(plan, report)
@@ -287,6 +299,7 @@ class TrainingWorker:
             engine.zero_grad()
             agree = torch.tensor([1.0 if self._safe_point.is_set() else 0.0, weighted], device=self.device)
             comm.all_reduce(agree)
+            self.earlier = None  # every rank got here after its first commit: this layout is complete in memory
             report["last_loss"] = float(agree[1]) / world
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             if engine.step_count % spec.elastic.replicate_every == 0 or engine.step_count == spec.train.steps:
