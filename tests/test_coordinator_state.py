@@ -168,7 +168,7 @@ def test_a_loss_during_a_handover_restores_the_layout_before_it_from_memory():
     _, cmds, reason = decide(s, GenerationEnded((held("w0"),)), 10.0)
     assert reason == "unrecoverable in memory" and _cmd(cmds, StartGeneration) is None
     message = _cmd(cmds, Fail).message
-    assert "during the handover to generation 1" in message and "saves no checkpoints" in message
+    assert "lost before generation 1 committed its layout" in message and "saves no checkpoints" in message
     _, cmds, _ = decide(replace(s, checkpoints=True), GenerationEnded((held("w0"),)), 10.0)
     from_checkpoint = _cmd(cmds, StartGeneration).plan
     assert from_checkpoint.source == "checkpoint" and from_checkpoint.holder_of_old == ()
@@ -179,3 +179,23 @@ def test_a_loss_during_a_handover_restores_the_layout_before_it_from_memory():
     _, cmds, _ = decide(s, GenerationEnded(fresh), 10.0)
     again = _cmd(cmds, StartGeneration).plan
     assert again.source == "snapshot" and again.previous == handover.generation and again.participants == ("w0",)
+
+
+def test_a_loss_in_the_first_step_after_a_scale_up_restores_the_layout_before_it():
+    """A scale-up commits at its first step, not in the pause: until then the members report the
+    previous layout's replicas, and a loss restores that layout's step into the survivors."""
+    s, plan = _started(2)
+    s, _, _ = decide(s, ScaleRequested(3), 2.0)
+    s, _, _ = decide(s, WorkersReady(_members("w9")), 3.0)
+    s, cmds, _ = _end(s, plan)
+    up = _cmd(cmds, StartGeneration).plan
+    old = plan.generation
+    before = [Outcome(a, "failed", step=6, own_steps=(4, 5), ward_steps=(4, 5), snapshot_generation=old.number)
+              for a in ("w0", "w1")]
+    joiner = Outcome("w9", "failed", step=6)  # holds nothing yet
+    # w1 is lost: w0 holds rank 0 and, as its buddy, rank 1's replica of step 5
+    _, cmds, _ = decide(s, GenerationEnded((before[0], joiner)), 10.0)
+    restore = _cmd(cmds, StartGeneration).plan
+    assert restore.source == "snapshot" and restore.step == 5 and restore.previous == old
+    assert [m.actor_id for m in restore.generation.members] == ["w0", "w9"] and restore.number == up.number + 1
+    assert [restore.participants[h] for h in restore.holder_of_old] == ["w0", "w0"]

@@ -49,6 +49,9 @@ class Books:
                 change["first_step_s"] = round(max(r["step_times"][0] for r in results if r.get("step_times")), 4)
             phases = [r.get("phases_s", {}) for r in results]
             change["phases_s"] = {k: max(p.get(k, 0.0) for p in phases) for k in sorted(set().union(*phases))}
+            entered = [r["entered_at"] for r in results if r.get("entered_at")]
+            if entered:  # from the failure (or the safe point) until the last participant began the next generation
+                change["phases_s"]["to_enter"] = round(max(entered) - since, 4)
             (self.recoveries if change.pop("_kind") == "recovery" else self.reconfigurations).append(change)
             self.pending_change = None
         for r in results:

@@ -309,8 +309,8 @@ def _on_failure(state, by_id, dead, dead_leavers, now):
     lost = dead + dead_leavers
     if point is None and not state.checkpoints:
         in_handover = any(by_id[a].snapshot_generation != gen.number for a in survivors)
-        why = (f"a worker was lost during the handover to generation {gen.number}, and neither that layout nor "
-               f"the one before it is complete in memory" if in_handover else
+        why = (f"a worker was lost before generation {gen.number} committed its layout, and neither that layout "
+               f"nor the one before it is complete in memory" if in_handover else
                f"ranks {list(lost_ranks(gen, survivors))} and the replicas of their shards were lost together")
         return replace(state, done=True), (Retire(survivors), Fail(
             f"{why}; no step can be restored from memory and the job saves no checkpoints")), "unrecoverable in memory"

@@ -89,7 +89,7 @@ class TrainingWorker:
 
     def train(self, plan: GenerationPlan) -> dict:
         report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [],
-                  "first_step_at": None, "last_loss": None, "checkpoint_stall_s": []}
+                  "first_step_at": None, "last_loss": None, "checkpoint_stall_s": [], "entered_at": time.time()}
         try:
             rank = self._enter(plan, report.setdefault("phases_s", {}))
             if rank is None:
@@ -175,8 +175,11 @@ class TrainingWorker:
         clock.lap("train_group")
         self.engine.reconfigure(self._pg, mine)
         clock.lap("reconfigure")
-        self._commit(plan, snapshot=mine)  # reconfigure copied it: it can be the snapshot as it is
-        clock.lap("commit")
+        if plan.source != "live" or plan.leaving:
+            self._commit(plan, snapshot=mine)  # reconfigure copied it: it can be the snapshot as it is
+            clock.lap("commit")
+        # else a scale-up: every member of the layout it was built from is still here with its replicas,
+        # which stay the fallback until the first step's commit, so the pause skips a commit of its own
         return rank
 
     def _resume(self, world: int, rank: int) -> str | None:
@@ -298,17 +301,21 @@ class TrainingWorker:
             engine.step()
             engine.zero_grad()
             agree = torch.tensor([1.0 if self._safe_point.is_set() else 0.0, weighted], device=self.device)
+            committed = self.snapshot_generation == plan.number
             comm.all_reduce(agree)
-            self.earlier = None  # every rank got here after its first commit: this layout is complete in memory
+            if committed:  # every rank got here after a commit in this layout: it is complete in memory
+                self.earlier = None
             report["last_loss"] = float(agree[1]) / world
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
-            if engine.step_count % spec.elastic.replicate_every == 0 or engine.step_count == spec.train.steps:
+            stopping = agree[0] > 0 and engine.step_count < spec.train.steps
+            # a safe point always commits: the next generation's fallback is this layout at this step
+            if engine.step_count % spec.elastic.replicate_every == 0 or engine.step_count == spec.train.steps or stopping:
                 self._commit(plan, report)
             self._save_checkpoint(plan, report)
             report["step_times"].append(time.time() - started)
             if rank == 0 and len(report["step_times"]) == 1 and self._coordinator:
                 _coordinator(self._coordinator, self._namespace).generation_stepped.remote(plan.number)
-            if agree[0] > 0 and engine.step_count < spec.train.steps:
+            if stopping:
                 self._safe_point.clear()  # cleared here, not on entry: a request may land before train() runs
                 self._keep_uncommitted(plan, report)  # a planned change keeps the live state
                 return "safe_point"

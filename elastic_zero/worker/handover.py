@@ -1,7 +1,8 @@
 """Execute a reshard plan between processes: each transfer goes from the process that holds the
 source range (the old rank itself, or its buddy's replica) to the new rank that needs it.
 
-All transfers between one ordered pair of processes travel as one message. Every send and
+Each transfer of each state vector is one message, sent from a slice of the held shard and
+received straight into its slice of the new one: no packing or unpacking copies. Every send and
 receive is posted before any is waited on, so no ordering can deadlock.
 """
 
@@ -12,7 +13,7 @@ from typing import Mapping, Sequence
 import torch
 
 from elastic_zero.plan.partition import Partition
-from elastic_zero.plan.reshard import Transfer, plan_reshard
+from elastic_zero.plan.reshard import plan_reshard
 from elastic_zero.zero.comm import Comm
 from elastic_zero.zero.shard import ShardState
 
@@ -47,34 +48,21 @@ def hand_over(
         vectors = {n: torch.empty(numel, dtype=template.vectors[n].dtype) for n in names}
         out = ShardState(template.layout, new, my_new, vectors, dict(template.scalars))
 
-    outgoing: dict[int, list[Transfer]] = {}
-    incoming: dict[int, list[Transfer]] = {}
-    for t in plan:
+    handles = []
+    for i, t in enumerate(plan):
         src, dst = holder_of_old[t.src], member_of_new[t.dst]
-        if src == me and dst == me:
-            for n in names:
-                out.vectors[n][t.dst_offset : t.dst_offset + t.numel].copy_(
-                    held[t.src].vectors[n][t.src_offset : t.src_offset + t.numel])
-        elif src == me:
-            outgoing.setdefault(dst, []).append(t)
-        elif dst == me:
-            incoming.setdefault(src, []).append(t)
-
-    pending = []
-    for dst, transfers in outgoing.items():
-        message = torch.cat([held[t.src].vectors[n][t.src_offset : t.src_offset + t.numel]
-                             for t in transfers for n in names])
-        pending.append((comm.send(message, dst), None, None))
-    for src, transfers in incoming.items():
-        buf = torch.empty(sum(t.numel for t in transfers) * len(names))
-        pending.append((comm.recv(buf, src), buf, transfers))
-    for handle, buf, transfers in pending:
-        handle.wait()
-        if buf is None:
+        if me not in (src, dst):
             continue
-        cursor = 0
-        for t in transfers:
-            for n in names:
-                out.vectors[n][t.dst_offset : t.dst_offset + t.numel].copy_(buf[cursor : cursor + t.numel])
-                cursor += t.numel
+        for v, n in enumerate(names):
+            tag = i * len(names) + v  # the same on both sides: both walk the same plan
+            source = held[t.src].vectors[n][t.src_offset : t.src_offset + t.numel] if src == me else None
+            target = out.vectors[n][t.dst_offset : t.dst_offset + t.numel] if dst == me else None
+            if src == dst:
+                target.copy_(source)
+            elif src == me:
+                handles.append(comm.send(source, dst, tag=tag))
+            else:
+                handles.append(comm.recv(target, src, tag=tag))
+    for handle in handles:
+        handle.wait()
     return out
