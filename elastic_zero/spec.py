@@ -157,8 +157,9 @@ class FaultSpec:
 
     def validate(self, where: str) -> None:
         _at_least(f"{where}.at_step", self.at_step, 0)
-        _choice(f"{where}.action", self.action, ["kill", "kill_in_handover", "hang", "preempt", "scale"])
-        if self.action in ("kill", "kill_in_handover", "hang", "preempt") and self.rank is None:
+        _choice(f"{where}.action", self.action, ["kill", "kill_in_handover", "kill_after_handover", "hang", "preempt",
+                                                 "scale"])
+        if self.action != "scale" and self.rank is None:
             _fail(f"{where}.rank", f"is required for action {self.action!r}")
         _at_least(f"{where}.rank", self.rank, 0)
         if self.action == "scale" and self.workers is None:

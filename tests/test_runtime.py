@@ -40,6 +40,21 @@ def _job(tmp_path, name, faults=(), **sections):
     return code, summary, events, (torch.load(weights, weights_only=True) if code == 0 else None)
 
 
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory):
+    """The oracle: final weights of an uninterrupted one-worker run, computed once per (steps, stage)."""
+    cache = {}
+
+    def weights(steps=300, stage=2):
+        if (steps, stage) not in cache:
+            _, _, _, cache[steps, stage] = _job(tmp_path_factory.mktemp("oracle"), f"whole-{steps}-{stage}",
+                                                train={"steps": steps}, zero={"stage": stage},
+                                                elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
+        return cache[steps, stage]
+
+    return weights
+
+
 def _relative(a, b):
     va = torch.cat([a[k].flatten() for k in a])
     vb = torch.cat([b[k].flatten() for k in a])
@@ -88,9 +103,8 @@ def test_a_hung_worker_is_found_by_the_collective_timeout_and_replaced(tmp_path)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_final_weights_do_not_depend_on_kills_scaling_or_preemption(tmp_path, stage):
-    _, plain, _, reference = _job(tmp_path, f"plain{stage}", zero={"stage": stage},
-                                  elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
+def test_final_weights_do_not_depend_on_kills_scaling_or_preemption(tmp_path, stage, one_worker):
+    reference = one_worker(300, stage)
     drill = [
         {"at_step": 1, "action": "scale", "workers": 3},
         {"at_step": 200, "action": "preempt", "rank": 0, "deadline_s": 30},
@@ -106,13 +120,12 @@ def test_final_weights_do_not_depend_on_kills_scaling_or_preemption(tmp_path, st
     assert _relative(reference, weights) <= 1e-4
 
 
-def test_a_job_run_again_resumes_from_its_latest_good_checkpoint_at_another_size(tmp_path):
+def test_a_job_run_again_resumes_from_its_latest_good_checkpoint_at_another_size(tmp_path, one_worker):
     """Whole-job loss: the same spec run again resumes from the latest checkpoint (written by
     2 workers, one of them killed on the way) at 3 workers; the latest is damaged, so all ranks
     go back one checkpoint together. Oracle: one uninterrupted worker."""
     ckpt = {"uri": str(tmp_path / "ckpt"), "every": 5, "keep": 2, "resume": "latest"}
-    _, _, _, reference = _job(tmp_path, "whole", train={"steps": 30},
-                              elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
+    reference = one_worker(30)
     code, first, _, _ = _job(tmp_path, "part1", [{"at_step": 7, "action": "kill", "rank": 1}],
                              train={"steps": 20}, checkpoint=ckpt)
     assert code == 0 and first["checkpoint_errors"] == [] and first["checkpoint_stall_s_median"] is not None
@@ -133,12 +146,11 @@ def test_a_job_run_again_resumes_from_its_latest_good_checkpoint_at_another_size
     assert _relative(reference, weights) <= 1e-4
 
 
-def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_path):
+def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_path, one_worker):
     """Ranks 0 and 1 die in the same step; rank 1 holds rank 0's replica (buddies on one node are
     the next rank), so memory holds no complete step: the survivor and the replacements restart
     from the checkpoint of step 10. Oracle: one uninterrupted worker."""
-    _, _, _, reference = _job(tmp_path, "whole", train={"steps": 30},
-                              elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
+    reference = one_worker(30)
     ckpt = {"uri": str(tmp_path / "ckpt"), "every": 5, "keep": 2}
     drill = [{"at_step": 12, "action": "kill", "rank": 0}, {"at_step": 12, "action": "kill", "rank": 1}]
     code, summary, events, weights = _job(tmp_path, "both", drill, train={"steps": 30}, checkpoint=ckpt,
@@ -153,14 +165,13 @@ def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_p
     assert _relative(reference, weights) <= 1e-4
 
 
-def test_a_worker_lost_during_a_handover_is_recovered_from_memory(tmp_path):
+def test_a_worker_lost_during_a_handover_is_recovered_from_memory(tmp_path, one_worker):
     """A scale-down from 3 to 2 at step 7; the new rank 1 dies inside that handover, before the new
     generation commits anything, and the job saves no checkpoints. The layout before the handover
     is still replicated in memory (the leaver holds its shard until a handover no longer needs it),
     so the survivor restores the handover's step from it; the leaver leaves after that restore and
     a replacement joins later. Oracle: one uninterrupted worker."""
-    _, _, _, reference = _job(tmp_path, "whole", train={"steps": 16},
-                              elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
+    reference = one_worker(16)
     drill = [{"at_step": 7, "action": "scale", "workers": 2},
              {"at_step": 7, "action": "kill_in_handover", "rank": 1}]
     code, summary, events, weights = _job(tmp_path, "handover", drill, train={"steps": 16},
@@ -178,5 +189,31 @@ def test_a_worker_lost_during_a_handover_is_recovered_from_memory(tmp_path):
     assert events.index(left[0]) > events.index(starts[2])
     spawns = [i for i, e in enumerate(events) if e["event"] == "spawn"]
     assert spawns[-1] > events.index(starts[2])  # a replacement was asked for after the recovery
+    _exactly_once(summary)
+    assert _relative(reference, weights) <= 1e-4
+
+
+def test_a_worker_lost_before_a_scale_up_commits_is_recovered_from_the_layout_before_it(tmp_path, one_worker):
+    """A scale-up from 2 to 3 pauses without a commit; old rank 1 dies at the new generation's first
+    step, before any commit in the new layout. The two-rank layout of the safe point is still
+    replicated in memory, so the survivor and the joiner restore that step from it. Oracle: one
+    uninterrupted worker."""
+    steps = 300  # the joiner starts in a few seconds: long enough for it to join
+    reference = one_worker(steps)
+    drill = [{"at_step": 1, "action": "scale", "workers": 3},
+             {"at_step": 1, "action": "kill_after_handover", "rank": 1}]
+    code, summary, events, weights = _job(tmp_path, "first-step", drill, train={"steps": steps})
+    assert code == 0, summary.get("error")
+    starts = [e for e in events if e["event"] == "generation_start"]
+    assert [s["source"] for s in starts[:3]] == ["init", "live", "snapshot"], "the scale-up never joined"
+    up, restore = starts[1], starts[2]
+    assert "commit" not in summary["reconfigurations"][0]["phases_s"]  # the scale-up's pause commits nothing
+    (recovery,) = summary["recoveries"]
+    assert recovery["step"] == up["step"] == restore["step"] and recovery["lost_steps"] == 0
+    assert recovery["cause"] == f"lost {up['workers'][1]}"
+    # the joiner, blocked on the survivor rather than on the dead rank, is freed by the abort
+    # instead of by the collective timeout (30 s)
+    assert recovery["stall_s"] < 10
+    assert restore["workers"] == [up["workers"][0], up["workers"][2]]  # the survivor and the joiner
     _exactly_once(summary)
     assert _relative(reference, weights) <= 1e-4

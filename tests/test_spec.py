@@ -29,6 +29,8 @@ def test_example_spec_loads_and_overrides_apply():
         ({"faults": [{"at_step": 3, "action": "kill"}]}, "faults[0].rank: is required for action 'kill'"),
         ({"faults": [{"at_step": 3, "action": "kill_in_handover"}]},
          "faults[0].rank: is required for action 'kill_in_handover'"),
+        ({"faults": [{"at_step": 3, "action": "kill_after_handover"}]},
+         "faults[0].rank: is required for action 'kill_after_handover'"),
         ({"faults": [{"action": "kill", "rank": 1}]}, "faults[0].at_step: is required"),
         ({"faults": [{"at_step": 99, "action": "kill", "rank": 1}]}, "faults[0].at_step: must be < train.steps"),
         ({"checkpoint": {"every": 5}}, "checkpoint.uri: is required"),

@@ -248,7 +248,7 @@ class Coordinator:
         times = []
         for i, fault in enumerate(self.spec.faults):
             key = f"fault/{i}/at"
-            if fault.action in ("kill", "kill_in_handover") and key not in self._timed_faults and self.store.check([key]):
+            if fault.action.startswith("kill") and key not in self._timed_faults and self.store.check([key]):
                 self._timed_faults.add(key)
                 times.append(float(self.store.get(key).decode()))
         return times

@@ -285,6 +285,8 @@ class TrainingWorker:
         engine = self.engine
         while engine.step_count < spec.train.steps:
             step = engine.step_count
+            if not report["step_times"]:
+                self._fire_first_step_faults(plan, rank)
             self._fire_faults(step, rank)
             started = time.time()
             if report["first_step_at"] is None:
@@ -332,13 +334,21 @@ class TrainingWorker:
                     and members[fault.rank].actor_id == self.actor_id and self.store.add(f"fault/{i}", 1) == 1):
                 self._die(i)
 
+    def _fire_first_step_faults(self, plan: GenerationPlan, rank: int) -> None:
+        """'kill_after_handover': die at the first step after the first handover (a planned change or
+        an in-memory recovery) from step `at_step` on, as new rank `rank`: before that layout's first commit."""
+        for i, fault in enumerate(self.spec.faults):
+            if (fault.action == "kill_after_handover" and plan.source in ("live", "snapshot")
+                    and plan.step >= fault.at_step and fault.rank == rank and self.store.add(f"fault/{i}", 1) == 1):
+                self._die(i)
+
     def _die(self, fault_index: int) -> None:
         self.store.set(f"fault/{fault_index}/at", repr(time.time()))  # the coordinator times the recovery from here
         os._exit(1)
 
     def _fire_faults(self, step: int, rank: int) -> None:
         for i, fault in enumerate(self.spec.faults):
-            if (fault.action == "kill_in_handover" or fault.at_step != step
+            if (fault.action in ("kill_in_handover", "kill_after_handover") or fault.at_step != step
                     or (fault.rank if fault.rank is not None else 0) != rank):
                 continue
             if self.store.add(f"fault/{i}", 1) != 1:
@@ -357,7 +367,7 @@ class TrainingWorker:
         pg = self._pg
         if pg is not None:
             try:
-                pg.abort()  # closes its connections, so peers blocked on us fail now, not at the timeout
+                pg.abort()  # our waits on it return now, not when a peer gives up or at the timeout
             except Exception:
                 pass
 

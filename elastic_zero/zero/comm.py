@@ -17,6 +17,8 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
+
+from elastic_zero.zero.abortable import AbortableGroup
 from torch._C._distributed_c10d import (
     AllgatherOptions,
     AllreduceOptions,
@@ -34,10 +36,20 @@ class _Done:
         return None
 
 
+class _Pending:
+    """A torch Work waited on through its group (an AbortableGroup's waits can be broken)."""
+
+    def __init__(self, work, wait) -> None:
+        self._work, self._wait = work, wait
+
+    def wait(self) -> None:
+        self._wait(self._work)
+
+
 class _Then:
     """A pending collective with a finishing step to run after it completes."""
 
-    def __init__(self, work, finish) -> None:
+    def __init__(self, work: Handle, finish) -> None:
         self._work, self._finish = work, finish
 
     def wait(self) -> None:
@@ -104,6 +116,7 @@ class TorchComm:
 
     def __init__(self, process_group) -> None:
         self.pg = process_group
+        self._wait = process_group.wait if isinstance(process_group, AbortableGroup) else _wait_plain
         self.rank = process_group.rank()
         self.world_size = process_group.size()
         self.backend = _backend_name(process_group)
@@ -118,7 +131,7 @@ class TorchComm:
         _check_chunks(output, input, self.world_size, "reduce_scatter")
         if not self._gather_by_all_reduce:
             return self._maybe_wait(self.pg._reduce_scatter_base(output, input, ReduceScatterOptions()), async_op)
-        work = self.pg.allreduce([input], AllreduceOptions())
+        work = self._pending(self.pg.allreduce([input], AllreduceOptions()))
         n = output.numel()
         mine = input[self.rank * n : (self.rank + 1) * n]
 
@@ -144,20 +157,27 @@ class TorchComm:
         opts = BroadcastOptions()
         opts.rootRank = src
         opts.rootTensor = 0
-        self.pg.broadcast([tensor], opts).wait()
+        self._wait(self.pg.broadcast([tensor], opts))
 
     def send(self, tensor, dst, tag=0):
-        return self.pg.send([tensor], dst, tag)
+        return self._pending(self.pg.send([tensor], dst, tag))
 
     def recv(self, tensor, src, tag=0):
-        return self.pg.recv([tensor], src, tag)
+        return self._pending(self.pg.recv([tensor], src, tag))
 
-    @staticmethod
-    def _maybe_wait(work, async_op: bool):
+    def _pending(self, work) -> Handle:
+        return work if isinstance(work, (_Then, _Pending)) else _Pending(work, self._wait)
+
+    def _maybe_wait(self, work, async_op: bool):
+        handle = self._pending(work)
         if async_op:
-            return work
-        work.wait()
+            return handle
+        handle.wait()
         return _Done()
+
+
+def _wait_plain(work) -> None:
+    work.wait()
 
 
 def _check_chunks(chunk: torch.Tensor, whole: torch.Tensor, world_size: int, what: str) -> None:
@@ -193,8 +213,8 @@ def new_process_group(store, prefix: str, rank: int, world_size: int, backend: s
         raise ValueError(f"rank {rank} is outside world size {world_size}")
     prefixed = dist.PrefixStore(prefix, store)
     timeout = datetime.timedelta(seconds=timeout_s)
-    if backend == "gloo":
-        return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    if backend == "gloo":  # its abort() closes nothing: waits on it are made breakable instead
+        return AbortableGroup(dist.ProcessGroupGloo(prefixed, rank, world_size, timeout))
     if backend == "nccl":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
