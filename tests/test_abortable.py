@@ -1,5 +1,6 @@
 """Aborting a gloo group breaks a wait on a live peer at once (gloo's own abort() does not)."""
 
+import gc
 import threading
 import time
 
@@ -20,21 +21,30 @@ def _blocked_on_a_live_peer(ctx):
     if ctx.rank == 0:  # alive and silent: never sends what rank 1 waits for
         ctx.store.get("rank1-done")
         return None
-    handle = comm.recv(torch.empty(4), 0)
+    received = comm.recv(torch.empty(4), 0)  # waited for by the helper thread
+    reduced = comm.all_reduce(torch.ones(4), async_op=True)  # waited for through its future
     threading.Timer(0.3, ctx.process_group.abort).start()
     started = time.monotonic()
     with pytest.raises(GroupAborted):
-        handle.wait()
+        received.wait()
     waited = time.monotonic() - started
     with pytest.raises(GroupAborted):  # and every later wait fails at once
-        comm.all_reduce(torch.ones(4))
+        reduced.wait()
+    # the all-reduce is still queued in gloo: destroying the group would wait for it to time out,
+    # so letting go of the group must not destroy it here
+    started = time.monotonic()
+    del comm, received, reduced
+    ctx.process_group = None
+    gc.collect()
+    dropped = time.monotonic() - started
     ctx.store.set("rank1-done", "1")
-    return waited
+    return waited, dropped
 
 
 def test_an_abort_breaks_a_wait_on_a_live_peer_long_before_the_timeout():
-    _, waited = run_local_group(_blocked_on_a_live_peer, 2, timeout_s=TIMEOUT_S)
+    _, (waited, dropped) = run_local_group(_blocked_on_a_live_peer, 2, timeout_s=TIMEOUT_S)
     assert 0.25 <= waited < 5.0
+    assert dropped < 5.0
 
 
 def _completed_work(ctx):

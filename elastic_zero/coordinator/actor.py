@@ -159,7 +159,8 @@ class Coordinator:
         alive = sum(1 for o in outcomes if o.actor_id in members)
         kinds = sorted({o.kind for o in outcomes if o.actor_id in members} | ({"dead"} if alive < len(members) else set()))
         self._log("generation_end", generation=plan.number, outcomes=kinds,
-                  ended_at={a: round(r["ended_at"], 4) for a, r in results.items()})
+                  ended_at={a: round(r["ended_at"], 4) for a, r in results.items()},
+                  errors={o.actor_id: o.error for o in outcomes if o.error})
         self._last_end = results
         self._apply(GenerationEnded(outcomes))
 

@@ -7,12 +7,19 @@ work goes through `wait`, which returns as soon as the work completes or `abort(
 collectives signal completion through their future; send and receive, which have none, are
 waited for by one helper thread per group. An abandoned operation is left to finish or time out
 inside the backend, on buffers nobody reuses (a generation's successor allocates its own).
+
+Destroying a gloo group waits until its queued work is done, which for abandoned work means its
+timeout; so an aborted group is kept alive until its timeout has passed and then let go on a
+background thread, never on the thread that drops the last other reference to it.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import queue
 import threading
+import time
 
 
 class GroupAborted(RuntimeError):
@@ -20,8 +27,9 @@ class GroupAborted(RuntimeError):
 
 
 class AbortableGroup:
-    def __init__(self, process_group) -> None:
+    def __init__(self, process_group, timeout_s: float) -> None:
         self.pg = process_group
+        self.timeout_s = timeout_s
         self._aborted = False
         self._lock = threading.Lock()
         self._waiters: set[threading.Event] = set()
@@ -40,6 +48,7 @@ class AbortableGroup:
             waiters = list(self._waiters)
         for event in waiters:
             event.set()
+        _release_later(self.pg, time.monotonic() + self.timeout_s + 1.0)
         try:
             self.pg.abort()  # NCCL frees its communicators; gloo has nothing to do
         except Exception:
@@ -97,3 +106,28 @@ def _wait_for_each(pending: queue.SimpleQueue) -> None:
         except Exception as exc:
             outcome.append(exc)
         done.set()
+
+
+_doomed: list = []  # (when, tie-breaker, group): aborted groups waiting for their abandoned work to time out
+_doomed_cv = threading.Condition()
+_tie = itertools.count()
+_releaser: threading.Thread | None = None
+
+
+def _release_later(group, when: float) -> None:
+    global _releaser
+    with _doomed_cv:
+        heapq.heappush(_doomed, (when, next(_tie), group))
+        if _releaser is None:
+            _releaser = threading.Thread(target=_release_due, daemon=True, name="abortable-group-release")
+            _releaser.start()
+        _doomed_cv.notify()
+
+
+def _release_due() -> None:
+    while True:
+        with _doomed_cv:
+            while not _doomed or _doomed[0][0] > time.monotonic():
+                _doomed_cv.wait(timeout=None if not _doomed else max(0.0, _doomed[0][0] - time.monotonic()))
+            due = [heapq.heappop(_doomed)]
+        due.clear()  # the group's destructor runs here, outside the lock: it waits for its queued work

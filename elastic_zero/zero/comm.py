@@ -214,7 +214,7 @@ def new_process_group(store, prefix: str, rank: int, world_size: int, backend: s
     prefixed = dist.PrefixStore(prefix, store)
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "gloo":  # its abort() closes nothing: waits on it are made breakable instead
-        return AbortableGroup(dist.ProcessGroupGloo(prefixed, rank, world_size, timeout))
+        return AbortableGroup(dist.ProcessGroupGloo(prefixed, rank, world_size, timeout), timeout_s)
     if backend == "nccl":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
