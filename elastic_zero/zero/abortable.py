@@ -38,19 +38,17 @@ class AbortableGroup:
     def __getattr__(self, name):  # the collectives, rank(), size(), the backend's name
         return getattr(self.pg, name)
 
-    @property
-    def aborted(self) -> bool:
-        return self._aborted
-
     def abort(self) -> None:
         with self._lock:
+            if self._aborted:
+                return
             self._aborted = True
             waiters = list(self._waiters)
         for event in waiters:
             event.set()
         _release_later(self.pg, time.monotonic() + self.timeout_s + 1.0)
         try:
-            self.pg.abort()  # NCCL frees its communicators; gloo has nothing to do
+            self.pg.abort()  # whatever the backend does on its own
         except Exception:
             pass
 
