@@ -302,8 +302,9 @@ def _on_failure(state, by_id, dead, dead_leavers, now):
     if point is None and state.previous is not None:
         # lost before this generation's layout was committed on every rank: the layout it was
         # built from is still replicated in memory until then
-        point = restore_point(state.previous, survivors + leavers, *_holdings(by_id, state.previous.number))
-        old = state.previous
+        earlier = restore_point(state.previous, survivors + leavers, *_holdings(by_id, state.previous.number))
+        if earlier is not None:
+            point, old = earlier, state.previous
     survivors += leavers  # they leave as soon as no handover needs them
     state = replace(state, leaving=state.leaving + leavers)
     lost = dead + dead_leavers
