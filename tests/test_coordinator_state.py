@@ -199,3 +199,14 @@ def test_a_loss_in_the_first_step_after_a_scale_up_restores_the_layout_before_it
     assert restore.source == "snapshot" and restore.step == 5 and restore.previous == old
     assert [m.actor_id for m in restore.generation.members] == ["w0", "w9"] and restore.number == up.number + 1
     assert [restore.participants[h] for h in restore.holder_of_old] == ["w0", "w0"]
+
+
+def test_a_preempted_worker_waits_for_its_replacement_when_leaving_would_go_below_min_workers():
+    s, plan = _started(2, min_workers=2, max_workers=2)
+    s, cmds, reason = decide(s, PreemptionNotice("w0"), 2.0)
+    assert cmds == (Spawn(1),) and "wait for replacements" in reason  # no safe point yet
+    s, cmds, _ = decide(s, WorkersReady(_members("w2")), 3.0)
+    assert cmds == (RequestSafePoint(),)
+    s, cmds, _ = _end(s, plan)
+    swap = _cmd(cmds, StartGeneration).plan
+    assert [m.actor_id for m in swap.generation.members] == ["w1", "w2"] and swap.leaving == ("w0",)

@@ -217,6 +217,8 @@ def _on_ready(state, members, now):
 
 def _ask_for_safe_point_if_needed(state, reason):
     wants = state.leaving or (state.ready and len(state.staying()) < state.target)
+    if wants and len(state.staying()) + len(state.ready) < state.min_workers:
+        return state, (), f"{reason}: leavers wait for replacements (min_workers {state.min_workers})"
     if state.running and wants and not state.safe_point_requested:
         return replace(state, safe_point_requested=True), (RequestSafePoint(),), f"{reason}: safe point requested"
     return state, (), reason
@@ -279,13 +281,17 @@ def _on_generation_end(state, outcomes, now):
     step = max(by_id[a].step for a in members)
     staying = [m for m in state.generation.members if m.actor_id not in state.leaving]
     joiners = list(state.ready[: max(0, state.target - len(staying))])
+    postponed = ()
+    if len(staying) + len(joiners) < state.min_workers:  # a safe point asked for before the leave
+        postponed, staying = state.leaving, list(state.generation.members)  # they leave once replaced
+        joiners = list(state.ready[: max(0, state.target - len(staying))])
     gen = next_generation(state.generation, staying + joiners)
-    leavers = tuple(a for a in members if a in state.leaving)
+    leavers = tuple(a for a in members if a in state.leaving and a not in postponed)
     participants = tuple(m.actor_id for m in gen.members) + leavers
     holder_of_old = tuple(participants.index(a) for a in members)
     plan = GenerationPlan(gen, state.generation, participants, holder_of_old, "live", step, leavers,
                           "scale" if not state.leaving else "leave")
-    state = _begin(state, plan, len(joiners))
+    state = _begin(state, plan, len(joiners), leaving=postponed)
     state, spawn = _top_up(state) if top_up_pending else (state, ())
     return state, (StartGeneration(plan),) + spawn, \
         f"generation {gen.number}: {len(members)} -> {gen.world_size} workers at step {step}"
@@ -339,10 +345,10 @@ def _holdings(by_id, generation: int):
     return {a: h[0] for a, h in held.items()}, {a: h[1] for a, h in held.items()}
 
 
-def _begin(state, plan: GenerationPlan, joined: int):
-    """The state once `plan` starts: `joined` ready workers became members."""
+def _begin(state, plan: GenerationPlan, joined: int, leaving: tuple[str, ...] = ()):
+    """The state once `plan` starts: `joined` ready workers became members; `leaving` still to go."""
     return replace(state, generation=plan.generation, previous=plan.previous, handover_leavers=plan.leaving,
-                   running=True, ready=state.ready[joined:], recovery=None, waiting_since=None, leaving=())
+                   running=True, ready=state.ready[joined:], recovery=None, waiting_since=None, leaving=leaving)
 
 
 def _try_recover(state, now):
