@@ -217,3 +217,26 @@ def test_a_worker_lost_before_a_scale_up_commits_is_recovered_from_the_layout_be
     assert restore["workers"] == [up["workers"][0], up["workers"][2]]  # the survivor and the joiner
     _exactly_once(summary)
     assert _relative(reference, weights) <= 1e-4
+
+
+def test_a_leaver_stays_until_the_new_layout_is_committed(tmp_path, one_worker):
+    """A scale-down from 3 to 2; the new rank 1 dies at the new generation's first step. The leaver,
+    waiting for the new layout's first commit on every rank, is still there: it is told the
+    generation failed and is retired once the survivor has restored the new layout's step (it
+    did not leave after handing its shard over). Oracle: one uninterrupted worker."""
+    reference = one_worker(16)
+    drill = [{"at_step": 7, "action": "scale", "workers": 2},
+             {"at_step": 7, "action": "kill_after_handover", "rank": 1}]
+    code, summary, events, weights = _job(tmp_path, "leaver", drill, train={"steps": 16},
+                                          elastic={"workers": 3, "max_workers": 3})
+    assert code == 0, summary.get("error")
+    starts = [e for e in events if e["event"] == "generation_start"]
+    assert [s["source"] for s in starts[:3]] == ["init", "live", "snapshot"]
+    down, restore = starts[1], starts[2]
+    (leaver,) = down["leaving"]
+    ended = [e for e in events if e["event"] == "generation_end" and e["generation"] == down["generation"]][0]
+    assert leaver in ended["errors"]  # it was still waiting, and was told the generation failed
+    assert not [e for e in events if e["event"] == "retire" and e["why"].startswith("left")]
+    assert restore["step"] == down["step"] and restore["workers"] == [down["workers"][0]]
+    _exactly_once(summary)
+    assert _relative(reference, weights) <= 1e-4

@@ -33,6 +33,7 @@ from elastic_zero.spec import spec_from_dict
 from elastic_zero.worker.handover import hand_over
 from elastic_zero.worker.replica import ReplicaStore, exchange
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine, new_process_group
+from elastic_zero.zero.abortable import GroupAborted
 
 
 class TrainingWorker:
@@ -56,6 +57,7 @@ class TrainingWorker:
         # every rank has committed the new one, so that a loss inside a handover is recovered from memory
         self.earlier: tuple[int, ReplicaStore] | None = None
         self._safe_point = threading.Event()
+        self._aborted = threading.Event()  # abort_generation() came for the current generation
         self._pg = None
         self._generation = -1
         self._generation_lock = threading.Lock()  # an abort for generation g never reaches g + 1
@@ -81,6 +83,7 @@ class TrainingWorker:
         next collective fails at once instead of when it reaches the dead peer or the timeout."""
         with self._generation_lock:
             if self._generation == number:
+                self._aborted.set()
                 if self.engine is not None:
                     self.engine.interrupt()
                 self._abort_group()
@@ -122,6 +125,7 @@ class TrainingWorker:
         clock = _PhaseClock(phases)
         with self._generation_lock:
             self._generation = plan.number
+            self._aborted.clear()
             if self.engine is not None:
                 self.engine.clear_interrupt()
         world = plan.generation.world_size
@@ -168,6 +172,7 @@ class TrainingWorker:
         mine = hand_over(TorchComm(handover_pg), old, new, plan.holder_of_old, list(range(world)), held, template)
         clock.lap("handover")
         if mine is None:
+            self._await_new_layout(plan)
             return None
         rank = plan.generation.rank_of(self.actor_id)
         # with no leavers the handover group is exactly the new members in rank order: train on it
@@ -181,6 +186,13 @@ class TrainingWorker:
         # else a scale-up: every member of the layout it was built from is still here with its replicas,
         # which stay the fallback until the first step's commit, so the pause skips a commit of its own
         return rank
+
+    def _await_new_layout(self, plan: GenerationPlan) -> None:
+        """A leaver stays until every new rank has committed the new layout: until then its shard of
+        the old one may be the last copy of that layout if a new member dies."""
+        while not self.store.check([_committed_key(plan)]):
+            if self._aborted.wait(0.01):
+                raise GroupAborted("the generation failed before it committed its layout")
 
     def _resume(self, world: int, rank: int) -> str | None:
         """[checkpoint] resume: start from a saved step ("latest" starts fresh when there is none).
@@ -307,6 +319,8 @@ class TrainingWorker:
             comm.all_reduce(agree)
             if committed:  # every rank got here after a commit in this layout: it is complete in memory
                 self.earlier = None
+                if rank == 0 and plan.leaving and not report["step_times"]:
+                    self.store.set(_committed_key(plan), "1")  # the leavers may go
             report["last_loss"] = float(agree[1]) / world
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             stopping = agree[0] > 0 and engine.step_count < spec.train.steps
@@ -390,6 +404,10 @@ class _PhaseClock:
         now = time.perf_counter()
         self.phases[name] = round(now - self.t, 4)
         self.t = now
+
+
+def _committed_key(plan: GenerationPlan) -> str:
+    return f"g{plan.number}/committed"
 
 
 def _checkpoint_step(directory: str) -> int:
