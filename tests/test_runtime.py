@@ -165,6 +165,18 @@ def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_p
     assert _relative(reference, weights) <= 1e-4
 
 
+def _scale_down_3_to_2_with(tmp_path, kill_action):
+    """A 16-step job scaled from 3 workers to 2 at step 7, whose new rank 1 dies by `kill_action`;
+    it must finish, recovering in memory: (summary, events, weights, generation starts)."""
+    drill = [{"at_step": 7, "action": "scale", "workers": 2}, {"at_step": 7, "action": kill_action, "rank": 1}]
+    code, summary, events, weights = _job(tmp_path, kill_action, drill, train={"steps": 16},
+                                          elastic={"workers": 3, "max_workers": 3})
+    assert code == 0, summary.get("error")
+    starts = [e for e in events if e["event"] == "generation_start"]
+    assert [s["source"] for s in starts[:3]] == ["init", "live", "snapshot"]
+    return summary, events, weights, starts
+
+
 def test_a_worker_lost_during_a_handover_is_recovered_from_memory(tmp_path, one_worker):
     """A scale-down from 3 to 2 at step 7; the new rank 1 dies inside that handover, before the new
     generation commits anything, and the job saves no checkpoints. The layout before the handover
@@ -172,13 +184,7 @@ def test_a_worker_lost_during_a_handover_is_recovered_from_memory(tmp_path, one_
     so the survivor restores the handover's step from it; the leaver leaves after that restore and
     a replacement joins later. Oracle: one uninterrupted worker."""
     reference = one_worker(16)
-    drill = [{"at_step": 7, "action": "scale", "workers": 2},
-             {"at_step": 7, "action": "kill_in_handover", "rank": 1}]
-    code, summary, events, weights = _job(tmp_path, "handover", drill, train={"steps": 16},
-                                          elastic={"workers": 3, "max_workers": 3})
-    assert code == 0, summary.get("error")
-    starts = [e for e in events if e["event"] == "generation_start"]
-    assert [s["source"] for s in starts[:3]] == ["init", "live", "snapshot"]
+    summary, events, weights, starts = _scale_down_3_to_2_with(tmp_path, "kill_in_handover")
     (recovery,) = summary["recoveries"]
     leaver, killed = starts[1]["leaving"], starts[1]["workers"][1]
     assert recovery["step"] == starts[1]["step"] == starts[2]["step"] and recovery["lost_steps"] == 0
@@ -225,13 +231,7 @@ def test_a_leaver_stays_until_the_new_layout_is_committed(tmp_path, one_worker):
     generation failed and is retired once the survivor has restored the new layout's step (it
     did not leave after handing its shard over). Oracle: one uninterrupted worker."""
     reference = one_worker(16)
-    drill = [{"at_step": 7, "action": "scale", "workers": 2},
-             {"at_step": 7, "action": "kill_after_handover", "rank": 1}]
-    code, summary, events, weights = _job(tmp_path, "leaver", drill, train={"steps": 16},
-                                          elastic={"workers": 3, "max_workers": 3})
-    assert code == 0, summary.get("error")
-    starts = [e for e in events if e["event"] == "generation_start"]
-    assert [s["source"] for s in starts[:3]] == ["init", "live", "snapshot"]
+    summary, events, weights, starts = _scale_down_3_to_2_with(tmp_path, "kill_after_handover")
     down, restore = starts[1], starts[2]
     (leaver,) = down["leaving"]
     ended = [e for e in events if e["event"] == "generation_end" and e["generation"] == down["generation"]][0]
