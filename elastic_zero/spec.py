@@ -147,6 +147,9 @@ class CheckpointSpec:
             _fail("checkpoint.uri", "is required when 'every' or 'resume' is set")
 
 
+KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover")  # the worker's process exits
+
+
 @dataclass(frozen=True)
 class FaultSpec:
     at_step: int
@@ -157,8 +160,7 @@ class FaultSpec:
 
     def validate(self, where: str) -> None:
         _at_least(f"{where}.at_step", self.at_step, 0)
-        _choice(f"{where}.action", self.action, ["kill", "kill_in_handover", "kill_after_handover", "hang", "preempt",
-                                                 "scale"])
+        _choice(f"{where}.action", self.action, [*KILL_ACTIONS, "hang", "preempt", "scale"])
         if self.action != "scale" and self.rank is None:
             _fail(f"{where}.rank", f"is required for action {self.action!r}")
         _at_least(f"{where}.rank", self.rank, 0)

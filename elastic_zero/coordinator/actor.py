@@ -23,7 +23,7 @@ from elastic_zero.coordinator.state import (
     CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, Outcome, PreemptionNotice,
     RequestSafePoint, Retire, ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
 )
-from elastic_zero.spec import spec_from_dict
+from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.actor import TrainingWorker
 
 NAMESPACE = "elastic_zero"
@@ -249,7 +249,7 @@ class Coordinator:
         times = []
         for i, fault in enumerate(self.spec.faults):
             key = f"fault/{i}/at"
-            if fault.action.startswith("kill") and key not in self._timed_faults and self.store.check([key]):
+            if fault.action in KILL_ACTIONS and key not in self._timed_faults and self.store.check([key]):
                 self._timed_faults.add(key)
                 times.append(float(self.store.get(key).decode()))
         return times

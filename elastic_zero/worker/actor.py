@@ -29,9 +29,10 @@ from elastic_zero.models import lm_loss
 from elastic_zero.plan.batches import loss_weight, micro_batches, rank_positions
 from elastic_zero.plan.membership import Member
 from elastic_zero.plan.partition import partition_layout
-from elastic_zero.spec import spec_from_dict
+from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
+from elastic_zero.worker.drills import due_drills
 from elastic_zero.worker.handover import hand_over
-from elastic_zero.worker.replica import ReplicaStore, exchange
+from elastic_zero.worker.replica import LayoutReplicas, exchange
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine, new_process_group
 from elastic_zero.zero.abortable import GroupAborted
 
@@ -51,11 +52,9 @@ class TrainingWorker:
         self.engine: ZeroEngine | None = None
         if joiner:  # warm up now, while the others train: an engine of its own until the handover fills it
             self.engine = self._standalone_engine()
-        self.replicas = ReplicaStore(keep=2)
-        self.snapshot_generation = -1  # the generation whose ranks the replicas describe
-        # (generation, ReplicaStore): the layout the current generation was built from, kept until
-        # every rank has committed the new one, so that a loss inside a handover is recovered from memory
-        self.earlier: tuple[int, ReplicaStore] | None = None
+        # the layout before a handover stays until every rank has committed the new one, so that a
+        # loss inside the handover is recovered from memory
+        self.replicas = LayoutReplicas()
         self._safe_point = threading.Event()
         self._aborted = threading.Event()  # abort_generation() came for the current generation
         self._pg = None
@@ -109,11 +108,8 @@ class TrainingWorker:
             if self.engine is not None:
                 self.engine.discard_partial_step()
             step = self.engine.step_count if self.engine is not None else plan.step
-            earlier = ((self.earlier[0], tuple(sorted(self.earlier[1].own)), tuple(sorted(self.earlier[1].ward)))
-                       if self.earlier is not None else ())
-            outcome = Outcome(self.actor_id, "failed", step, tuple(sorted(self.replicas.own)),
-                              tuple(sorted(self.replicas.ward)), error=f"{type(exc).__name__}: {exc}"[:400],
-                              snapshot_generation=self.snapshot_generation, earlier=earlier)
+            outcome = Outcome(self.actor_id, "failed", step, error=f"{type(exc).__name__}: {exc}"[:400],
+                              **self.replicas.report())
             return {**report, "outcome": outcome, "ended_at": ended}
 
     def _group(self, plan: GenerationPlan, role: str, rank: int, size: int):
@@ -162,7 +158,7 @@ class TrainingWorker:
         with self._generation_lock:
             self._pg = handover_pg  # an abort_generation now breaks the handover too
         clock.lap("handover_group")
-        self._fire_handover_faults(plan)
+        self._fire_drills("handover", plan, me if me < world else None, plan.step)  # participants: new ranks first
         old = partition_layout(self.engine.layout, plan.previous.world_size)
         new = partition_layout(self.engine.layout, world)
         held = self._held_shards(plan)
@@ -229,7 +225,7 @@ class TrainingWorker:
         every = self.spec.checkpoint.every
         if self.writer is None or (step % every and step != self.spec.train.steps):
             return
-        snapshot = self.replicas.own.get(step) or self._host_snapshot()
+        snapshot = self.replicas.current.own.get(step) or self._host_snapshot()
         extra = {"cursor": step * self.spec.train.global_batch, "seed": self.spec.train.seed,
                  "generation": plan.number, "optimizer": dict(vars(self.spec.optimizer))}
         rows, self._unsaved_log = self._unsaved_log, []
@@ -251,16 +247,9 @@ class TrainingWorker:
             return {}
         if plan.source == "live":
             return {prev.rank_of(self.actor_id): self.engine.shard_state()}
-        replicas = self._replicas_of(prev.number)
+        replicas = self.replicas.of(prev.number)
         own_rank = prev.rank_of(self.actor_id) if self.actor_id in [m.actor_id for m in prev.members] else None
         return {r: (replicas.own if r == own_rank else replicas.ward)[plan.step] for r in mine}
-
-    def _replicas_of(self, generation: int) -> ReplicaStore | None:
-        if self.snapshot_generation == generation:
-            return self.replicas
-        if self.earlier is not None and self.earlier[0] == generation:
-            return self.earlier[1]
-        return None
 
     def _commit(self, plan: GenerationPlan, report: dict | None = None, snapshot: ShardState | None = None) -> None:
         """Snapshot this rank's shard (or take `snapshot`, a host copy of it) and swap replicas with
@@ -269,11 +258,8 @@ class TrainingWorker:
         snap = self._host_snapshot(snapshot)
         log = torch.tensor(report["uncommitted"], dtype=torch.int64).reshape(-1, 4) if report else None
         ward, ward_log = exchange(TorchComm(self._pg), snap, plan.generation.buddies, log)
-        if self.snapshot_generation != plan.number:  # the first commit in this layout
-            source = self._replicas_of(plan.previous.number) if plan.previous is not None else None
-            self.earlier = (plan.previous.number, source) if source is not None else None
-            self.replicas, self.snapshot_generation = ReplicaStore(keep=2), plan.number
-        self.replicas.add(self.engine.step_count, snap, ward)
+        built_from = plan.previous.number if plan.previous is not None else None
+        self.replicas.add(plan.number, built_from, self.engine.step_count, snap, ward)
         if report:
             self._keep_uncommitted(plan, report)
             if ward_log is not None:
@@ -298,8 +284,8 @@ class TrainingWorker:
         while engine.step_count < spec.train.steps:
             step = engine.step_count
             if not report["step_times"]:
-                self._fire_first_step_faults(plan, rank)
-            self._fire_faults(step, rank)
+                self._fire_drills("first_step", plan, rank, step)
+            self._fire_drills("step", plan, rank, step)
             started = time.time()
             if report["first_step_at"] is None:
                 report["first_step_at"] = started
@@ -315,10 +301,10 @@ class TrainingWorker:
             engine.step()
             engine.zero_grad()
             agree = torch.tensor([1.0 if self._safe_point.is_set() else 0.0, weighted], device=self.device)
-            committed = self.snapshot_generation == plan.number
+            committed = self.replicas.generation == plan.number
             comm.all_reduce(agree)
             if committed:  # every rank got here after a commit in this layout: it is complete in memory
-                self.earlier = None
+                self.replicas.drop_earlier()
                 if rank == 0 and plan.leaving and not report["step_times"]:
                     self.store.set(_committed_key(plan), "1")  # the leavers may go
             report["last_loss"] = float(agree[1]) / world
@@ -340,35 +326,13 @@ class TrainingWorker:
             report["checkpoint_errors"] = list(self.writer.errors)
         return "finished"
 
-    def _fire_handover_faults(self, plan: GenerationPlan) -> None:
-        """'kill_in_handover': die in the first handover from step `at_step` on, as new rank `rank`."""
-        members = plan.generation.members
-        for i, fault in enumerate(self.spec.faults):
-            if (fault.action == "kill_in_handover" and plan.step >= fault.at_step and fault.rank < len(members)
-                    and members[fault.rank].actor_id == self.actor_id and self.store.add(f"fault/{i}", 1) == 1):
-                self._die(i)
-
-    def _fire_first_step_faults(self, plan: GenerationPlan, rank: int) -> None:
-        """'kill_after_handover': die at the first step after the first handover (a planned change or
-        an in-memory recovery) from step `at_step` on, as new rank `rank`: before that layout's first commit."""
-        for i, fault in enumerate(self.spec.faults):
-            if (fault.action == "kill_after_handover" and plan.source in ("live", "snapshot")
-                    and plan.step >= fault.at_step and fault.rank == rank and self.store.add(f"fault/{i}", 1) == 1):
-                self._die(i)
-
-    def _die(self, fault_index: int) -> None:
-        self.store.set(f"fault/{fault_index}/at", repr(time.time()))  # the coordinator times the recovery from here
-        os._exit(1)
-
-    def _fire_faults(self, step: int, rank: int) -> None:
-        for i, fault in enumerate(self.spec.faults):
-            if (fault.action in ("kill_in_handover", "kill_after_handover") or fault.at_step != step
-                    or (fault.rank if fault.rank is not None else 0) != rank):
-                continue
+    def _fire_drills(self, moment: str, plan: GenerationPlan, rank: int | None, step: int) -> None:
+        for i, fault in due_drills(self.spec.faults, moment, rank, step, plan.step, plan.source):
             if self.store.add(f"fault/{i}", 1) != 1:
                 continue  # fired once already (before a recovery that repeats this step)
-            if fault.action == "kill":
-                self._die(i)
+            if fault.action in KILL_ACTIONS:
+                self.store.set(f"fault/{i}/at", repr(time.time()))  # the coordinator times the recovery from here
+                os._exit(1)
             if fault.action == "hang":  # alive but silent: the peers' collectives time out
                 threading.Event().wait()
             coordinator = _coordinator(self._coordinator, self._namespace)

@@ -35,6 +35,43 @@ class ReplicaStore:
         self.ward.clear()
 
 
+@dataclass
+class LayoutReplicas:
+    """This rank's replicas by layout: those of the latest layout it committed in (`generation`)
+    and, until every rank has committed that one too, those of the layout it was built from."""
+
+    generation: int = -1
+    current: ReplicaStore = field(default_factory=ReplicaStore)
+    earlier: tuple[int, ReplicaStore] | None = None
+
+    def of(self, generation: int) -> ReplicaStore | None:
+        if self.generation == generation:
+            return self.current
+        if self.earlier is not None and self.earlier[0] == generation:
+            return self.earlier[1]
+        return None
+
+    def add(self, generation: int, built_from: int | None, step: int, own: ShardState,
+            ward: ShardState | None) -> None:
+        """A commit of `step` in `generation`'s layout (built from `built_from`'s): the first one
+        starts that layout's store and keeps the one it was built from as `earlier`."""
+        if generation != self.generation:
+            source = self.of(built_from) if built_from is not None else None
+            self.earlier = (built_from, source) if source is not None else None
+            self.current, self.generation = ReplicaStore(), generation
+        self.current.add(step, own, ward)
+
+    def drop_earlier(self) -> None:
+        self.earlier = None
+
+    def report(self) -> dict:
+        """The steps held, as the coordinator's Outcome describes them."""
+        earlier = ((self.earlier[0], tuple(sorted(self.earlier[1].own)), tuple(sorted(self.earlier[1].ward)))
+                   if self.earlier is not None else ())
+        return {"own_steps": tuple(sorted(self.current.own)), "ward_steps": tuple(sorted(self.current.ward)),
+                "snapshot_generation": self.generation, "earlier": earlier}
+
+
 def exchange(comm: Comm, snapshot: ShardState, buddies: Sequence[int],
              log: torch.Tensor | None = None) -> tuple[ShardState | None, torch.Tensor | None]:
     """Send `snapshot` (and `log`, an int64 [k, c] table with the same k on every rank) to this

@@ -1,0 +1,30 @@
+"""Fault drills ([[faults]]): which drills are due at a moment of a worker's generation. Pure: the
+worker carries them out (and the store makes each fire once, even when a recovery repeats a step).
+
+Moments: "handover" (inside the handover into a generation, before any shard moves), "first_step"
+(before the first step of a generation, so before its layout's first commit) and "step" (before
+every step). A drill names the rank it hits in the generation of the moment.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+from elastic_zero.spec import FaultSpec
+
+MOMENT_OF = {"kill_in_handover": "handover", "kill_after_handover": "first_step"}  # every other action: "step"
+
+
+def due_drills(faults: Sequence[FaultSpec], moment: str, rank: int | None, step: int,
+               plan_step: int, plan_source: str) -> Iterator[tuple[int, FaultSpec]]:
+    """(index, fault) of each drill due for new rank `rank` (None: a leaver) at `moment`, at optimizer
+    step `step` of a generation that started at `plan_step` from `plan_source`."""
+    for i, fault in enumerate(faults):
+        if MOMENT_OF.get(fault.action, "step") != moment:
+            continue
+        if moment == "step":
+            due = fault.at_step == step and (fault.rank if fault.rank is not None else 0) == rank
+        else:  # the first handover from at_step on, planned or an in-memory recovery
+            due = plan_source in ("live", "snapshot") and plan_step >= fault.at_step and fault.rank == rank
+        if due:
+            yield i, fault

@@ -1,0 +1,20 @@
+"""A rank's replicas by layout: the layout a generation was built from stays until dropped. Pure."""
+
+from elastic_zero.worker.replica import LayoutReplicas
+
+
+def test_the_first_commit_in_a_layout_keeps_the_one_it_was_built_from():
+    r = LayoutReplicas()
+    own0, ward0, own1, ward1 = object(), object(), object(), object()  # stand-ins for shard snapshots
+    r.add(0, None, 4, own0, ward0)
+    r.add(0, None, 5, own0, ward0)
+    assert r.of(0).own == {4: own0, 5: own0} and r.earlier is None
+    r.add(2, 0, 6, own1, ward1)  # generation 2, built from generation 0's layout
+    assert r.of(2).own == {6: own1} and r.of(0).ward == {4: ward0, 5: ward0} and r.of(1) is None
+    assert r.report() == {"own_steps": (6,), "ward_steps": (6,), "snapshot_generation": 2,
+                          "earlier": (0, (4, 5), (4, 5))}
+    r.add(3, 1, 7, own1, None)  # built from a layout this rank never held: nothing earlier to keep
+    assert r.earlier is None and r.of(3).ward == {}
+    r.add(4, 3, 8, own1, ward1)
+    r.drop_earlier()
+    assert r.of(3) is None and r.report()["earlier"] == ()
