@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from elastic_zero.models import MLP, build_preset, lm_loss
@@ -120,33 +122,49 @@ def run_steps(engine: ZeroEngine, rank: int, world: int, case: str, first: int, 
     """Global steps first..last-1 of `case`, this rank taking its share of each global batch."""
     c = CASES[case]
     norms = []
+    seen = watch_forward_inputs(engine)
     for x, y in batches(c["model"], last)[first:]:
         sx, sy = x.chunk(world)[rank], y.chunk(world)[rank]
         micro = list(zip(sx.chunk(c["accum"]), sy.chunk(c["accum"])))
         for i, (mx, my) in enumerate(micro):
             engine.backward(loss_of(c["model"], engine.module, mx, my) / c["accum"], sync=i == len(micro) - 1)
-        _check_same_parameters(engine)
+        _check_same_parameters(engine, seen)
         engine.step()
         engine.zero_grad()
         norms.append(engine.last_grad_norm)
     return norms
 
 
-def _check_same_parameters(engine: ZeroEngine) -> None:
-    """Every rank must have computed this step from the same full parameters (the buffers the
-    forward waited for); a rank that read a stale or half-gathered buffer shows up here."""
+def watch_forward_inputs(engine: ZeroEngine) -> list:
+    """Record, at the moment each unit's forward starts (after the engine's own hook has waited for
+    its gather), a digest of the parameters it computes with. The list fills as forwards run."""
+    if hasattr(engine, "_forward_digests"):
+        return engine._forward_digests
+    seen: list = []
+
+    def record(index, module, args) -> None:
+        values = engine.units[index].full.double()  # by index: reconfigure() replaces the buffers
+        weights = torch.arange(1, values.numel() + 1, dtype=torch.float64)
+        seen.extend([values.sum().item(), (values * weights).sum().item()])
+
+    for unit in engine.units:  # registered after the engine's hooks, so they run after them
+        (unit.module or engine.module).register_forward_pre_hook(functools.partial(record, unit.index))
+    engine._forward_digests = seen
+    return seen
+
+
+def _check_same_parameters(engine: ZeroEngine, seen: list) -> None:
+    """Every rank must have run this step's forwards with the same full parameters: a rank that
+    read a stale or half-gathered buffer shows up here (the digests were taken when each forward
+    started, not after the step, when every gather has long landed)."""
     if engine.world_size == 1:
         return
-    digest = torch.zeros(2, dtype=torch.float64)
-    for unit in engine.units:
-        if not unit.is_free:
-            values = unit.full.double()
-            digest[0] += values.sum()
-            digest[1] += (values * torch.arange(1, values.numel() + 1, dtype=torch.float64)).sum()
+    digest = torch.tensor(seen, dtype=torch.float64)
     low, high = digest.clone(), digest.clone()
     engine.comm.all_reduce(low, op="min")
     engine.comm.all_reduce(high, op="max")
-    assert torch.equal(low, high), f"step {engine.step_count}: ranks hold different parameters"
+    assert torch.equal(low, high), f"step {engine.step_count}: ranks ran forward with different parameters"
+    seen.clear()
 
 
 def max_abs_diff(a: dict, b: dict) -> float:

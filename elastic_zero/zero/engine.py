@@ -212,6 +212,7 @@ class ZeroEngine(ShardIO):
         unit.wait_gathered()
 
     def _launch_gather(self, unit: UnitBuffer) -> None:
+        unit.wait_gathered()  # a gather still in flight writes this buffer: never start a second over it
         unit.allocate()
         own = unit.own()
         if not self._master_is_view:
@@ -287,6 +288,9 @@ class ZeroEngine(ShardIO):
             coef = self.grad_clip / (norm + 1e-6)
             if coef < 1.0:
                 self._grad.mul_(coef)
+        # at stages 1-2 the master shard is a chunk of the buffer an unfinished gather (a step with
+        # no forward since the last) may still write: let it land before the update
+        self.synchronize()
         lr_scale = self.optimizer.schedule.scale(self.step_count)
         for hyper, views in self._groups:
             states = {name: views[name] for name in self._state}
