@@ -160,7 +160,7 @@ class FaultSpec:
 
     def validate(self, where: str) -> None:
         _at_least(f"{where}.at_step", self.at_step, 0)
-        _choice(f"{where}.action", self.action, [*KILL_ACTIONS, "hang", "preempt", "scale"])
+        _choice(f"{where}.action", self.action, [*KILL_ACTIONS, "hang", "raise", "preempt", "scale"])
         if self.action != "scale" and self.rank is None:
             _fail(f"{where}.rank", f"is required for action {self.action!r}")
         _at_least(f"{where}.rank", self.rank, 0)
@@ -187,6 +187,9 @@ class JobSpec:
             _fail("name", f"must be non-empty without spaces or slashes, got {self.name!r}")
         for section in ("model", "data", "train", "optimizer", "zero", "elastic", "checkpoint"):
             getattr(self, section).validate()
+        if self.elastic.max_workers > self.train.global_batch:
+            _fail("elastic.max_workers", f"must be <= train.global_batch ({self.train.global_batch}): every "
+                                         f"worker needs a sample of each step, got {self.elastic.max_workers}")
         for i, fault in enumerate(self.faults):
             fault.validate(f"faults[{i}]")
             if fault.at_step >= self.train.steps:

@@ -1,8 +1,61 @@
 import os
 import sys
 
+import pytest
 import torch
 
 # Spawned ranks inherit sys.path, so helper modules in tests/ import there too.
 sys.path.insert(0, os.path.dirname(__file__))
 torch.set_num_threads(1)
+
+# The tiers: `pytest -m unit` runs in seconds (pure logic and single-process engine checks);
+# `runtime` tests start Ray or local process groups; `slow` ones take a minute or more.
+# CI runs everything.
+_RUNTIME = {"test_runtime.py", "test_runtime_hardening.py", "test_cli.py", "test_example.py", "test_abortable.py",
+            "test_engine_parity.py", "test_engine_reshard.py", "test_handover.py", "test_checkpoint.py",
+            "test_engine_state.py", "test_engine_races.py", "test_gpu.py", "test_chaos.py"}
+_SLOW = {"test_runtime.py", "test_engine_parity.py", "test_chaos.py"}
+
+
+def pytest_configure(config):
+    for name, text in (("unit", "pure logic and one-process checks: seconds"),
+                       ("runtime", "starts Ray actors or local process groups"),
+                       ("slow", "a minute or more")):
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        module = os.path.basename(str(item.fspath))
+        has_own = {m.name for m in item.iter_markers()}
+        if "runtime" not in has_own and "unit" not in has_own:
+            item.add_marker(pytest.mark.runtime if module in _RUNTIME else pytest.mark.unit)
+        if module in _SLOW:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    import ray
+
+    ray.init(num_cpus=6, namespace="elastic_zero", include_dashboard=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def one_worker(tmp_path_factory, local_ray):
+    """The oracle: final weights of an uninterrupted one-worker run, computed once per (steps, stage, batch)."""
+    from runtime_jobs import job
+
+    cache = {}
+
+    def weights(steps=300, stage=2, global_batch=8):
+        key = steps, stage, global_batch
+        if key not in cache:
+            _, _, _, cache[key] = job(tmp_path_factory.mktemp("oracle"), f"whole-{steps}-{stage}-{global_batch}",
+                                      train={"steps": steps, "global_batch": global_batch}, zero={"stage": stage},
+                                      elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
+        return cache[key]
+
+    return weights

@@ -210,3 +210,42 @@ def test_a_preempted_worker_waits_for_its_replacement_when_leaving_would_go_belo
     s, cmds, _ = _end(s, plan)
     swap = _cmd(cmds, StartGeneration).plan
     assert [m.actor_id for m in swap.generation.members] == ["w1", "w2"] and swap.leaving == ("w0",)
+
+
+def test_a_worker_that_cannot_start_ends_a_job_that_has_not_started():
+    from elastic_zero.coordinator.state import WorkerStartFailed
+
+    s = CoordinatorState(min_workers=1, max_workers=3, target=2)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, cmds, _ = decide(s, WorkerStartFailed("w1", "data.source: no dataset at '/no/such'"), 1.0)
+    (fail,) = cmds
+    assert isinstance(fail, Fail) and fail.message == "worker w1 failed to start: data.source: no dataset at '/no/such'"
+    assert s.done
+
+
+def test_a_replacement_that_cannot_start_is_retried_once_then_ends_the_job():
+    from elastic_zero.coordinator.state import WorkerStartFailed
+
+    s, plan = _started(3)
+    s, cmds, _ = _end(s, plan, w1="dead")
+    s, cmds, _ = decide(s, GenerationStepped(s.generation.number), 11.0)
+    assert _cmd(cmds, Spawn) == Spawn(1)
+    s, cmds, _ = decide(s, WorkerStartFailed("w3", "MemoryError: building the model"), 12.0)
+    assert cmds == (Spawn(1),) and not s.done  # once may be the machine
+    s, cmds, _ = decide(s, WorkerStartFailed("w4", "MemoryError: building the model"), 13.0)
+    assert isinstance(_cmd(cmds, Fail), Fail) and "w4 failed to start: MemoryError" in cmds[0].message
+
+
+def test_the_same_error_on_two_generations_ends_the_job():
+    """A worker's own exception (not a lost peer) that comes back after a recovery is a bug:
+    replacing workers forever would never mend it."""
+    s, plan = _started(3)
+    bug = "RuntimeError: index out of range"
+    fail = lambda p, who: tuple(Outcome(m.actor_id, "failed", step=5, own_steps=(5,), ward_steps=(5,),
+                                        snapshot_generation=p.number, bug=bug if m.actor_id == who else "")
+                                for m in p.generation.members if m.actor_id != "w2")
+    s, cmds, _ = decide(s, GenerationEnded(fail(plan, "w0")), 10.0)  # w2 died as well: a recovery
+    start = _cmd(cmds, StartGeneration)
+    assert start is not None and not s.done
+    s, cmds, _ = decide(s, GenerationEnded(fail(start.plan, "w0")), 20.0)
+    assert s.done and _cmd(cmds, Fail).message == f"the same error ended two generations: {bug}"

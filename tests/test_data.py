@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from elastic_zero.data import GlobalOrder
 from elastic_zero.data.source import open_source
-from elastic_zero.plan.batches import loss_weight, micro_batches, rank_positions, rank_shares
+from elastic_zero.plan.batches import loss_weight, micro_batch_count, micro_batches, rank_positions, rank_shares
 
 
 @given(st.integers(1, 64), st.integers(1, 8), st.integers(0, 50))
@@ -20,9 +20,25 @@ def test_every_position_of_a_step_goes_to_exactly_one_rank(batch, world, step):
     assert sum(shares) == batch and max(shares) - min(shares) <= 1
     seen = [p for r in range(world) for p in rank_positions(step, batch, world, r)]
     assert seen == list(range(step * batch, (step + 1) * batch))
+    count = micro_batch_count(batch, world, 3)
     weights = sum(loss_weight(len(m), batch, world) for r in range(world)
-                  for m in micro_batches(rank_positions(step, batch, world, r), 3))
+                  for m in micro_batches(rank_positions(step, batch, world, r), count))
     assert weights == pytest.approx(world)  # averaged over ranks: weight 1 in all
+
+
+@given(st.integers(1, 64), st.integers(1, 8), st.integers(1, 9), st.integers(0, 50))
+def test_every_rank_runs_the_same_number_of_micro_batches(batch, world, micro, step):
+    """Each micro batch runs the engine's collectives: unequal counts deadlock or crash the ranks
+    (seen: global_batch 9, micro_batch 4, 2 ranks, stage 2 took 2 and 1 micro batches)."""
+    if batch < world:
+        return
+    count = micro_batch_count(batch, world, micro)
+    for r in range(world):
+        positions = rank_positions(step, batch, world, r)
+        pieces = micro_batches(positions, count)
+        assert len(pieces) == count and all(len(p) <= micro for p in pieces)
+        assert [p for piece in pieces for p in piece] == list(positions)
+    assert count == -(-max(rank_shares(batch, world)) // micro)  # no more than the largest share needs
 
 
 def test_weighted_uneven_shares_give_the_global_mean_gradient():
@@ -35,7 +51,7 @@ def test_weighted_uneven_shares_give_the_global_mean_gradient():
     grads = []
     for r in range(3):
         pos = rank_positions(0, 16, 3, r)
-        for m in micro_batches(pos, 4):
+        for m in micro_batches(pos, micro_batch_count(16, 3, 4)):
             ((x[list(m)] @ w).square().mean() * loss_weight(len(m), 16, 3)).backward()
         grads.append(w.grad.clone())
         w.grad = None

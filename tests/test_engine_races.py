@@ -9,7 +9,7 @@ from elastic_zero.models import build_preset, lm_loss
 from elastic_zero.zero import AdamW, ZeroEngine
 from engine_cases import batches, relative_diff
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.runtime
 
 
 def _steps_without_forward(pg, rank, world, stage):

@@ -3,67 +3,13 @@
 Oracle: the final weights of a fault-free run at 1 worker. Kills, scale-ups, scale-downs and
 preemptions change who computes what, never what is computed."""
 
-import json
-
 import pytest
-import ray
-import torch
 
-from elastic_zero.run import run_job
-from elastic_zero.spec import spec_from_dict
+from runtime_jobs import exactly_once as _exactly_once
+from runtime_jobs import job as _job
+from runtime_jobs import relative as _relative
 
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    ray.init(num_cpus=6, namespace="elastic_zero", include_dashboard=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
-
-
-def _job(tmp_path, name, faults=(), **sections):
-    data = {
-        "name": name,
-        "model": {"preset": "gpt-tiny"},
-        "train": {"steps": 300, "global_batch": 8, "micro_batch": 4},
-        "optimizer": {"name": "adamw", "lr": 1e-3},
-        "zero": {"stage": 2},
-        "elastic": {"workers": 2, "min_workers": 1, "max_workers": 3},
-        "faults": list(faults),
-    }
-    for section, values in sections.items():
-        data[section] = {**data.get(section, {}), **values}
-    run_dir = tmp_path / name
-    weights = tmp_path / f"{name}.pt"
-    code = run_job(spec_from_dict(data), str(run_dir), final_weights=str(weights))
-    summary = json.loads((run_dir / "summary.json").read_text())
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    return code, summary, events, (torch.load(weights, weights_only=True) if code == 0 else None)
-
-
-@pytest.fixture(scope="module")
-def one_worker(tmp_path_factory):
-    """The oracle: final weights of an uninterrupted one-worker run, computed once per (steps, stage)."""
-    cache = {}
-
-    def weights(steps=300, stage=2):
-        if (steps, stage) not in cache:
-            _, _, _, cache[steps, stage] = _job(tmp_path_factory.mktemp("oracle"), f"whole-{steps}-{stage}",
-                                                train={"steps": steps}, zero={"stage": stage},
-                                                elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
-        return cache[steps, stage]
-
-    return weights
-
-
-def _relative(a, b):
-    va = torch.cat([a[k].flatten() for k in a])
-    vb = torch.cat([b[k].flatten() for k in a])
-    return ((va - vb).norm() / va.norm()).item()
-
-
-def _exactly_once(summary):
-    assert summary["samples_consumed"] == summary["steps"] * summary["global_batch"]  # steps run in this job
-    assert summary["duplicate_samples"] == 0 and summary["skipped_samples"] == 0
+pytestmark = [pytest.mark.runtime, pytest.mark.usefixtures("local_ray")]
 
 
 def test_a_killed_worker_leaves_the_survivors_running(tmp_path):

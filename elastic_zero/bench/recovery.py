@@ -18,7 +18,7 @@ import torch
 
 from elastic_zero.data import MarkovTokens
 from elastic_zero.models import PRESETS, build_preset, lm_loss
-from elastic_zero.plan.batches import loss_weight, micro_batches, rank_positions
+from elastic_zero.plan.batches import loss_weight, micro_batch_count, micro_batches, rank_positions
 
 
 def _elastic_zero(preset, workers, steps, kill_step, micro_batch, work_dir) -> dict:
@@ -60,7 +60,7 @@ def _ray_train_loop(config: dict) -> None:
     checkpoint = ray.train.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as d:
-            state = torch.load(os.path.join(d, "state.pt"), weights_only=False)
+            state = torch.load(os.path.join(d, "state.pt"), weights_only=True)
         model.module.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         start = state["step"]
@@ -72,8 +72,9 @@ def _ray_train_loop(config: dict) -> None:
             with open(config["marker"], "w") as fh:
                 fh.write(repr(time.time()))
             os._exit(1)
-        for m in micro_batches(rank_positions(step, batch, world, rank), config["micro_batch"]):
-            x, y = data.batch(m)
+        positions = rank_positions(step, batch, world, rank)
+        for m in micro_batches(positions, micro_batch_count(batch, world, config["micro_batch"])):
+            x, y = data.batch(m or positions[:1])  # an empty piece: a stand-in of weight 0
             (lm_loss(model(x), y) * loss_weight(len(m), batch, world)).backward()
         opt.step()
         opt.zero_grad()

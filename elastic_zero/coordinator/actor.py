@@ -20,9 +20,10 @@ import torch.distributed as dist
 
 from elastic_zero.coordinator.books import Books
 from elastic_zero.coordinator.state import (
-    CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, Outcome, PreemptionNotice,
-    RequestSafePoint, Retire, ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
+    CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint, Retire,
+    ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, WorkerStartFailed, decide,
 )
+from elastic_zero.protocol import Outcome
 from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.actor import TrainingWorker
 
@@ -31,6 +32,16 @@ NAMESPACE = "elastic_zero"
 
 def coordinator_name(job: str) -> str:
     return f"elastic-zero:{job}"
+
+
+def _start_error(exc: Exception) -> str:
+    """One line for a worker that could not start: its own message when it raised one (a
+    WorkerStartError names the field), else the first line of Ray's (the process died)."""
+    cause = getattr(exc, "cause", None)
+    if cause is not None and str(cause):
+        return str(cause).splitlines()[0][:300]
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:300]
 
 
 class Coordinator:
@@ -108,12 +119,17 @@ class Coordinator:
         if ref in self._ready_refs:
             actor_id = self._ready_refs.pop(ref)
             try:
-                member = ray.get(ref)
+                hello = ray.get(ref)
             except ray.exceptions.RayError as exc:
-                self._log("worker_start_failed", actor_id=actor_id, error=str(exc)[:300])
+                error = _start_error(exc)
+                self._log("worker_start_failed", actor_id=actor_id, error=error)
+                self._apply(WorkerStartFailed(actor_id, error))
                 return
-            self._log("worker_ready", actor_id=actor_id, node=member.node)
-            self._apply(WorkersReady((member,)))
+            self._log("worker_ready", actor_id=actor_id, node=hello.member.node)
+            if hello.warning:
+                self._log("warning", actor_id=actor_id, message=hello.warning)
+                self.books.warnings.append(hello.warning)
+            self._apply(WorkersReady((hello.member,)))
             return
         actor_id = self._train_refs.pop(ref)
         try:
@@ -185,11 +201,11 @@ class Coordinator:
                     self.spec_dict, actor_id, self.host, self.store.port,
                     coordinator_name(self.spec.name), NAMESPACE, joiner)
                 self._workers[actor_id] = handle
-                self._ready_refs[handle.member.remote()] = actor_id
+                self._ready_refs[handle.hello.remote()] = actor_id
             self._log("spawn", count=command.count)
         elif isinstance(command, RequestSafePoint):
             for m in self.state.generation.members:
-                self._workers[m.actor_id].request_safe_point.remote()
+                self._workers[m.actor_id].request_safe_point.remote(self.state.generation.number)
         elif isinstance(command, StartGeneration):
             plan = command.plan
             if plan.source == "checkpoint":

@@ -26,6 +26,7 @@ class Books:
     pending_change: dict | None = None  # a change whose stall is measured when the next generation reports
     checkpoint_stalls: list = field(default_factory=list)
     checkpoint_errors: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)  # what the job could not do as asked, e.g. place buddies by node
 
     def add_generation_results(self, generation: int, results: list[dict]) -> None:
         firsts = [r["first_step_at"] for r in results if r.get("first_step_at")]
@@ -92,6 +93,7 @@ class Books:
             "resumed_from_step": first,
             "checkpoint_stall_s_median": statistics.median(self.checkpoint_stalls) if self.checkpoint_stalls else None,
             "checkpoint_errors": self.checkpoint_errors,
+            "warnings": self.warnings,
             "final_loss": self.last_loss,
             "global_batch": self.global_batch,
             "samples_consumed": len(distinct),

@@ -9,52 +9,8 @@ from dataclasses import dataclass, field, replace
 from typing import Union
 
 from elastic_zero.plan.membership import Generation, Member, next_generation
+from elastic_zero.protocol import GenerationPlan, Outcome
 from elastic_zero.plan.recovery import lost_ranks, restore_point
-
-# ---- what a generation is told to do ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GenerationPlan:
-    generation: Generation
-    previous: Generation | None
-    participants: tuple[str, ...]  # the handover group: new members by rank, then leavers holding shards
-    holder_of_old: tuple[int, ...]  # participant index holding each old rank's shard
-    source: str  # "init": fresh model; "live": current engine state; "snapshot": a replicated step;
-    # "checkpoint": the latest committed checkpoint (when memory holds no complete step)
-    step: int  # the optimizer step the generation starts from
-    leaving: tuple[str, ...]  # participants that exit after the handover
-    cause: str
-    checkpoint: str | None = None  # for source "checkpoint": the directory every member reads
-
-    @property
-    def number(self) -> int:
-        return self.generation.number
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How one participant's part of a generation ended."""
-
-    actor_id: str
-    kind: str  # "finished" | "safe_point" | "failed" | "left" | "dead"
-    step: int = 0
-    own_steps: tuple[int, ...] = ()
-    ward_steps: tuple[int, ...] = ()
-    error: str = ""
-    snapshot_generation: int = -1  # the generation whose ranks own_steps and ward_steps describe
-    # (generation, own_steps, ward_steps): the replicas of the layout snapshot_generation was built
-    # from, kept until the new layout is committed on every rank
-    earlier: tuple = ()
-
-    def replicas_of(self, generation: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(own_steps, ward_steps) of the replicas this participant holds in `generation`'s ranks."""
-        if self.snapshot_generation == generation:
-            return self.own_steps, self.ward_steps
-        if self.earlier and self.earlier[0] == generation:
-            return tuple(self.earlier[1]), tuple(self.earlier[2])
-        return (), ()
-
 
 # ---- events and commands ---------------------------------------------------------------------
 
@@ -67,6 +23,12 @@ class Start:
 @dataclass(frozen=True)
 class WorkersReady:
     members: tuple[Member, ...]
+
+
+@dataclass(frozen=True)
+class WorkerStartFailed:
+    actor_id: str
+    error: str
 
 
 @dataclass(frozen=True)
@@ -96,7 +58,7 @@ class Tick:
     pass
 
 
-Event = Union[Start, WorkersReady, ScaleRequested, PreemptionNotice, GenerationEnded, GenerationStepped, Tick]
+Event = Union[Start, WorkersReady, WorkerStartFailed, ScaleRequested, PreemptionNotice, GenerationEnded, GenerationStepped, Tick]
 
 
 @dataclass(frozen=True)
@@ -159,6 +121,9 @@ class CoordinatorState:
     top_up_after: int | None = None
     done: bool = False
     members_by_id: dict = field(default_factory=dict)  # every member ever seen, by actor id
+    # errors that were not faults (a worker's own exception; a worker that could not start): the
+    # same one twice means a bug or a bad input, which replacing workers never mends
+    errors_seen: frozenset = frozenset()
 
     def members(self) -> tuple[str, ...]:
         return tuple(m.actor_id for m in self.generation.members) if self.generation else ()
@@ -175,6 +140,8 @@ def decide(state: CoordinatorState, event: Event, now: float):
         return replace(state, spawning=state.target), (Spawn(state.target),), f"start {state.target} workers"
     if isinstance(event, WorkersReady):
         return _on_ready(state, event.members, now)
+    if isinstance(event, WorkerStartFailed):
+        return _on_start_failure(state, event)
     if isinstance(event, ScaleRequested):
         return _on_scale(state, event.workers)
     if isinstance(event, PreemptionNotice):
@@ -213,6 +180,17 @@ def _on_ready(state, members, now):
     if state.recovery is not None:
         return _try_recover(state, now)
     return _ask_for_safe_point_if_needed(state, "workers ready to join")
+
+
+def _on_start_failure(state, event: WorkerStartFailed):
+    """A worker that cannot start ends the job when the job has not started (its spec, its data or
+    its machine is wrong for every worker alike) or when a replacement fails the same way twice."""
+    state = replace(state, spawning=max(0, state.spawning - 1))
+    message = f"worker {event.actor_id} failed to start: {event.error}"
+    if state.generation is None or event.error in state.errors_seen:
+        return replace(state, done=True), (Fail(message),), "a worker cannot start"
+    state, spawn = _top_up(replace(state, errors_seen=state.errors_seen | {event.error}))
+    return state, spawn, f"{message}; another is asked for"
 
 
 def _ask_for_safe_point_if_needed(state, reason):
@@ -272,8 +250,15 @@ def _on_generation_end(state, outcomes, now):
     failed = [by_id[a] for a, k in zip(members, kinds) if k == "failed"]
     # a leaver that dies inside the handover fails its peers' collectives; after it, nobody misses it
     dead_leavers = tuple(a for a in state.handover_leavers if a not in by_id) if failed else ()
+    bugs = [o.bug for o in failed if o.bug]
+    repeated = [b for b in bugs if b in state.errors_seen]
+    if repeated:
+        return replace(state, done=True), (Fail(f"the same error ended two generations: {repeated[0]}"),), \
+            "a repeated error is a bug, not a fault"
+    state = replace(state, errors_seen=state.errors_seen | set(bugs))
     if not (dead or dead_leavers) and failed and len(failed) == len(members):
-        return replace(state, done=True), (Fail(f"every worker failed and none was lost: {failed[0].error}"),), \
+        cause = bugs[0] if bugs else failed[0].error
+        return replace(state, done=True), (Fail(f"every worker failed and none was lost: {cause}"),), \
             "failure without a lost worker"
     if dead or dead_leavers or failed:
         return _on_failure(state, by_id, dead, dead_leavers, now)

@@ -1,9 +1,11 @@
 """How a global batch is split over the ranks of the moment. Pure.
 
 Step s consumes global sample positions [s*B, (s+1)*B). Rank r of N takes a contiguous share
-(the first B % N ranks take one more) and cuts it into micro batches of at most `micro_batch`.
-Each micro batch's mean loss is weighted by (its size * N / B), so that the engine's average over
-ranks is exactly the mean over the global batch, whatever N is.
+(the first B % N ranks take one more) and cuts it into the same number of micro batches as every
+other rank (each micro batch runs the engine's collectives, so the counts must match), each of at
+most `micro_batch` samples. A rank with fewer samples than micro batches gets empty ones: it runs
+a stand-in sample with weight 0. Each micro batch's mean loss is weighted by (its size * N / B),
+so that the engine's average over ranks is exactly the mean over the global batch, whatever N is.
 """
 
 from __future__ import annotations
@@ -23,10 +25,23 @@ def rank_positions(step: int, global_batch: int, world_size: int, rank: int) -> 
     return range(start, start + shares[rank])
 
 
-def micro_batches(positions: range, micro_batch: int) -> list[range]:
+def micro_batch_count(global_batch: int, world_size: int, micro_batch: int) -> int:
+    """How many micro batches every rank runs per step: enough for the largest share."""
     if micro_batch < 1:
         raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
-    return [positions[i : i + micro_batch] for i in range(0, len(positions), micro_batch)]
+    return -(-max(rank_shares(global_batch, world_size)) // micro_batch)
+
+
+def micro_batches(positions: range, count: int) -> list[range]:
+    """`positions` cut into `count` contiguous pieces whose sizes differ by at most one (empty
+    pieces when there are fewer positions than `count`)."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    base, extra = divmod(len(positions), count)
+    cuts = [0]
+    for i in range(count):
+        cuts.append(cuts[-1] + base + (1 if i < extra else 0))
+    return [positions[cuts[i] : cuts[i + 1]] for i in range(count)]
 
 
 def loss_weight(micro_size: int, global_batch: int, world_size: int) -> float:

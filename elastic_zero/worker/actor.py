@@ -23,18 +23,19 @@ import torch.distributed as dist
 from elastic_zero.checkpoint import ChecksumError, list_checkpoints, load_shard, open_store, resolve
 from elastic_zero.checkpoint.store import restore_candidates
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
-from elastic_zero.coordinator.state import GenerationPlan, Outcome
 from elastic_zero.job import DTYPES, build_model, build_optimizer, build_source
 from elastic_zero.models import lm_loss
-from elastic_zero.plan.batches import loss_weight, micro_batches, rank_positions
+from elastic_zero.plan.batches import loss_weight, micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.membership import Member
 from elastic_zero.plan.partition import partition_layout
+from elastic_zero.protocol import GenerationPlan, Hello, Outcome
 from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.drills import due_drills
 from elastic_zero.worker.handover import hand_over
 from elastic_zero.worker.replica import LayoutReplicas, exchange
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine, new_process_group
 from elastic_zero.zero.abortable import GroupAborted
+from elastic_zero.zero.engine import StepInterrupted
 
 
 class TrainingWorker:
@@ -46,16 +47,23 @@ class TrainingWorker:
         self.use_gpu = self.spec.elastic.use_gpu
         self.device = torch.device("cuda", 0) if self.use_gpu else torch.device("cpu")  # Ray narrows CUDA devices
         self.backend = "nccl" if self.use_gpu else "gloo"
-        self.model = build_model(self.spec).to(self.device)
-        self.source = build_source(self.spec, self.model)
-        self.optimizer = build_optimizer(self.spec)
+        # a start failure is kept and told by hello(), as one line naming the field: raised here,
+        # it would reach the coordinator as an actor death with a traceback
+        self.start_error = ""
+        try:
+            self.model = _named("model", lambda: build_model(self.spec).to(self.device))
+            self.source = _named("data.source", lambda: build_source(self.spec, self.model))
+            self.optimizer = build_optimizer(self.spec)
+        except Exception as exc:
+            self.start_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return
         self.engine: ZeroEngine | None = None
         if joiner:  # warm up now, while the others train: an engine of its own until the handover fills it
             self.engine = self._standalone_engine()
         # the layout before a handover stays until every rank has committed the new one, so that a
         # loss inside the handover is recovered from memory
         self.replicas = LayoutReplicas()
-        self._safe_point = threading.Event()
+        self._safe_point_for = -1  # the latest generation a safe point was requested for
         self._aborted = threading.Event()  # abort_generation() came for the current generation
         self._pg = None
         self._generation = -1
@@ -70,12 +78,22 @@ class TrainingWorker:
 
     # ---- control, called concurrently with train() ----------------------------------------
 
-    def member(self) -> Member:
-        node = os.environ.get("ELASTIC_ZERO_NODE") or _ray_node_id() or "local"
-        return Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", ""))
+    def hello(self) -> Hello:
+        """Where this worker runs; raises WorkerStartError (one line) if it could not start."""
+        if self.start_error:
+            raise WorkerStartError(self.start_error)
+        node, warning = os.environ.get("ELASTIC_ZERO_NODE"), ""
+        if not node:
+            node, problem = _ray_node_id()
+            if node is None:  # buddies may then share this machine: said, not hidden
+                node, warning = f"unknown-{self.actor_id}", f"the Ray node of {self.actor_id} is unknown ({problem})"
+        return Hello(Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")), warning)
 
-    def request_safe_point(self) -> None:
-        self._safe_point.set()
+    def request_safe_point(self, number: int) -> None:
+        """Stop at the next safe point of generation `number` (a request may arrive before train()
+        starts it; one for an older generation, arriving late, is ignored)."""
+        with self._generation_lock:
+            self._safe_point_for = max(self._safe_point_for, number)
 
     def abort_generation(self, number: int) -> None:
         """A peer of generation `number` is gone: break our group now, so the training thread's
@@ -100,21 +118,29 @@ class TrainingWorker:
             kind = self._loop(plan, rank, report)
             return {**report, "outcome": Outcome(self.actor_id, kind, self.engine.step_count),
                     "ended_at": time.time()}
-        except Exception as exc:  # a collective failed: a peer died or timed out
+        except Exception as exc:  # a collective failed (a peer died or timed out), or a bug
             ended = time.time()
+            error = f"{type(exc).__name__}: {exc}"[:400]
+            bug = "" if _is_communication_failure(exc, self._aborted.is_set()) else error
             if self.writer is not None:
                 self.writer.abandon()
             self._abort_group()
             if self.engine is not None:
                 self.engine.discard_partial_step()
             step = self.engine.step_count if self.engine is not None else plan.step
-            outcome = Outcome(self.actor_id, "failed", step, error=f"{type(exc).__name__}: {exc}"[:400],
-                              **self.replicas.report())
+            outcome = Outcome(self.actor_id, "failed", step, error=error, bug=bug, **self.replicas.report())
             return {**report, "outcome": outcome, "ended_at": ended}
 
     def _group(self, plan: GenerationPlan, role: str, rank: int, size: int):
-        return new_process_group(self.store, f"g{plan.number}/{role}/", rank, size, self.backend,
-                                 timeout_s=self.spec.elastic.collective_timeout_s)
+        """A new group of the generation, made the current one: an abort_generation() that came
+        while it was being built aborts it at once (under the lock, so none slips between)."""
+        pg = new_process_group(self.store, f"g{plan.number}/{role}/", rank, size, self.backend,
+                               timeout_s=self.spec.elastic.collective_timeout_s)
+        with self._generation_lock:
+            self._pg = pg
+            if self._aborted.is_set():
+                self._abort_group()
+        return pg
 
     def _enter(self, plan: GenerationPlan, phases: dict) -> int | None:
         """Join generation `plan.number`: hand the shards over and rebuild the engine on its group."""
@@ -130,7 +156,7 @@ class TrainingWorker:
             self._unsaved_log = [row for row in self._unsaved_log if row[1] < keep_below]
         if plan.source == "init":
             rank = plan.generation.rank_of(self.actor_id)
-            self._pg = self._group(plan, "train", rank, world)
+            self._group(plan, "train", rank, world)
             self.engine = ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, process_group=self._pg,
                                      grad_clip=self.spec.train.grad_clip,
                                      compute_dtype=DTYPES[self.spec.zero.compute_dtype])
@@ -147,16 +173,13 @@ class TrainingWorker:
             fs, root = open_store(self.spec.checkpoint.uri)
             state = load_shard(fs, plan.checkpoint, self.engine.layout, world, rank, self.engine.vector_names())
             clock.lap("read_checkpoint")
-            self._pg = self._group(plan, "train", rank, world)
-            self.engine.reconfigure(self._pg, state)
+            self.engine.reconfigure(self._group(plan, "train", rank, world), state)
             clock.lap("reconfigure")
             self._commit(plan)
             clock.lap("commit")
             return rank
         me = plan.participants.index(self.actor_id)
-        handover_pg = self._group(plan, "handover", me, len(plan.participants))
-        with self._generation_lock:
-            self._pg = handover_pg  # an abort_generation now breaks the handover too
+        handover_pg = self._group(plan, "handover", me, len(plan.participants))  # an abort breaks the handover too
         clock.lap("handover_group")
         self._fire_drills("handover", plan, me if me < world else None, plan.step)  # participants: new ranks first
         old = partition_layout(self.engine.layout, plan.previous.world_size)
@@ -172,7 +195,8 @@ class TrainingWorker:
             return None
         rank = plan.generation.rank_of(self.actor_id)
         # with no leavers the handover group is exactly the new members in rank order: train on it
-        self._pg = handover_pg if len(plan.participants) == world else self._group(plan, "train", rank, world)
+        if len(plan.participants) != world:
+            self._group(plan, "train", rank, world)
         clock.lap("train_group")
         self.engine.reconfigure(self._pg, mine)
         clock.lap("reconfigure")
@@ -290,17 +314,20 @@ class TrainingWorker:
             if report["first_step_at"] is None:
                 report["first_step_at"] = started
             positions = rank_positions(step, spec.train.global_batch, world, rank)
-            micro = micro_batches(positions, spec.train.micro_batch)
+            micro = micro_batches(positions, micro_batch_count(spec.train.global_batch, world, spec.train.micro_batch))
             weighted = 0.0
             for i, m in enumerate(micro):
-                x, y = self.source.batch(m)
+                # every rank runs as many micro batches (and so collectives) as the others: an empty
+                # piece runs a stand-in sample with weight 0
+                x, y = self.source.batch(m or positions[:1])
                 loss = lm_loss(engine.module(x.to(self.device)), y.to(self.device))
                 loss = loss * loss_weight(len(m), spec.train.global_batch, world)
                 engine.backward(loss, sync=i == len(micro) - 1)
                 weighted += loss.item()
             engine.step()
             engine.zero_grad()
-            agree = torch.tensor([1.0 if self._safe_point.is_set() else 0.0, weighted], device=self.device)
+            asked = self._safe_point_for == plan.number
+            agree = torch.tensor([1.0 if asked else 0.0, weighted], device=self.device)
             committed = self.replicas.generation == plan.number
             comm.all_reduce(agree)
             if committed:  # every rank got here after a commit in this layout: it is complete in memory
@@ -318,7 +345,6 @@ class TrainingWorker:
             if rank == 0 and len(report["step_times"]) == 1 and self._coordinator:
                 _coordinator(self._coordinator, self._namespace).generation_stepped.remote(plan.number)
             if stopping:
-                self._safe_point.clear()  # cleared here, not on entry: a request may land before train() runs
                 self._keep_uncommitted(plan, report)  # a planned change keeps the live state
                 return "safe_point"
         if self.writer is not None:
@@ -328,6 +354,8 @@ class TrainingWorker:
 
     def _fire_drills(self, moment: str, plan: GenerationPlan, rank: int | None, step: int) -> None:
         for i, fault in due_drills(self.spec.faults, moment, rank, step, plan.step, plan.source):
+            if fault.action == "raise":  # a bug, not a fault: it happens every time the step is run
+                raise RuntimeError(f"injected error at step {step} (faults[{i}])")
             if self.store.add(f"fault/{i}", 1) != 1:
                 continue  # fired once already (before a recovery that repeats this step)
             if fault.action in KILL_ACTIONS:
@@ -378,13 +406,40 @@ def _checkpoint_step(directory: str) -> int:
     return int(directory.rstrip("/").rsplit("step-", 1)[1])
 
 
-def _ray_node_id() -> str | None:
+class WorkerStartError(RuntimeError):
+    """The worker could not build its model or open its data: one line naming the field."""
+
+
+def _named(field: str, build):
+    """Call `build`; an error that does not name a spec field already gets `field` in front."""
+    try:
+        return build()
+    except Exception as exc:
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        if text.split(":", 1)[0].split(".")[0] in ("model", "data", "train"):
+            raise
+        raise ValueError(f"{field}: {type(exc).__name__}: {text}") from exc
+
+
+def _is_communication_failure(exc: Exception, aborted: bool) -> bool:
+    """A fault of the group (a lost peer, a timeout, an abort) rather than a bug of this worker.
+    gloo reports a lost peer or a timeout as a plain RuntimeError from its sources."""
+    if aborted or isinstance(exc, (GroupAborted, StepInterrupted, dist.DistError, ConnectionError, TimeoutError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(k in text for k in ("gloo", "NCCL", "onnection", "imed out"))
+
+
+def _ray_node_id() -> tuple[str | None, str]:
+    """(this worker's Ray node id, or None with the reason)."""
     try:
         import ray
 
-        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-    except Exception:
-        return None
+        if not ray.is_initialized():
+            return None, "Ray is not initialised in this process"
+        return ray.get_runtime_context().get_node_id(), ""
+    except Exception as exc:  # reported by hello() as the member's warning
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,0 +1,67 @@
+"""What passes between the coordinator and its workers: frozen plain data, imported by both sides
+(neither imports the other).
+
+coordinator -> worker: a GenerationPlan (train(plan)), a safe-point request and an abort, both
+for one generation number.
+worker -> coordinator: a Hello when it has started (or the one-line reason it could not), an
+Outcome with its report when its part of a generation ends, and one "stepped" note per generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from elastic_zero.plan.membership import Generation, Member
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A worker that started: where it runs, and what it could not find out about that."""
+
+    member: Member
+    warning: str = ""  # e.g. the node could not be identified, so buddies may share a machine
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    generation: Generation
+    previous: Generation | None
+    participants: tuple[str, ...]  # the handover group: new members by rank, then leavers holding shards
+    holder_of_old: tuple[int, ...]  # participant index holding each old rank's shard
+    source: str  # "init": fresh model; "live": current engine state; "snapshot": a replicated step;
+    # "checkpoint": the latest committed checkpoint (when memory holds no complete step)
+    step: int  # the optimizer step the generation starts from
+    leaving: tuple[str, ...]  # participants that exit after the handover
+    cause: str
+    checkpoint: str | None = None  # for source "checkpoint": the directory every member reads
+
+    @property
+    def number(self) -> int:
+        return self.generation.number
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one participant's part of a generation ended."""
+
+    actor_id: str
+    kind: str  # "finished" | "safe_point" | "failed" | "left" | "dead"
+    step: int = 0
+    own_steps: tuple[int, ...] = ()
+    ward_steps: tuple[int, ...] = ()
+    error: str = ""
+    bug: str = ""  # the error, when it did not come from communication (a peer lost, an abort, a timeout)
+    snapshot_generation: int = -1  # the generation whose ranks own_steps and ward_steps describe
+    # (generation, own_steps, ward_steps): the replicas of the layout snapshot_generation was built
+    # from, kept until the new layout is committed on every rank
+    earlier: tuple = ()
+
+    def replicas_of(self, generation: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(own_steps, ward_steps) of the replicas this participant holds in `generation`'s ranks."""
+        if self.snapshot_generation == generation:
+            return self.own_steps, self.ward_steps
+        if self.earlier and self.earlier[0] == generation:
+            return tuple(self.earlier[1]), tuple(self.earlier[2])
+        return (), ()
+
+

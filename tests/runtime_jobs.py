@@ -1,0 +1,42 @@
+"""Jobs on a real local Ray for the runtime tests: run one, read its outputs, compare weights."""
+
+import json
+
+import torch
+
+from elastic_zero.run import run_job
+from elastic_zero.spec import spec_from_dict
+
+
+def job(tmp_path, name, faults=(), **sections):
+    """Run a job of gpt-tiny (300 steps, global batch 8, 2 workers, stage 2 unless `sections` say
+    otherwise): (exit code, summary, events, final weights or None)."""
+    data = {
+        "name": name,
+        "model": {"preset": "gpt-tiny"},
+        "train": {"steps": 300, "global_batch": 8, "micro_batch": 4},
+        "optimizer": {"name": "adamw", "lr": 1e-3},
+        "zero": {"stage": 2},
+        "elastic": {"workers": 2, "min_workers": 1, "max_workers": 3},
+        "faults": list(faults),
+    }
+    for section, values in sections.items():
+        data[section] = {**data.get(section, {}), **values}
+    run_dir = tmp_path / name
+    weights = tmp_path / f"{name}.pt"
+    code = run_job(spec_from_dict(data), str(run_dir), final_weights=str(weights))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return code, summary, events, (torch.load(weights, weights_only=True) if code == 0 else None)
+
+
+def relative(a, b):
+    assert a.keys() == b.keys()
+    va = torch.cat([a[k].flatten() for k in a])
+    vb = torch.cat([b[k].flatten() for k in a])
+    return ((va - vb).norm() / va.norm()).item()
+
+
+def exactly_once(summary):
+    assert summary["samples_consumed"] == summary["steps"] * summary["global_batch"]  # steps run in this job
+    assert summary["duplicate_samples"] == 0 and summary["skipped_samples"] == 0
