@@ -89,6 +89,9 @@ def _run(args, started_at: float) -> int:
         for assignment in args.overrides:
             apply_override(data, assignment)
         spec = spec_from_dict(data)
+    from elastic_zero.preflight import preflight
+
+    preflight(spec)  # exit 2 naming the field, before Ray starts
     run_dir = args.run_dir or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     return run_job(spec, run_dir, args.address, args.final_weights, started_at)
 

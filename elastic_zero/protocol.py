@@ -33,7 +33,9 @@ class GenerationPlan:
     step: int  # the optimizer step the generation starts from
     leaving: tuple[str, ...]  # participants that exit after the handover
     cause: str
-    checkpoint: str | None = None  # for source "checkpoint": the directory every member reads
+    # for source "checkpoint": the committed checkpoints, newest commit first; the members restore
+    # the first one every member can read
+    checkpoints: tuple[str, ...] = ()
 
     @property
     def number(self) -> int:

@@ -7,6 +7,7 @@ exit code 2 and one line.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -145,6 +146,8 @@ class CheckpointSpec:
         _at_least("checkpoint.keep", self.keep, 1)
         if (self.every or self.resume) and not self.uri:
             _fail("checkpoint.uri", "is required when 'every' or 'resume' is set")
+        if self.resume is not None and not re.fullmatch(r"latest|\d+|step-\d{10}(-\d+)?", self.resume):
+            _fail("checkpoint.resume", f"must be 'latest', a step number or a step directory name, got {self.resume!r}")
 
 
 KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover")  # the worker's process exits

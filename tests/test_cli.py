@@ -48,6 +48,11 @@ def test_bench_step_json_reports_the_contract_fields():
         (("run", "--set", "model.preset=gpt-huge"), "model.preset: got 'gpt-huge'"),
         (("run", "examples/jobs/tiny.toml", "--set", "zero.stage=5"), "zero.stage: got 5; allowed: 1, 2, 3"),
         (("run", "missing.toml"), "missing.toml: no such spec file"),
+        (("run", "--set", "data.source=/no/such/file.parquet"), "data.source: no such file or directory"),
+        (("run", "--set", "checkpoint.uri=README.md/ckpt", "--set", "checkpoint.every=5"),
+         "checkpoint.uri: cannot write to 'README.md/ckpt'"),
+        (("run", "--set", "checkpoint.uri=README.md/ckpt", "--set", "checkpoint.resume=latest"),
+         "checkpoint.uri: cannot read"),
         (("bench", "step", "--stage", "2", "--steps", "1", "--rounds", "3"), "steps >= rounds"),
     ],
 )

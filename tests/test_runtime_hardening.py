@@ -44,3 +44,34 @@ def test_a_bug_in_one_worker_ends_the_job_with_its_error(tmp_path):
     assert code == 1
     assert "injected error at step 3 (faults[0])" in summary["error"], summary["error"]
     assert [e["count"] for e in events if e["event"] == "spawn"] == [2]
+
+
+def test_a_checkpoint_keeps_the_sample_records_of_steps_not_yet_replicated(tmp_path, one_worker):
+    """checkpoint.every = 5 with replicate_every = 3: the checkpoint of step 5 commits steps 3 and 4,
+    which no replication has yet. Ranks 0 and 1 die together at step 7 (rank 1 holds rank 0's
+    replica), so the job goes back to that checkpoint; before the fix the records of steps 3-4
+    were lost with their ranks and the books counted 16 samples skipped. Oracle: one worker."""
+    reference = one_worker(14)
+    drill = [{"at_step": 7, "action": "kill", "rank": 0}, {"at_step": 7, "action": "kill", "rank": 1}]
+    code, summary, events, weights = job(tmp_path, "gap", drill, train={"steps": 14},
+                                         checkpoint={"uri": str(tmp_path / "ckpt"), "every": 5},
+                                         elastic={"workers": 3, "max_workers": 3, "replicate_every": 3})
+    assert code == 0, summary.get("error")
+    (recovery,) = summary["recoveries"]
+    assert recovery["cause"].endswith("restored from a checkpoint") and recovery["step"] == 5
+    exactly_once(summary)
+    assert relative(reference, weights) <= 1e-4
+
+
+def test_a_checkpoint_write_that_fails_is_reported_and_training_goes_on(tmp_path):
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / "step-0000000004").write_text("a file where the directory of step 4 goes")
+    code, summary, events, _ = job(tmp_path, "badwrite", train={"steps": 8},
+                                   checkpoint={"uri": str(root), "every": 4})
+    assert code == 0, summary.get("error")
+    errors = summary["checkpoint_errors"]  # each rank that tried says so
+    assert errors and all(e.startswith("g0-s4: ") and "step-0000000004" in e for e in errors), errors
+    assert sorted(e["error"] for e in events if e["event"] == "checkpoint_failed") == sorted(errors)
+    committed = [e["directory"] for e in events if e["event"] == "checkpoint_committed"]
+    assert [d.rsplit("/", 1)[1] for d in committed] == ["step-0000000008"]

@@ -140,7 +140,8 @@ def _save_phase(ctx: LocalRank, preset: str, work: str, rounds: int) -> dict:
             dist.barrier()
             out["ours_stall_snapshot_ready"].append(_timed(lambda: writer.save(ready, f"bench-ready-{r}", {})))
             writer.wait()
-            assert not writer.errors, writer.errors
+            errors = writer.take_errors()
+            assert not errors, errors
             dist.barrier()
             out["dcp_sync"].append(_timed(lambda: dcp.save(dcp_state, checkpoint_id=os.path.join(work, f"dcp-{r}"))))
             dist.barrier()

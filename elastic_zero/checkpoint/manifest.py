@@ -8,6 +8,7 @@ its own CRC-32, so that a reader can fetch and check just the blocks it needs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 FORMAT = "elastic-zero-checkpoint"
@@ -85,7 +86,10 @@ def datafile_to_dict(f: DataFile) -> dict:
 
 
 def datafile_from_dict(f: dict) -> DataFile:
-    return DataFile(str(f["path"]), int(f["rank"]), int(f["nbytes"]), tuple(
+    path = str(f["path"])
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", path) or path in (".", ".."):  # a name in the directory, no more
+        raise ValueError(f"data file name {path!r} is not a plain file name")
+    return DataFile(path, int(f["rank"]), int(f["nbytes"]), tuple(
         Segment(str(s["vector"]), int(s["start"]), int(s["stop"]), tuple(Block(*(int(v) for v in b)) for b in s["blocks"]))
         for s in f["segments"]))
 

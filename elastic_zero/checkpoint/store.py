@@ -2,16 +2,21 @@
 
     ROOT/step-0000000040/rank-00000.bin ...   one file per saving rank (written first)
     ROOT/step-0000000040/manifest.json        written last: the commit
-    ROOT/latest                               the newest committed step directory, updated after it
+    ROOT/step-0000000040-1/...                the same step saved again after a replay or a resume
+                                              from an older step: a committed directory is immutable
+    ROOT/latest                               the newest commit's directory, updated after it
 
-Readers see only directories with a manifest. A reader at any world size fetches just the blocks
-that overlap its ranges and checks each block's CRC-32.
+Readers see only directories with a manifest. Checkpoints are ordered by commit (the manifest's
+time), not by step: after a resume from an older step the newest commit may have a lower step.
+A reader at any world size fetches just the blocks that overlap its ranges and checks each
+block's CRC-32.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import warnings
 import zlib
@@ -33,8 +38,15 @@ _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16":
 _BIT_VIEWS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+_STEP_DIR = re.compile(r"step-(\d{10})(?:-(\d+))?")
+
+
 class ChecksumError(ValueError):
     pass
+
+
+class StoreError(ValueError):
+    """The checkpoint store cannot be read or written: the message names the URI."""
 
 
 def open_store(uri: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
@@ -50,8 +62,34 @@ def open_store(uri: str, filesystem: pafs.FileSystem | None = None) -> tuple[paf
     return fs, path.rstrip("/")
 
 
-def step_dir(root: str, step: int) -> str:
-    return f"{root}/step-{step:010d}"
+def step_dir(root: str, step: int, again: int = 0) -> str:
+    """The directory of a save of `step`; `again` > 0 for the later saves of a committed step."""
+    return f"{root}/step-{step:010d}" + (f"-{again}" if again else "")
+
+
+def free_step_dir(fs: pafs.FileSystem, root: str, step: int) -> str:
+    """The first directory for `step` that holds no commit: committed steps are never rewritten."""
+    again = 0
+    while _is_file(fs, f"{step_dir(root, step, again)}/{MANIFEST}"):
+        again += 1
+    return step_dir(root, step, again)
+
+
+def probe_writable(uri: str) -> None:
+    """Raise StoreError unless a file can be written (and removed) under `uri`."""
+    fs, root = open_store(uri)
+    probe = f"{root}/.probe-{os.getpid()}"
+    try:
+        fs.create_dir(root, recursive=True)
+        with fs.open_output_stream(probe) as out:
+            out.write(b"elastic-zero")
+        fs.delete_file(probe)
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"checkpoint.uri: cannot write to {uri!r} ({exc})") from None
+
+
+def _is_file(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type == pafs.FileType.File
 
 
 def _raw_bytes(t: torch.Tensor) -> bytes:
@@ -62,9 +100,11 @@ def _raw_bytes(t: torch.Tensor) -> bytes:
 
 
 def write_rank_file(fs: pafs.FileSystem, directory: str, state: ShardState,
-                    block_numel: int = BLOCK_NUMEL) -> DataFile:
-    """Write one rank's ranges of every vector; return its entry for the manifest."""
-    name = f"rank-{state.rank:05d}.bin"
+                    block_numel: int = BLOCK_NUMEL, tag: str = "") -> DataFile:
+    """Write one rank's ranges of every vector; return its entry for the manifest. `tag` makes the
+    file's name unique to one save, so that a slow abandoned save of the same step never writes
+    over the file of a later one."""
+    name = f"{tag + '-' if tag else ''}rank-{state.rank:05d}.bin"
     fs.create_dir(directory, recursive=True)
     offset, segments = 0, []
     with fs.open_output_stream(f"{directory}/{name}") as out:
@@ -104,13 +144,17 @@ def _fsync_local(fs: pafs.FileSystem, path: str) -> None:
         os.close(fd)
 
 
-def commit(fs: pafs.FileSystem, root: str, manifest: Manifest, keep: int | None = None) -> str:
-    """Write the manifest (the commit), then the latest pointer, then prune to `keep` checkpoints."""
-    directory = step_dir(root, manifest.step)
+def commit(fs: pafs.FileSystem, root: str, manifest: Manifest, keep: int | None = None,
+           directory: str | None = None) -> str:
+    """Write the manifest (the commit), then the latest pointer, then prune to the `keep` newest
+    commits (never the one just made). `directory` defaults to the step's first free one."""
+    directory = directory or free_step_dir(fs, root, manifest.step)
+    if _is_file(fs, f"{directory}/{MANIFEST}"):
+        raise StoreError(f"{directory}: already committed; a committed checkpoint is never rewritten")
     _write_atomically(fs, f"{directory}/{MANIFEST}", json.dumps(manifest.to_dict()).encode())
     _write_atomically(fs, f"{root}/{LATEST}", os.path.basename(directory).encode())
     if keep is not None:
-        for _, old in list_checkpoints(fs, root)[:-keep]:
+        for _, old in [c for c in list_checkpoints(fs, root) if c[1] != directory][: -keep + 1 or None]:
             fs.delete_dir(old)
     return directory
 
@@ -134,10 +178,10 @@ def save(uri: str, states: Sequence[ShardState], stage: int, extra: dict | None 
     fs, root = open_store(uri, filesystem)
     first = states[0]
     step = int(first.scalars["step"])
-    directory = step_dir(root, step)
+    directory = free_step_dir(fs, root, step)
     files = tuple(write_rank_file(fs, directory, s, block_numel) for s in sorted(states, key=lambda s: s.rank))
     manifest = make_manifest(first, files, stage, extra)
-    return commit(fs, root, manifest, keep)
+    return commit(fs, root, manifest, keep, directory)
 
 
 def make_manifest(state: ShardState, files: Sequence[DataFile], stage: int, extra: dict | None = None) -> Manifest:
@@ -147,18 +191,21 @@ def make_manifest(state: ShardState, files: Sequence[DataFile], stage: int, extr
 
 
 def list_checkpoints(fs: pafs.FileSystem, root: str) -> list[tuple[int, str]]:
-    """Committed checkpoints (those with a manifest), oldest first, as (step, directory)."""
+    """Committed checkpoints (those with a manifest), oldest commit first, as (step, directory).
+    A root that does not exist holds none; one that cannot be read raises StoreError."""
     try:
         infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    except OSError:
-        return []
-    found = []
-    for info in infos:
-        name = os.path.basename(info.path)
-        if info.type == pafs.FileType.Directory and name.startswith("step-"):
-            if fs.get_file_info(f"{info.path}/{MANIFEST}").type == pafs.FileType.File:
-                found.append((int(name[len("step-"):]), info.path))
-    return sorted(found)
+        found = []
+        for info in infos:
+            name = _STEP_DIR.fullmatch(os.path.basename(info.path))
+            if info.type == pafs.FileType.Directory and name:
+                manifest = fs.get_file_info(f"{info.path}/{MANIFEST}")
+                if manifest.type == pafs.FileType.File:
+                    again = int(name.group(2) or 0)
+                    found.append((manifest.mtime_ns or 0, int(name.group(1)), again, info.path))
+    except OSError as exc:
+        raise StoreError(f"checkpoint.uri: cannot read {root!r} ({exc})") from None
+    return [(step, directory) for _, step, _, directory in sorted(found)]
 
 
 def read_manifest(fs: pafs.FileSystem, directory: str) -> Manifest:
@@ -187,9 +234,14 @@ def resolve(fs: pafs.FileSystem, root: str, which: str = "latest") -> str:
         except FileNotFoundError:
             pass
         return committed[-1][1]  # the pointer lags a crash between commit and pointer update
-    if which.isdigit():
-        return step_dir(root, int(which))
-    return which if which.startswith(root) else f"{root}/{which}"
+    if which.isdigit():  # the newest commit of that step
+        of_step = [d for s, d in list_checkpoints(fs, root) if s == int(which)]
+        return of_step[-1] if of_step else step_dir(root, int(which))
+    name = which[len(root):].lstrip("/") if which.startswith(root + "/") else which
+    if not _STEP_DIR.fullmatch(name):  # nothing that could lead outside the root
+        raise ValueError(f"checkpoint {which!r}: expected 'latest', a step number or a step directory "
+                         f"name like 'step-0000000040'")
+    return f"{root}/{name}"
 
 
 def load_shard(fs: pafs.FileSystem, directory: str, layout: FlatLayout, world_size: int, rank: int,
@@ -246,7 +298,7 @@ def _read_range(fs, directory, manifest, handles, vector, dtype, start, stop, ou
 
 
 def restore_candidates(fs: pafs.FileSystem, root: str) -> list[str]:
-    """Where to resume from, in order: the latest committed checkpoint, then older ones."""
+    """Where to restore from, in order: the latest commit, then the earlier ones, newest first."""
     latest = resolve(fs, root, "latest")
     return [latest] + [d for _, d in reversed(list_checkpoints(fs, root)) if d != latest]
 

@@ -4,6 +4,11 @@ At a safe point a rank hands a host-memory snapshot of its shard to save(); a ba
 writes the rank's file and posts its manifest entry in the job's store; rank 0's thread waits for
 every rank's entry and commits the manifest. Training goes on meanwhile; only one save is in
 flight per rank, so a new save first waits for the previous one (that wait is the stall).
+
+Rank 0 picks the save's directory (the step's first one with no commit: a committed checkpoint is
+never rewritten, not even by a replay of its step) and posts it; the other ranks write there.
+abandon() returns at once: the abandoned save stops at its next wait and never commits, while
+the rank goes on with its recovery.
 """
 
 from __future__ import annotations
@@ -14,8 +19,12 @@ import threading
 import time
 
 from elastic_zero.checkpoint.manifest import datafile_from_dict, datafile_to_dict
-from elastic_zero.checkpoint.store import commit, make_manifest, open_store, step_dir, write_rank_file
+from elastic_zero.checkpoint.store import commit, free_step_dir, make_manifest, open_store, write_rank_file
 from elastic_zero.zero.shard import ShardState
+
+
+class SaveAbandoned(Exception):
+    """The generation of this save failed before every rank posted its part."""
 
 
 class AsyncCheckpointWriter:
@@ -23,9 +32,10 @@ class AsyncCheckpointWriter:
         self.fs, self.root = open_store(uri)
         self.store, self.keep, self.stage, self.timeout_s = store, keep, stage, timeout_s
         self._thread: threading.Thread | None = None
-        self._abandon = threading.Event()
-        self.committed: list[str] = []  # directories this rank committed (rank 0 only)
-        self.errors: list[str] = []
+        self._abandoned = threading.Event()  # of the save in flight; each save has its own
+        self._lock = threading.Lock()
+        self._errors: list[str] = []
+        self._committed: list[str] = []  # directories this rank committed (rank 0 only), not yet taken
 
     def save(self, snapshot: ShardState, tag: str, extra: dict, sample_log: list | None = None) -> float:
         """Start saving `snapshot` (a copy no one else mutates); returns the seconds spent waiting
@@ -34,8 +44,9 @@ class AsyncCheckpointWriter:
         started = time.perf_counter()
         self.wait()
         stall = time.perf_counter() - started
-        self._thread = threading.Thread(target=self._write, args=(snapshot, tag, extra, list(sample_log or ())),
-                                        daemon=True)
+        self._abandoned = threading.Event()
+        self._thread = threading.Thread(target=self._write, daemon=True, name=f"checkpoint-{tag}",
+                                        args=(snapshot, tag, extra, list(sample_log or ()), self._abandoned))
         self._thread.start()
         return stall
 
@@ -45,34 +56,61 @@ class AsyncCheckpointWriter:
             self._thread = None
 
     def abandon(self) -> None:
-        """The generation failed: stop waiting for other ranks' files (that save never commits)."""
-        self._abandon.set()
-        self.wait()
-        self._abandon.clear()
+        """The generation failed: the save in flight will not commit. Returns at once; a rank file
+        being written is finished (or fails) in the background, in a directory nothing names."""
+        self._abandoned.set()
 
-    def _write(self, snapshot: ShardState, tag: str, extra: dict, sample_log: list) -> None:
+    def take_errors(self) -> list[str]:
+        with self._lock:
+            errors, self._errors = self._errors, []
+        return errors
+
+    def take_committed(self) -> list[str]:
+        with self._lock:
+            committed, self._committed = self._committed, []
+        return committed
+
+    def _write(self, snapshot: ShardState, tag: str, extra: dict, sample_log: list, abandoned) -> None:
         try:
-            step = int(snapshot.scalars["step"])
-            entry = write_rank_file(self.fs, step_dir(self.root, step), snapshot)
-            self.store.set(f"ckpt/{tag}/{snapshot.rank}",
-                           json.dumps({"file": datafile_to_dict(entry), "sample_log": sample_log}))
-            if snapshot.rank != 0:
+            step, rank = int(snapshot.scalars["step"]), snapshot.rank
+            if rank == 0:
+                directory = free_step_dir(self.fs, self.root, step)
+                self.store.set(f"ckpt/{tag}/dir", directory)
+            else:
+                directory = self._wait_for([f"ckpt/{tag}/dir"], abandoned)[0].decode()
+            entry = write_rank_file(self.fs, directory, snapshot, tag=tag)
+            self.store.set(f"ckpt/{tag}/{rank}", json.dumps({"file": datafile_to_dict(entry), "sample_log": sample_log}))
+            if rank != 0:
                 return
-            world = snapshot.partition.world_size
-            keys = [f"ckpt/{tag}/{r}" for r in range(world)]
-            deadline = time.monotonic() + self.timeout_s
-            while not self.store.check(keys):  # bounded waits, so that abandon() is seen promptly
-                if self._abandon.is_set() or time.monotonic() > deadline:
-                    self.errors.append(f"{tag}: not every rank wrote its file; not committed")
-                    return
-                try:
-                    self.store.wait(keys, datetime.timedelta(seconds=0.2))
-                except Exception:  # the store's wait timed out: look again
-                    pass
-            posted = [json.loads(self.store.get(k)) for k in keys]
+            keys = [f"ckpt/{tag}/{r}" for r in range(snapshot.partition.world_size)]
+            posted = [json.loads(v) for v in self._wait_for(keys, abandoned)]
             files = [datafile_from_dict(p["file"]) for p in posted]
             rows = sorted(tuple(row) for p in posted for row in p["sample_log"])
             manifest = make_manifest(snapshot, files, self.stage, {**extra, "sample_log": rows})
-            self.committed.append(commit(self.fs, self.root, manifest, self.keep))
-        except Exception as exc:  # a failed save must not stop training; the previous checkpoint stands
-            self.errors.append(f"{tag}: {type(exc).__name__}: {exc}")
+            if abandoned.is_set():
+                raise SaveAbandoned("the generation failed before the commit")
+            done = commit(self.fs, self.root, manifest, self.keep, directory)
+            with self._lock:
+                self._committed.append(done)
+        except SaveAbandoned as exc:
+            self._error(tag, f"not committed: {exc}")
+        except Exception as exc:  # a failed save must not stop training: reported, and the previous checkpoint stands
+            self._error(tag, f"{type(exc).__name__}: {exc}")
+
+    def _wait_for(self, keys: list[str], abandoned) -> list[bytes]:
+        """The values of `keys` once all are set; bounded waits, so an abandon is seen promptly."""
+        deadline = time.monotonic() + self.timeout_s
+        while not self.store.check(keys):
+            if abandoned.is_set():
+                raise SaveAbandoned("the generation failed before every rank posted its part")
+            if time.monotonic() > deadline:
+                raise SaveAbandoned(f"not every rank posted its part within {self.timeout_s:.0f} s")
+            try:
+                self.store.wait(keys, datetime.timedelta(seconds=0.2))
+            except Exception:  # noqa: BLE001 - the store's wait timed out (its only error here): look again
+                pass
+        return [self.store.get(k) for k in keys]
+
+    def _error(self, tag: str, message: str) -> None:
+        with self._lock:
+            self._errors.append(f"{tag}: {message}")

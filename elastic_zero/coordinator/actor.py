@@ -96,6 +96,15 @@ class Coordinator:
 
     def run(self) -> dict:
         self._log("job_start", name=self.spec.name, workers=self.spec.elastic.workers)
+        c = self.spec.checkpoint
+        if c.uri and c.every:  # where the job runs (the CLI checked where it was launched)
+            from elastic_zero.checkpoint import probe_writable
+
+            try:
+                probe_writable(c.uri)
+            except ValueError as exc:
+                self._carry_out(Fail(str(exc)))
+                return self._result
         self._apply(Start())
         last_tick = time.monotonic()
         while self._result is None:
@@ -169,6 +178,16 @@ class Coordinator:
         plan, results = self._plan, self._results
         self._plan, self._results = None, {}
         members = {m.actor_id for m in plan.generation.members}
+        restored = {r["restored_from"] for r in results.values() if r.get("restored_from")}
+        for directory in restored:
+            self._log("checkpoint_restored", generation=plan.number, directory=directory)
+            if plan.source == "checkpoint":
+                self._add_checkpoint_logs(directory)
+        for r in results.values():
+            for directory in r.get("checkpoints", ()):
+                self._log("checkpoint_committed", generation=plan.number, directory=directory)
+            for error in r.get("checkpoint_errors", ()):
+                self._log("checkpoint_failed", generation=plan.number, actor_id=r["outcome"].actor_id, error=error)
         self.books.add_generation_results(plan.number, [r for a, r in results.items() if a in members])
         # the leavers' outcomes too: after a failed handover they still hold shards of the previous layout
         outcomes = tuple(r["outcome"] for r in results.values() if r["outcome"].kind != "dead")
@@ -210,7 +229,7 @@ class Coordinator:
             plan = command.plan
             if plan.source == "checkpoint":
                 try:
-                    plan = dataclasses.replace(plan, checkpoint=self._latest_checkpoint())
+                    plan = dataclasses.replace(plan, checkpoints=self._checkpoint_candidates())
                 except ValueError as exc:
                     self._carry_out(Fail(f"no in-memory copy survived and no checkpoint can be read: {exc}"))
                     return
@@ -232,7 +251,7 @@ class Coordinator:
             failed_at = min(self._new_kill_times() + [r["ended_at"] for r in last.values()] or [now])
             reached = max((r["outcome"].step for r in last.values()), default=plan.step)
             lost = sorted(a for a, r in last.items() if r["outcome"].kind == "dead")
-            cause = f"lost {', '.join(lost)}" + ("; restored from a checkpoint" if plan.checkpoint else "")
+            cause = f"lost {', '.join(lost)}" + ("; restored from a checkpoint" if plan.checkpoints else "")
             self.books.begin_change("recovery", failed_at, step=plan.step if plan.step >= 0 else None,
                                     cause=cause, reached=reached)
         elif plan.source == "live":
@@ -240,25 +259,30 @@ class Coordinator:
             self.books.begin_change("reconfiguration", since, step=plan.step, **{
                 "from": plan.previous.world_size, "to": plan.generation.world_size}, cause=plan.cause)
         self.books.world_size_history.append([plan.step, plan.generation.world_size])
-        self._log("generation_start", generation=plan.number, step=plan.step, source=plan.source, checkpoint=plan.checkpoint,
+        self._log("generation_start", generation=plan.number, step=plan.step, source=plan.source, checkpoint=plan.checkpoints[0] if plan.checkpoints else None,
                   workers=[m.actor_id for m in plan.generation.members], leaving=list(plan.leaving))
         self._plan = plan
         self._failure_seen_at = None
         for actor_id in plan.participants:
             self._train_refs[self._workers[actor_id].train.remote(plan)] = actor_id
 
-    def _latest_checkpoint(self) -> str:
-        """The directory every member of a checkpoint generation reads; the sample records saved
-        with it and the checkpoints before it go into the books."""
-        from elastic_zero.checkpoint import list_checkpoints, open_store, read_manifest, resolve
+    def _checkpoint_candidates(self) -> tuple[str, ...]:
+        """What a checkpoint generation may restore: the committed checkpoints, newest commit first."""
+        from elastic_zero.checkpoint import open_store, restore_candidates
 
         fs, root = open_store(self.spec.checkpoint.uri)
-        latest = resolve(fs, root, "latest")
+        return tuple(restore_candidates(fs, root))
+
+    def _add_checkpoint_logs(self, restored: str) -> None:
+        """The sample records saved with the restored checkpoint and the commits before it go into
+        the books: they stand for ranks whose own reports were lost."""
+        from elastic_zero.checkpoint import list_checkpoints, open_store, read_manifest
+
+        fs, root = open_store(self.spec.checkpoint.uri)
         for _, directory in list_checkpoints(fs, root):
             self.books.add_checkpoint_log(read_manifest(fs, directory).extra.get("sample_log", ()))
-            if directory == latest:
+            if directory == restored:
                 break
-        return latest
 
     def _new_kill_times(self) -> list[float]:
         """When the kill drills that fired since the last recovery killed their workers."""

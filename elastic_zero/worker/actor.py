@@ -15,13 +15,11 @@ import functools
 import os
 import threading
 import time
-import warnings
 
 import torch
 import torch.distributed as dist
 
-from elastic_zero.checkpoint import ChecksumError, list_checkpoints, load_shard, open_store, resolve
-from elastic_zero.checkpoint.store import restore_candidates
+from elastic_zero.checkpoint import list_checkpoints, open_store, resolve, restore_candidates, restore_shard
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.job import DTYPES, build_model, build_optimizer, build_source
 from elastic_zero.models import lm_loss
@@ -69,6 +67,7 @@ class TrainingWorker:
         self._generation = -1
         self._generation_lock = threading.Lock()  # an abort for generation g never reaches g + 1
         self._unsaved_log: list[tuple] = []  # (generation, step, rank, start, count) not yet in a checkpoint
+        self._saved_through = -1  # the last step whose sample records went into a checkpoint
         self._coordinator, self._namespace = coordinator, namespace
         timeout = datetime.timedelta(seconds=self.spec.elastic.collective_timeout_s)
         self.store = dist.TCPStore(store_host, store_port, None, False, timeout=timeout)
@@ -109,9 +108,10 @@ class TrainingWorker:
 
     def train(self, plan: GenerationPlan) -> dict:
         report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [],
-                  "first_step_at": None, "last_loss": None, "checkpoint_stall_s": [], "entered_at": time.time()}
+                  "first_step_at": None, "last_loss": None, "checkpoint_stall_s": [], "entered_at": time.time(),
+                  "checkpoint_errors": [], "checkpoints": [], "restored_from": None}
         try:
-            rank = self._enter(plan, report.setdefault("phases_s", {}))
+            rank = self._enter(plan, report)
             if rank is None:
                 return {**report, "outcome": Outcome(self.actor_id, "left", plan.step), "ended_at": time.time()}
             report["rank"] = rank
@@ -123,7 +123,8 @@ class TrainingWorker:
             error = f"{type(exc).__name__}: {exc}"[:400]
             bug = "" if _is_communication_failure(exc, self._aborted.is_set()) else error
             if self.writer is not None:
-                self.writer.abandon()
+                self.writer.abandon()  # at once: a slow write must not make this survivor miss its deadline
+                self._take_checkpoint_news(report)
             self._abort_group()
             if self.engine is not None:
                 self.engine.discard_partial_step()
@@ -142,18 +143,17 @@ class TrainingWorker:
                 self._abort_group()
         return pg
 
-    def _enter(self, plan: GenerationPlan, phases: dict) -> int | None:
+    def _enter(self, plan: GenerationPlan, report: dict) -> int | None:
         """Join generation `plan.number`: hand the shards over and rebuild the engine on its group."""
-        clock = _PhaseClock(phases)
+        clock = _PhaseClock(report.setdefault("phases_s", {}))
         with self._generation_lock:
             self._generation = plan.number
             self._aborted.clear()
             if self.engine is not None:
                 self.engine.clear_interrupt()
         world = plan.generation.world_size
-        if plan.source in ("snapshot", "checkpoint"):  # steps from the restored one on are trained again
-            keep_below = plan.step if plan.source == "snapshot" else _checkpoint_step(plan.checkpoint)
-            self._unsaved_log = [row for row in self._unsaved_log if row[1] < keep_below]
+        if plan.source == "snapshot":
+            self._forget_log_from(plan.step)
         if plan.source == "init":
             rank = plan.generation.rank_of(self.actor_id)
             self._group(plan, "train", rank, world)
@@ -161,7 +161,9 @@ class TrainingWorker:
                                      grad_clip=self.spec.train.grad_clip,
                                      compute_dtype=DTYPES[self.spec.zero.compute_dtype])
             clock.lap("engine")
-            self._resume(world, rank)
+            if self.spec.checkpoint.resume:
+                state, report["restored_from"] = self._restore(self._resume_candidates())
+                self.engine.load_shard_state(state)
             clock.lap("resume")
             self._commit(plan)
             clock.lap("commit")
@@ -170,10 +172,11 @@ class TrainingWorker:
             self.engine = self._standalone_engine()
         if plan.source == "checkpoint":  # no complete step survived in memory
             rank = plan.generation.rank_of(self.actor_id)
-            fs, root = open_store(self.spec.checkpoint.uri)
-            state = load_shard(fs, plan.checkpoint, self.engine.layout, world, rank, self.engine.vector_names())
+            pg = self._group(plan, "train", rank, world)
+            state, report["restored_from"] = self._restore(plan.checkpoints)
+            self._forget_log_from(int(state.scalars["step"]))
             clock.lap("read_checkpoint")
-            self.engine.reconfigure(self._group(plan, "train", rank, world), state)
+            self.engine.reconfigure(pg, state)
             clock.lap("reconfigure")
             self._commit(plan)
             clock.lap("commit")
@@ -214,35 +217,29 @@ class TrainingWorker:
             if self._aborted.wait(0.01):
                 raise GroupAborted("the generation failed before it committed its layout")
 
-    def _resume(self, world: int, rank: int) -> str | None:
-        """[checkpoint] resume: start from a saved step ("latest" starts fresh when there is none).
-        All ranks agree on one checkpoint: if any rank finds a damaged block in a candidate, they
-        all move on to the previous one. Returns the checkpoint directory used."""
+    def _resume_candidates(self) -> list[str]:
+        """[checkpoint] resume: the checkpoint to start from, and for "latest" the earlier commits
+        to fall back on, newest first ("latest" with none committed: start fresh)."""
         c = self.spec.checkpoint
-        if not c.resume:
-            return None
         fs, root = open_store(c.uri)
-        if c.resume == "latest":
-            if not list_checkpoints(fs, root):
-                return None
-            candidates = restore_candidates(fs, root)
-        else:
-            candidates = [resolve(fs, root, c.resume)]
-        comm = TorchComm(self._pg)
-        for directory in candidates:
-            try:
-                state, problem = load_shard(fs, directory, self.engine.layout, world, rank,
-                                            self.engine.vector_names()), ""
-            except ChecksumError as exc:
-                state, problem = None, str(exc)
-            loaded = torch.tensor([0.0 if state is None else 1.0], device=self.device)
-            comm.all_reduce(loaded, op="min")
-            if loaded.item() == 1.0:
-                self.engine.load_shard_state(state)
-                return directory
-            warnings.warn(f"checkpoint {directory} is damaged{': ' + problem if problem else ' on another rank'}; "
-                          f"trying the previous one", stacklevel=2)
-        raise ChecksumError(f"checkpoint.resume: every candidate checkpoint under {root} is damaged")
+        if c.resume != "latest":
+            return [resolve(fs, root, c.resume)]
+        return restore_candidates(fs, root) if list_checkpoints(fs, root) else []
+
+    def _restore(self, candidates) -> tuple[ShardState | None, str | None]:
+        """(this rank's shard, its checkpoint) from the first candidate every rank can read; (None,
+        None) when there is no candidate (a fresh start)."""
+        if not candidates:
+            return None, None
+        fs, _ = open_store(self.spec.checkpoint.uri)
+        world, rank = self._pg.size(), self._pg.rank()
+        return restore_shard(fs, candidates, self.engine.layout, world, rank, self.engine.vector_names(),
+                             TorchComm(self._pg), self.device)
+
+    def _forget_log_from(self, step: int) -> None:
+        """Steps from `step` on are trained again: their earlier sample records are void."""
+        self._unsaved_log = [row for row in self._unsaved_log if row[1] < step]
+        self._saved_through = min(self._saved_through, step - 1)
 
     def _save_checkpoint(self, plan: GenerationPlan, report: dict) -> None:
         step = self.engine.step_count
@@ -252,8 +249,12 @@ class TrainingWorker:
         snapshot = self.replicas.current.own.get(step) or self._host_snapshot()
         extra = {"cursor": step * self.spec.train.global_batch, "seed": self.spec.train.seed,
                  "generation": plan.number, "optimizer": dict(vars(self.spec.optimizer))}
-        rows, self._unsaved_log = self._unsaved_log, []
+        # the checkpoint commits every step up to its own, replicated yet or not (checkpoint.every
+        # need not be a multiple of replicate_every): their sample records go with it
+        rows = self._unsaved_log + [(plan.number, *row) for row in report["uncommitted"]]
+        self._unsaved_log, self._saved_through = [], step
         report["checkpoint_stall_s"].append(self.writer.save(snapshot, f"g{plan.number}-s{step}", extra, rows))
+        self._take_checkpoint_news(report)
 
     def _standalone_engine(self) -> ZeroEngine:
         return ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, grad_clip=self.spec.train.grad_clip,
@@ -291,7 +292,7 @@ class TrainingWorker:
 
     def _keep_uncommitted(self, plan: GenerationPlan, report: dict) -> None:
         """The steps since the last commit are kept: into the report and the next checkpoint."""
-        self._unsaved_log.extend((plan.number, *row) for row in report["uncommitted"])
+        self._unsaved_log.extend((plan.number, *row) for row in report["uncommitted"] if row[0] > self._saved_through)
         report["log"].extend(report["uncommitted"])
         report["uncommitted"] = []
 
@@ -349,8 +350,13 @@ class TrainingWorker:
                 return "safe_point"
         if self.writer is not None:
             self.writer.wait()  # the final checkpoint is committed before the job reports success
-            report["checkpoint_errors"] = list(self.writer.errors)
+            self._take_checkpoint_news(report)
         return "finished"
+
+    def _take_checkpoint_news(self, report: dict) -> None:
+        """The commits and failures of background saves since the last look go into the report."""
+        report["checkpoint_errors"].extend(self.writer.take_errors())
+        report["checkpoints"].extend(self.writer.take_committed())
 
     def _fire_drills(self, moment: str, plan: GenerationPlan, rank: int | None, step: int) -> None:
         for i, fault in due_drills(self.spec.faults, moment, rank, step, plan.step, plan.source):
@@ -400,10 +406,6 @@ class _PhaseClock:
 
 def _committed_key(plan: GenerationPlan) -> str:
     return f"g{plan.number}/committed"
-
-
-def _checkpoint_step(directory: str) -> int:
-    return int(directory.rstrip("/").rsplit("step-", 1)[1])
 
 
 class WorkerStartError(RuntimeError):
