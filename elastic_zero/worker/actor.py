@@ -163,7 +163,8 @@ class TrainingWorker:
             clock.lap("engine")
             if self.spec.checkpoint.resume:
                 state, report["restored_from"] = self._restore(self._resume_candidates())
-                self.engine.load_shard_state(state)
+                if state is not None:  # "latest" with nothing committed yet: a fresh start
+                    self.engine.load_shard_state(state)
             clock.lap("resume")
             self._commit(plan)
             clock.lap("commit")
