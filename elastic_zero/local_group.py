@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from elastic_zero.rendezvous import loopback_store
 from elastic_zero.zero.comm import new_process_group
 
 
@@ -48,8 +49,7 @@ def run_local_group(
     Ranks in `may_exit` may end their process early (a fault drill); their result is None."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=timeout_s),
-                          wait_for_workers=False)
+    store = loopback_store(timeout_s)
     ctx = mp.get_context("spawn")
     results_q = ctx.Queue()
     procs = [

@@ -9,14 +9,12 @@ and rank 0 sends one fire-and-forget note when a generation completes its first 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import queue
 import threading
 import time
 
 import ray
-import torch.distributed as dist
 
 from elastic_zero.coordinator.books import Books
 from elastic_zero.coordinator.state import (
@@ -24,6 +22,7 @@ from elastic_zero.coordinator.state import (
     ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, WorkerStartFailed, decide,
 )
 from elastic_zero.protocol import Outcome
+from elastic_zero.rendezvous import RendezvousServer, new_secret
 from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.actor import TrainingWorker
 
@@ -50,8 +49,11 @@ class Coordinator:
         self.spec = spec_from_dict(spec)
         e = self.spec.elastic
         self.host = ray.util.get_node_ip_address()
-        self.store = dist.TCPStore(self.host, 0, None, True, wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=e.collective_timeout_s))
+        # the store listens on loopback; workers reach it through a relay on the node's cluster
+        # address that admits only holders of this job's secret
+        self._secret = new_secret()
+        self.rendezvous = RendezvousServer(self.host, self._secret, e.collective_timeout_s)
+        self.store = self.rendezvous.store
         c = self.spec.checkpoint
         self.state = CoordinatorState(min_workers=e.min_workers, max_workers=e.max_workers, target=e.workers,
                                       min_wait_s=e.min_wait_s, checkpoints=bool(c.uri and c.every))
@@ -217,7 +219,7 @@ class Coordinator:
                 actor_id = f"w{self._spawned}"
                 self._spawned += 1
                 handle = self._worker_cls.options(max_concurrency=4, **opts).remote(
-                    self.spec_dict, actor_id, self.host, self.store.port,
+                    self.spec_dict, actor_id, self.host, self.rendezvous.port, self._secret,
                     coordinator_name(self.spec.name), NAMESPACE, joiner)
                 self._workers[actor_id] = handle
                 self._ready_refs[handle.hello.remote()] = actor_id

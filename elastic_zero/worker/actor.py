@@ -10,7 +10,6 @@ goes to the buddy's host memory.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import os
 import threading
@@ -27,6 +26,7 @@ from elastic_zero.plan.batches import loss_weight, micro_batch_count, micro_batc
 from elastic_zero.plan.membership import Member
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.protocol import GenerationPlan, Hello, Outcome
+from elastic_zero.rendezvous import connect
 from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.drills import due_drills
 from elastic_zero.worker.handover import hand_over
@@ -37,7 +37,7 @@ from elastic_zero.zero.engine import StepInterrupted
 
 
 class TrainingWorker:
-    def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int,
+    def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int, store_secret: bytes,
                  coordinator: str | None = None, namespace: str | None = None, joiner: bool = False) -> None:
         torch.set_num_threads(1)
         self.spec = spec_from_dict(spec)
@@ -69,8 +69,7 @@ class TrainingWorker:
         self._unsaved_log: list[tuple] = []  # (generation, step, rank, start, count) not yet in a checkpoint
         self._saved_through = -1  # the last step whose sample records went into a checkpoint
         self._coordinator, self._namespace = coordinator, namespace
-        timeout = datetime.timedelta(seconds=self.spec.elastic.collective_timeout_s)
-        self.store = dist.TCPStore(store_host, store_port, None, False, timeout=timeout)
+        self.store = connect(store_host, store_port, store_secret, self.spec.elastic.collective_timeout_s)
         c = self.spec.checkpoint
         self.writer = (AsyncCheckpointWriter(c.uri, self.store, c.keep, self.spec.zero.stage,
                                              self.spec.elastic.collective_timeout_s) if c.uri and c.every else None)

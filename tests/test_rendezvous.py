@@ -1,0 +1,58 @@
+"""The job's rendezvous store: on loopback only, reached through a relay that admits holders of
+the job's secret. Oracle: what a client with and without the secret can do."""
+
+import datetime
+import socket
+
+import pytest
+import torch.distributed as dist
+
+from elastic_zero.rendezvous import RendezvousServer, connect, loopback_store, new_secret
+
+pytestmark = pytest.mark.unit
+
+
+def _other_address():
+    """An address of this machine other than loopback, if it has one."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+        address = probe.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if address.startswith("127.") else address
+
+
+def test_holders_of_the_secret_share_the_store():
+    secret = new_secret()
+    server = RendezvousServer("127.0.0.1", secret, 10)
+    a, b = connect("127.0.0.1", server.port, secret, 10), connect("127.0.0.1", server.port, secret, 10)
+    a.set("g0/key", "value")
+    assert b.get("g0/key") == b"value" and server.store.get("g0/key") == b"value"
+    assert [a.add("n", 1), b.add("n", 1)] == [1, 2]
+    server.close()
+
+
+@pytest.mark.parametrize("secret", [None, b"not the job's secret"])
+def test_a_client_without_the_secret_gets_nothing(secret):
+    server = RendezvousServer("127.0.0.1", new_secret(), 10)
+    server.store.set("g0/key", "value")
+    with pytest.raises(dist.DistNetworkError):
+        if secret is None:  # a plain TCPStore client, as any process on the network could make
+            dist.TCPStore("127.0.0.1", server.port, None, False, timeout=datetime.timedelta(seconds=2)).get("g0/key")
+        else:
+            connect("127.0.0.1", server.port, secret, 2).get("g0/key")
+    server.close()
+
+
+def test_the_store_itself_listens_on_loopback_only():
+    """torch's TCPStore server listens on every interface; ours is bound to 127.0.0.1."""
+    store = loopback_store(10)
+    address = _other_address()
+    if address is None:
+        pytest.skip("this machine has no address but loopback")
+    with pytest.raises(OSError):
+        socket.create_connection((address, store.port), timeout=2).close()
+    socket.create_connection(("127.0.0.1", store.port), timeout=2).close()
