@@ -8,7 +8,7 @@ from elastic_zero.checkpoint import (
     ChecksumError, commit, export_state_dict, list_checkpoints, load_latest, load_shard, make_manifest,
     open_store, read_manifest, resolve, save, shards_from_state_dict, write_rank_file,
 )
-from elastic_zero.local_group import run_local_group
+from elastic_zero.bench.local_group import run_local_group
 from elastic_zero.models import build_preset
 from elastic_zero.zero import SGD, ZeroEngine, reshard
 from engine_cases import difference, make_engine, oracle, run_steps
@@ -135,11 +135,11 @@ def test_export_to_and_import_from_a_plain_state_dict(tmp_path):
     torch.save(exported, tmp_path / "w.pt")
     plain = torch.load(tmp_path / "w.pt", weights_only=True)
     full = engine.full_state_dict()
-    assert all(torch.equal(plain[k], full[k]) for k in plain)
+    assert plain.keys() == full.keys() and all(torch.equal(plain[k], full[k]) for k in full)
     fresh = ZeroEngine(build_preset("gpt-tiny", seed=9), SGD(lr=0.1, momentum=0.9), stage=2)
     (mine,) = shards_from_state_dict(plain, fresh.layout, 1, fresh.vector_names())
     fresh.load_shard_state(mine)
-    assert all(torch.equal(fresh.full_state_dict()[k], full[k]) for k in plain)
+    assert all(torch.equal(fresh.full_state_dict()[k], full[k]) for k in full)
     with pytest.raises(ValueError, match="state dict does not fit the model: missing \\['wte.weight', 'wpe.weight'"):
         shards_from_state_dict({}, fresh.layout, 1, fresh.vector_names())
 

@@ -18,7 +18,7 @@ from elastic_zero.checkpoint import (
 )
 from elastic_zero.checkpoint.manifest import Manifest
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
-from elastic_zero.local_group import run_local_group
+from elastic_zero.bench.local_group import run_local_group
 from elastic_zero.models import build_preset
 from elastic_zero.spec import SpecError, spec_from_dict
 from elastic_zero.zero import SGD, TorchComm, ZeroEngine, reshard

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from elastic_zero.local_group import LocalGroupError, run_local_group
+from elastic_zero.bench.local_group import LocalGroupError, run_local_group
 from elastic_zero.models import MLP, build_preset, lm_loss
 from elastic_zero.zero import SGD, AdamW, ZeroEngine
 from engine_cases import batches, max_abs_diff
@@ -118,10 +118,11 @@ def _against_fp32(dtype, stage, steps):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_bf16_compute_with_fp32_master_tracks_fp32(stage):
     """Oracle: the same run in fp32. The update differs only by bf16 rounding (measured 3.8e-2
-    relative after 8 steps), the master keeps fp32 precision and the bf16 weights are its rounding."""
+    relative after 8 steps; a master rounded to bf16 after every step measured 6.8e-2 to 7.0e-2),
+    the master keeps fp32 precision and the bf16 weights are its rounding."""
     engine, master, gap = _against_fp32(torch.bfloat16, stage, steps=8)
     assert all(v.dtype == torch.float32 for v in master.values())
-    assert gap < 0.1
+    assert gap < 0.05
     flat = torch.cat([v.flatten() for v in master.values()])
     assert (flat.bfloat16().float() != flat).float().mean() > 0.9  # not rounded to bf16
     engine.synchronize()
@@ -153,9 +154,13 @@ def test_ranks_with_different_models_are_refused():
 
 @pytest.mark.parametrize("stage", [1, 3])
 def test_fp16_loss_scaling_tracks_fp32_and_skips_overflow(stage):
-    engine, _, gap = _against_fp32(torch.float16, stage, steps=6)
+    # measured 1.8e-2; the gap alone cannot tell a master rounded to fp16 (1.8e-2 to 2.1e-2), so
+    # the master's precision is checked directly
+    engine, master, gap = _against_fp32(torch.float16, stage, steps=6)
     assert engine.skipped_steps == 0 and engine.loss_scale.scale == 2.0**16
-    assert gap < 0.1
+    assert gap < 0.03
+    flat = torch.cat([v.flatten() for v in master.values()])
+    assert (flat.half().float() != flat).float().mean() > 0.9  # not rounded to fp16
     data = batches("gpt-tied", 1)
     # an overflowing backward: the step is skipped, nothing moves, the scale halves
     before = engine.shard_state()

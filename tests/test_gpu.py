@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from elastic_zero.local_group import run_local_group
+from elastic_zero.bench.local_group import run_local_group
 from engine_cases import difference, oracle
 
 needs_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")

@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from elastic_zero.local_group import run_local_group
+from elastic_zero.bench.local_group import run_local_group
 from elastic_zero.plan.membership import Member, place_buddies
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.worker.handover import hand_over

@@ -79,7 +79,7 @@ def test_a_job_run_again_resumes_from_its_latest_good_checkpoint_at_another_size
     assert steps_saved == ["step-0000000015", "step-0000000020"]  # keep = 2
     # damage one block of the latest: the rank that reads it and the ranks that do not must all
     # agree to go back to step 15 together
-    damaged = tmp_path / "ckpt" / "step-0000000020" / "rank-00000.bin"
+    (damaged,) = (tmp_path / "ckpt" / "step-0000000020").glob("*rank-00000.bin")
     with open(damaged, "r+b") as f:
         f.seek(damaged.stat().st_size // 2)
         byte = f.read(1)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from elastic_zero.bench.baselines import ADAMW, default_group, fsdp2
 from elastic_zero.data import MarkovTokens
-from elastic_zero.local_group import LocalRank, run_local_group
+from elastic_zero.bench.local_group import LocalRank, run_local_group
 from elastic_zero.models import PRESETS, build_preset, lm_loss
 from elastic_zero.zero import AdamW, ZeroEngine
 

@@ -70,6 +70,7 @@ class Coordinator:
         self._result: dict | None = None
         self._last_end: dict[str, dict] = {}
         self._timed_faults: set[str] = set()
+        self._candidate_logs: list = []  # (directory, sample records) of a checkpoint generation's candidates
         self._failure_seen_at: float | None = None  # a participant of the current generation failed
         self._worker_cls = ray.remote(TrainingWorker)
 
@@ -269,20 +270,20 @@ class Coordinator:
             self._train_refs[self._workers[actor_id].train.remote(plan)] = actor_id
 
     def _checkpoint_candidates(self) -> tuple[str, ...]:
-        """What a checkpoint generation may restore: the committed checkpoints, newest commit first."""
-        from elastic_zero.checkpoint import open_store, restore_candidates
+        """What a checkpoint generation may restore: the committed checkpoints, newest commit first.
+        Their sample records are read now: pruning may remove them while the generation trains."""
+        from elastic_zero.checkpoint import open_store, read_manifest, restore_candidates
 
         fs, root = open_store(self.spec.checkpoint.uri)
-        return tuple(restore_candidates(fs, root))
+        candidates = tuple(restore_candidates(fs, root))
+        self._candidate_logs = [(d, read_manifest(fs, d).extra.get("sample_log", ())) for d in reversed(candidates)]
+        return candidates
 
     def _add_checkpoint_logs(self, restored: str) -> None:
         """The sample records saved with the restored checkpoint and the commits before it go into
         the books: they stand for ranks whose own reports were lost."""
-        from elastic_zero.checkpoint import list_checkpoints, open_store, read_manifest
-
-        fs, root = open_store(self.spec.checkpoint.uri)
-        for _, directory in list_checkpoints(fs, root):
-            self.books.add_checkpoint_log(read_manifest(fs, directory).extra.get("sample_log", ()))
+        for directory, rows in self._candidate_logs:  # oldest commit first
+            self.books.add_checkpoint_log(rows)
             if directory == restored:
                 break
 

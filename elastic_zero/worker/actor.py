@@ -67,7 +67,7 @@ class TrainingWorker:
         self._generation = -1
         self._generation_lock = threading.Lock()  # an abort for generation g never reaches g + 1
         self._unsaved_log: list[tuple] = []  # (generation, step, rank, start, count) not yet in a checkpoint
-        self._saved_through = -1  # the last step whose sample records went into a checkpoint
+        self._saved_through = -1  # the index of the last step whose sample records went into a checkpoint
         self._coordinator, self._namespace = coordinator, namespace
         self.store = connect(store_host, store_port, store_secret, self.spec.elastic.collective_timeout_s)
         c = self.spec.checkpoint
@@ -252,7 +252,7 @@ class TrainingWorker:
         # the checkpoint commits every step up to its own, replicated yet or not (checkpoint.every
         # need not be a multiple of replicate_every): their sample records go with it
         rows = self._unsaved_log + [(plan.number, *row) for row in report["uncommitted"]]
-        self._unsaved_log, self._saved_through = [], step
+        self._unsaved_log, self._saved_through = [], step - 1  # rows name a step by its index
         report["checkpoint_stall_s"].append(self.writer.save(snapshot, f"g{plan.number}-s{step}", extra, rows))
         self._take_checkpoint_news(report)
 

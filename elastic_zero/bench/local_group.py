@@ -1,4 +1,5 @@
-"""Run one function on N local processes joined by a gloo process group (tests, benchmarks, demo).
+"""Run one function on N local processes joined by a gloo process group: a helper of the benchmarks
+and the tests, not of the runtime (which runs on Ray).
 
 The parent hosts the TCPStore, so no rank's death takes the rendezvous down. Each child sets
 torch to one thread, builds its own process group (no default group) and sends back its result
@@ -77,7 +78,7 @@ def run_local_group(
                 continue
             if not ok:
                 raise LocalGroupError(f"rank {rank} failed:\n{payload}")
-            results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            results[rank] = torch.load(io.BytesIO(payload), weights_only=True)  # tensors and plain containers only
     finally:
         for p in procs:
             p.join(timeout=10)
