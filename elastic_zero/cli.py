@@ -69,6 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--micro-batch", type=int, default=8)
     rec.add_argument("--checkpoint-every", type=int, default=5)
     rec.add_argument("--json", action="store_true", help="print one JSON object")
+    chaos = bench_sub.add_parser("chaos", help="the chaos drill: seeded faults, checked against a fault-free run")
+    chaos.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
+    chaos.add_argument("--steps", type=int, default=300)
+    chaos.add_argument("--stages", default="2,3", help="comma-separated ZeRO stages")
+    chaos.add_argument("--checkpoint-every", type=int, default=20)
+    chaos.add_argument("--workdir", default="runs/chaos")
+    chaos.add_argument("--json", action="store_true", help="print one JSON object")
     ck = bench_sub.add_parser("checkpoint", help="sharded checkpoints against torch.distributed.checkpoint")
     ck.add_argument("--preset", default="gpt-small")
     ck.add_argument("--save-workers", type=int, default=2)
@@ -167,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
                                         args.checkpoint_every)
             print(json.dumps(report) if args.json else format_recovery(report))
             return 0
+        if args.command == "bench" and args.bench == "chaos":
+            from elastic_zero.bench.chaos import format_chaos, run_chaos
+
+            report = run_chaos([int(x) for x in args.seeds.split(",")], args.steps,
+                               [int(x) for x in args.stages.split(",")], args.workdir, args.checkpoint_every)
+            print(json.dumps(report) if args.json else format_chaos(report))
+            return 0 if not report["failed_runs"] else 1
         if args.command == "bench" and args.bench == "checkpoint":
             from elastic_zero.bench.checkpoint import format_checkpoint, run_checkpoint_bench
 

@@ -24,6 +24,20 @@ from elastic_zero.rendezvous import loopback_store
 from elastic_zero.zero.comm import new_process_group
 
 
+def _plain_data() -> list:
+    """The project's plain-data classes a rank may return (shards, their layouts, checkpoint file
+    entries), and nothing else."""
+    from elastic_zero.checkpoint.manifest import Block, DataFile, Segment
+    from elastic_zero.plan.layout import FlatLayout, ParamSlot, ParamSpec, UnitSpan
+    from elastic_zero.plan.partition import Partition, Piece, Range
+    from elastic_zero.zero.shard import ShardState
+
+    return [ShardState, FlatLayout, ParamSlot, ParamSpec, UnitSpan, Partition, Piece, Range, DataFile, Segment, Block]
+
+
+_PLAIN_DATA = _plain_data()
+
+
 @dataclass
 class LocalRank:
     rank: int
@@ -78,7 +92,8 @@ def run_local_group(
                 continue
             if not ok:
                 raise LocalGroupError(f"rank {rank} failed:\n{payload}")
-            results[rank] = torch.load(io.BytesIO(payload), weights_only=True)  # tensors and plain containers only
+            with torch.serialization.safe_globals(_PLAIN_DATA):  # no other class is rebuilt
+                results[rank] = torch.load(io.BytesIO(payload), weights_only=True)
     finally:
         for p in procs:
             p.join(timeout=10)
