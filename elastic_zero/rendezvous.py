@@ -104,7 +104,7 @@ def connect(host: str, port: int, secret: bytes, timeout_s: float) -> dist.TCPSt
         while True:
             try:
                 conn, _ = local.accept()
-            except OSError:
+            except OSError:  # the listening socket was closed: the worker is going away
                 return
             threading.Thread(target=_answer_and_splice, args=(conn, host, port, secret), daemon=True).start()
 

@@ -2,7 +2,6 @@
 that cannot be read or written, one restore path, an abandon that returns at once, names that
 cannot leave the root. Oracle: the bytes and the shards that were saved."""
 
-import datetime
 import json
 import threading
 import time
@@ -13,8 +12,7 @@ import torch.distributed as dist
 
 import elastic_zero.checkpoint.writer as writer_module
 from elastic_zero.checkpoint import (
-    StoreError, commit, list_checkpoints, load_shard, make_manifest, open_store, probe_writable, read_manifest,
-    resolve, restore_shard, save, write_rank_file,
+    StoreError, commit, list_checkpoints, open_store, probe_writable, read_manifest, resolve, restore_shard, save,
 )
 from elastic_zero.checkpoint.manifest import Manifest
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
@@ -90,16 +88,6 @@ def test_names_that_would_leave_the_checkpoint_root_are_refused(tmp_path):
     assert resolve(fs, root, "step-0000000003") == directory == resolve(fs, root, directory)
     with pytest.raises(SpecError, match="checkpoint.resume: must be 'latest', a step number"):
         spec_from_dict({"checkpoint": {"uri": str(tmp_path), "resume": "../other-job"}})
-
-
-class _SlowStore:
-    """A store whose posts never come (a peer that died), for a writer of rank 1."""
-
-    def __init__(self) -> None:
-        self.store = dist.HashStore()
-
-    def __getattr__(self, name):
-        return getattr(self.store, name)
 
 
 def test_abandon_returns_at_once_even_during_a_slow_write(tmp_path, monkeypatch):

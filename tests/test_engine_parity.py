@@ -41,6 +41,5 @@ def test_parity_one_rank(oracles):
 @pytest.mark.timeout(400)
 def test_parity_local_ranks(world, oracles):
     per_rank = run_local_group(_all_cases, world, timeout_s=360)
-    for key in per_rank[0]:  # every rank returns the same gathered weights
-        assert max_abs_diff(per_rank[0][key][0], per_rank[-1][key][0]) == 0.0
-    _check(per_rank[0], oracles)
+    for results in per_rank:  # each rank's own gathered view is held to the oracle (comparing the
+        _check(results, oracles)  # ranks' all-gathered weights with each other could not fail)

@@ -32,7 +32,7 @@ def _drop_caches() -> bool:
         with open("/proc/sys/vm/drop_caches", "w") as fh:
             fh.write("3\n")
         return True
-    except OSError:
+    except OSError:  # not root, or no /proc: the benchmark says it could not drop the page cache
         return False
 
 

@@ -111,5 +111,5 @@ def _child(fn, rank, world_size, port, args, results_q, backend, threads, timeou
         buf = io.BytesIO()
         torch.save(result, buf)
         results_q.put((rank, True, buf.getvalue()))
-    except BaseException:
+    except BaseException:  # sent to the parent, which raises it as LocalGroupError
         results_q.put((rank, False, traceback.format_exc()))

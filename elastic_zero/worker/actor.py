@@ -16,27 +16,23 @@ import threading
 import time
 
 import torch
-import torch.distributed as dist
 
-from elastic_zero.checkpoint import list_checkpoints, open_store, resolve, restore_candidates, restore_shard
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
-from elastic_zero.job import DTYPES, build_model, build_optimizer, build_source
+from elastic_zero.job import build_model, build_optimizer, build_source
 from elastic_zero.models import lm_loss
 from elastic_zero.plan.batches import loss_weight, micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.membership import Member
-from elastic_zero.plan.partition import partition_layout
 from elastic_zero.protocol import GenerationPlan, Hello, Outcome
 from elastic_zero.rendezvous import connect
 from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.drills import due_drills
-from elastic_zero.worker.handover import hand_over
+from elastic_zero.worker.entry import GenerationEntry, committed_key
+from elastic_zero.worker.faults import WorkerStartError, is_communication_failure, named, ray_node_id
 from elastic_zero.worker.replica import LayoutReplicas, exchange
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine, new_process_group
-from elastic_zero.zero.abortable import GroupAborted
-from elastic_zero.zero.engine import StepInterrupted
 
 
-class TrainingWorker:
+class TrainingWorker(GenerationEntry):
     def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int, store_secret: bytes,
                  coordinator: str | None = None, namespace: str | None = None, joiner: bool = False) -> None:
         torch.set_num_threads(1)
@@ -49,8 +45,8 @@ class TrainingWorker:
         # it would reach the coordinator as an actor death with a traceback
         self.start_error = ""
         try:
-            self.model = _named("model", lambda: build_model(self.spec).to(self.device))
-            self.source = _named("data.source", lambda: build_source(self.spec, self.model))
+            self.model = named("model", lambda: build_model(self.spec).to(self.device))
+            self.source = named("data.source", lambda: build_source(self.spec, self.model))
             self.optimizer = build_optimizer(self.spec)
         except Exception as exc:
             self.start_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -82,7 +78,7 @@ class TrainingWorker:
             raise WorkerStartError(self.start_error)
         node, warning = os.environ.get("ELASTIC_ZERO_NODE"), ""
         if not node:
-            node, problem = _ray_node_id()
+            node, problem = ray_node_id()
             if node is None:  # buddies may then share this machine: said, not hidden
                 node, warning = f"unknown-{self.actor_id}", f"the Ray node of {self.actor_id} is unknown ({problem})"
         return Hello(Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")), warning)
@@ -120,7 +116,7 @@ class TrainingWorker:
         except Exception as exc:  # a collective failed (a peer died or timed out), or a bug
             ended = time.time()
             error = f"{type(exc).__name__}: {exc}"[:400]
-            bug = "" if _is_communication_failure(exc, self._aborted.is_set()) else error
+            bug = "" if is_communication_failure(exc, self._aborted.is_set()) else error
             if self.writer is not None:
                 self.writer.abandon()  # at once: a slow write must not make this survivor miss its deadline
                 self._take_checkpoint_news(report)
@@ -142,105 +138,6 @@ class TrainingWorker:
                 self._abort_group()
         return pg
 
-    def _enter(self, plan: GenerationPlan, report: dict) -> int | None:
-        """Join generation `plan.number`: hand the shards over and rebuild the engine on its group."""
-        clock = _PhaseClock(report.setdefault("phases_s", {}))
-        with self._generation_lock:
-            self._generation = plan.number
-            self._aborted.clear()
-            if self.engine is not None:
-                self.engine.clear_interrupt()
-        world = plan.generation.world_size
-        if plan.source == "snapshot":
-            self._forget_log_from(plan.step)
-        if plan.source == "init":
-            rank = plan.generation.rank_of(self.actor_id)
-            self._group(plan, "train", rank, world)
-            self.engine = ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, process_group=self._pg,
-                                     grad_clip=self.spec.train.grad_clip,
-                                     compute_dtype=DTYPES[self.spec.zero.compute_dtype])
-            clock.lap("engine")
-            if self.spec.checkpoint.resume:
-                state, report["restored_from"] = self._restore(self._resume_candidates())
-                if state is not None:  # "latest" with nothing committed yet: a fresh start
-                    self.engine.load_shard_state(state)
-            clock.lap("resume")
-            self._commit(plan)
-            clock.lap("commit")
-            return rank
-        if self.engine is None:
-            self.engine = self._standalone_engine()
-        if plan.source == "checkpoint":  # no complete step survived in memory
-            rank = plan.generation.rank_of(self.actor_id)
-            pg = self._group(plan, "train", rank, world)
-            state, report["restored_from"] = self._restore(plan.checkpoints)
-            self._forget_log_from(int(state.scalars["step"]))
-            clock.lap("read_checkpoint")
-            self.engine.reconfigure(pg, state)
-            clock.lap("reconfigure")
-            self._commit(plan)
-            clock.lap("commit")
-            return rank
-        me = plan.participants.index(self.actor_id)
-        handover_pg = self._group(plan, "handover", me, len(plan.participants))  # an abort breaks the handover too
-        clock.lap("handover_group")
-        self._fire_drills("handover", plan, me if me < world else None, plan.step)  # participants: new ranks first
-        old = partition_layout(self.engine.layout, plan.previous.world_size)
-        new = partition_layout(self.engine.layout, world)
-        held = self._held_shards(plan)
-        template = ShardState(self.engine.layout, old, 0,
-                              {n: torch.empty(0) for n in self.engine.vector_names()},
-                              {**self._scalars(), "step": plan.step})
-        mine = hand_over(TorchComm(handover_pg), old, new, plan.holder_of_old, list(range(world)), held, template)
-        clock.lap("handover")
-        if mine is None:
-            self._await_new_layout(plan)
-            return None
-        rank = plan.generation.rank_of(self.actor_id)
-        # with no leavers the handover group is exactly the new members in rank order: train on it
-        if len(plan.participants) != world:
-            self._group(plan, "train", rank, world)
-        clock.lap("train_group")
-        self.engine.reconfigure(self._pg, mine)
-        clock.lap("reconfigure")
-        if plan.source != "live" or plan.leaving:
-            self._commit(plan, snapshot=mine)  # reconfigure copied it: it can be the snapshot as it is
-            clock.lap("commit")
-        # else a scale-up: every member of the layout it was built from is still here with its replicas,
-        # which stay the fallback until the first step's commit, so the pause skips a commit of its own
-        return rank
-
-    def _await_new_layout(self, plan: GenerationPlan) -> None:
-        """A leaver stays until every new rank has committed the new layout: until then its shard of
-        the old one may be the last copy of that layout if a new member dies."""
-        while not self.store.check([_committed_key(plan)]):
-            if self._aborted.wait(0.01):
-                raise GroupAborted("the generation failed before it committed its layout")
-
-    def _resume_candidates(self) -> list[str]:
-        """[checkpoint] resume: the checkpoint to start from, and for "latest" the earlier commits
-        to fall back on, newest first ("latest" with none committed: start fresh)."""
-        c = self.spec.checkpoint
-        fs, root = open_store(c.uri)
-        if c.resume != "latest":
-            return [resolve(fs, root, c.resume)]
-        return restore_candidates(fs, root) if list_checkpoints(fs, root) else []
-
-    def _restore(self, candidates) -> tuple[ShardState | None, str | None]:
-        """(this rank's shard, its checkpoint) from the first candidate every rank can read; (None,
-        None) when there is no candidate (a fresh start)."""
-        if not candidates:
-            return None, None
-        fs, _ = open_store(self.spec.checkpoint.uri)
-        world, rank = self._pg.size(), self._pg.rank()
-        return restore_shard(fs, candidates, self.engine.layout, world, rank, self.engine.vector_names(),
-                             TorchComm(self._pg), self.device)
-
-    def _forget_log_from(self, step: int) -> None:
-        """Steps from `step` on are trained again: their earlier sample records are void."""
-        self._unsaved_log = [row for row in self._unsaved_log if row[1] < step]
-        self._saved_through = min(self._saved_through, step - 1)
-
     def _save_checkpoint(self, plan: GenerationPlan, report: dict) -> None:
         step = self.engine.step_count
         every = self.spec.checkpoint.every
@@ -255,26 +152,6 @@ class TrainingWorker:
         self._unsaved_log, self._saved_through = [], step - 1  # rows name a step by its index
         report["checkpoint_stall_s"].append(self.writer.save(snapshot, f"g{plan.number}-s{step}", extra, rows))
         self._take_checkpoint_news(report)
-
-    def _standalone_engine(self) -> ZeroEngine:
-        return ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, grad_clip=self.spec.train.grad_clip,
-                          compute_dtype=DTYPES[self.spec.zero.compute_dtype])
-
-    def _scalars(self) -> dict:
-        scale = self.engine.loss_scale
-        return {"loss_scale": scale.scale} if scale is not None else {}
-
-    def _held_shards(self, plan: GenerationPlan) -> dict:
-        """The old shards this process holds for the handover, by old rank."""
-        prev = plan.previous
-        mine = [r for r, holder in enumerate(plan.holder_of_old) if plan.participants[holder] == self.actor_id]
-        if not mine:
-            return {}
-        if plan.source == "live":
-            return {prev.rank_of(self.actor_id): self.engine.shard_state()}
-        replicas = self.replicas.of(prev.number)
-        own_rank = prev.rank_of(self.actor_id) if self.actor_id in [m.actor_id for m in prev.members] else None
-        return {r: (replicas.own if r == own_rank else replicas.ward)[plan.step] for r in mine}
 
     def _commit(self, plan: GenerationPlan, report: dict | None = None, snapshot: ShardState | None = None) -> None:
         """Snapshot this rank's shard (or take `snapshot`, a host copy of it) and swap replicas with
@@ -334,7 +211,7 @@ class TrainingWorker:
             if committed:  # every rank got here after a commit in this layout: it is complete in memory
                 self.replicas.drop_earlier()
                 if rank == 0 and plan.leaving and not report["step_times"]:
-                    self.store.set(_committed_key(plan), "1")  # the leavers may go
+                    self.store.set(committed_key(plan), "1")  # the leavers may go
             report["last_loss"] = float(agree[1]) / world
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             stopping = agree[0] > 0 and engine.step_count < spec.train.steps
@@ -380,7 +257,7 @@ class TrainingWorker:
         if pg is not None:
             try:
                 pg.abort()  # our waits on it return now, not when a peer gives up or at the timeout
-            except Exception:
+            except Exception:  # noqa: BLE001 - an already broken group may refuse the abort; it is dropped anyway
                 pass
 
     # ---- the end -----------------------------------------------------------------------------
@@ -390,58 +267,6 @@ class TrainingWorker:
 
     def memory_report(self) -> dict:
         return self.engine.memory_report() if self.engine is not None else {}
-
-
-class _PhaseClock:
-    """Seconds spent in each phase of entering a generation, written into `phases`."""
-
-    def __init__(self, phases: dict) -> None:
-        self.phases, self.t = phases, time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.phases[name] = round(now - self.t, 4)
-        self.t = now
-
-
-def _committed_key(plan: GenerationPlan) -> str:
-    return f"g{plan.number}/committed"
-
-
-class WorkerStartError(RuntimeError):
-    """The worker could not build its model or open its data: one line naming the field."""
-
-
-def _named(field: str, build):
-    """Call `build`; an error that does not name a spec field already gets `field` in front."""
-    try:
-        return build()
-    except Exception as exc:
-        text = str(exc).splitlines()[0] if str(exc) else ""
-        if text.split(":", 1)[0].split(".")[0] in ("model", "data", "train"):
-            raise
-        raise ValueError(f"{field}: {type(exc).__name__}: {text}") from exc
-
-
-def _is_communication_failure(exc: Exception, aborted: bool) -> bool:
-    """A fault of the group (a lost peer, a timeout, an abort) rather than a bug of this worker.
-    gloo reports a lost peer or a timeout as a plain RuntimeError from its sources."""
-    if aborted or isinstance(exc, (GroupAborted, StepInterrupted, dist.DistError, ConnectionError, TimeoutError)):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(k in text for k in ("gloo", "NCCL", "onnection", "imed out"))
-
-
-def _ray_node_id() -> tuple[str | None, str]:
-    """(this worker's Ray node id, or None with the reason)."""
-    try:
-        import ray
-
-        if not ray.is_initialized():
-            return None, "Ray is not initialised in this process"
-        return ray.get_runtime_context().get_node_id(), ""
-    except Exception as exc:  # reported by hello() as the member's warning
-        return None, f"{type(exc).__name__}: {exc}"
 
 
 @functools.lru_cache(maxsize=4)

@@ -49,7 +49,7 @@ class AbortableGroup:
         _release_later(self.pg, time.monotonic() + self.timeout_s + 1.0)
         try:
             self.pg.abort()  # whatever the backend does on its own
-        except Exception:
+        except Exception:  # noqa: BLE001 - a broken group may refuse; the waits above are released either way
             pass
 
     def wait(self, work) -> None:
@@ -101,7 +101,7 @@ def _wait_for_each(pending: queue.SimpleQueue) -> None:
         try:
             work.wait()
             outcome.append(None)
-        except Exception as exc:
+        except Exception as exc:  # handed to the waiting thread, which raises it
             outcome.append(exc)
         done.set()
 

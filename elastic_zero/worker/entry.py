@@ -1,0 +1,169 @@
+"""How a worker enters a generation, by where the generation's state comes from: a fresh start
+(or a resume), the checkpoints (when memory holds no complete step), or a handover between the
+participants (a planned change from the live state, or a recovery from replicas). A mixin of
+TrainingWorker (actor.py), kept apart so the actor module holds the step loop and its control."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from elastic_zero.checkpoint import list_checkpoints, open_store, resolve, restore_candidates, restore_shard
+from elastic_zero.job import DTYPES
+from elastic_zero.plan.partition import partition_layout
+from elastic_zero.protocol import GenerationPlan
+from elastic_zero.worker.handover import hand_over
+from elastic_zero.zero import ShardState, TorchComm, ZeroEngine
+from elastic_zero.zero.abortable import GroupAborted
+
+
+class _PhaseClock:
+    """Seconds spent in each phase of entering a generation, written into `phases`."""
+
+    def __init__(self, phases: dict) -> None:
+        self.phases, self.t = phases, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = round(now - self.t, 4)
+        self.t = now
+
+
+def committed_key(plan: GenerationPlan) -> str:
+    return f"g{plan.number}/committed"
+
+
+class GenerationEntry:
+    def _enter(self, plan: GenerationPlan, report: dict) -> int | None:
+        """Join generation `plan.number` in one of three ways, by where its state comes from; return
+        this worker's rank, or None for a leaver that has handed its shards over."""
+        clock = _PhaseClock(report.setdefault("phases_s", {}))
+        with self._generation_lock:
+            self._generation = plan.number
+            self._aborted.clear()
+            if self.engine is not None:
+                self.engine.clear_interrupt()
+        if plan.source == "init":
+            return self._start_fresh(plan, report, clock)
+        if self.engine is None:
+            self.engine = self._standalone_engine()
+        if plan.source == "checkpoint":  # no complete step survived in memory
+            return self._restore_checkpoint(plan, report, clock)
+        return self._take_handover(plan, clock)  # "live" (a planned change) or "snapshot" (a recovery)
+
+    def _start_fresh(self, plan: GenerationPlan, report: dict, clock: _PhaseClock) -> int:
+        """Generation 0: build the engine on its group, from the model or the checkpoint to resume."""
+        rank = plan.generation.rank_of(self.actor_id)
+        self._group(plan, "train", rank, plan.generation.world_size)
+        self.engine = ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, process_group=self._pg,
+                                 grad_clip=self.spec.train.grad_clip,
+                                 compute_dtype=DTYPES[self.spec.zero.compute_dtype])
+        clock.lap("engine")
+        if self.spec.checkpoint.resume:
+            state, report["restored_from"] = self._restore(self._resume_candidates())
+            if state is not None:  # "latest" with nothing committed yet: a fresh start
+                self.engine.load_shard_state(state)
+        clock.lap("resume")
+        self._commit(plan)
+        clock.lap("commit")
+        return rank
+
+    def _restore_checkpoint(self, plan: GenerationPlan, report: dict, clock: _PhaseClock) -> int:
+        """Every member reads its shard of the newest checkpoint all of them can read."""
+        rank = plan.generation.rank_of(self.actor_id)
+        pg = self._group(plan, "train", rank, plan.generation.world_size)
+        state, report["restored_from"] = self._restore(plan.checkpoints)
+        self._forget_log_from(int(state.scalars["step"]))
+        clock.lap("read_checkpoint")
+        self.engine.reconfigure(pg, state)
+        clock.lap("reconfigure")
+        self._commit(plan)
+        clock.lap("commit")
+        return rank
+
+    def _take_handover(self, plan: GenerationPlan, clock: _PhaseClock) -> int | None:
+        """The participants move the old layout's shards (live, or the replicas of a committed step)
+        to the new layout by the reshard plan; leavers hand theirs over and wait for the commit."""
+        world = plan.generation.world_size
+        if plan.source == "snapshot":
+            self._forget_log_from(plan.step)
+        me = plan.participants.index(self.actor_id)
+        handover_pg = self._group(plan, "handover", me, len(plan.participants))  # an abort breaks the handover too
+        clock.lap("handover_group")
+        self._fire_drills("handover", plan, me if me < world else None, plan.step)  # participants: new ranks first
+        old = partition_layout(self.engine.layout, plan.previous.world_size)
+        new = partition_layout(self.engine.layout, world)
+        template = ShardState(self.engine.layout, old, 0,
+                              {n: torch.empty(0) for n in self.engine.vector_names()},
+                              {**self._scalars(), "step": plan.step})
+        mine = hand_over(TorchComm(handover_pg), old, new, plan.holder_of_old, list(range(world)),
+                         self._held_shards(plan), template)
+        clock.lap("handover")
+        if mine is None:
+            self._await_new_layout(plan)
+            return None
+        rank = plan.generation.rank_of(self.actor_id)
+        # with no leavers the handover group is exactly the new members in rank order: train on it
+        if len(plan.participants) != world:
+            self._group(plan, "train", rank, world)
+        clock.lap("train_group")
+        self.engine.reconfigure(self._pg, mine)
+        clock.lap("reconfigure")
+        if plan.source != "live" or plan.leaving:
+            self._commit(plan, snapshot=mine)  # reconfigure copied it: it can be the snapshot as it is
+            clock.lap("commit")
+        # else a scale-up: every member of the layout it was built from is still here with its replicas,
+        # which stay the fallback until the first step's commit, so the pause skips a commit of its own
+        return rank
+
+    def _await_new_layout(self, plan: GenerationPlan) -> None:
+        """A leaver stays until every new rank has committed the new layout: until then its shard of
+        the old one may be the last copy of that layout if a new member dies."""
+        while not self.store.check([committed_key(plan)]):
+            if self._aborted.wait(0.01):
+                raise GroupAborted("the generation failed before it committed its layout")
+
+    def _resume_candidates(self) -> list[str]:
+        """[checkpoint] resume: the checkpoint to start from, and for "latest" the earlier commits
+        to fall back on, newest first ("latest" with none committed: start fresh)."""
+        c = self.spec.checkpoint
+        fs, root = open_store(c.uri)
+        if c.resume != "latest":
+            return [resolve(fs, root, c.resume)]
+        return restore_candidates(fs, root) if list_checkpoints(fs, root) else []
+
+    def _restore(self, candidates) -> tuple[ShardState | None, str | None]:
+        """(this rank's shard, its checkpoint) from the first candidate every rank can read; (None,
+        None) when there is no candidate (a fresh start)."""
+        if not candidates:
+            return None, None
+        fs, _ = open_store(self.spec.checkpoint.uri)
+        world, rank = self._pg.size(), self._pg.rank()
+        return restore_shard(fs, candidates, self.engine.layout, world, rank, self.engine.vector_names(),
+                             TorchComm(self._pg), self.device)
+
+    def _forget_log_from(self, step: int) -> None:
+        """Steps from `step` on are trained again: their earlier sample records are void."""
+        self._unsaved_log = [row for row in self._unsaved_log if row[1] < step]
+        self._saved_through = min(self._saved_through, step - 1)
+
+    def _standalone_engine(self) -> ZeroEngine:
+        return ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, grad_clip=self.spec.train.grad_clip,
+                          compute_dtype=DTYPES[self.spec.zero.compute_dtype])
+
+    def _scalars(self) -> dict:
+        scale = self.engine.loss_scale
+        return {"loss_scale": scale.scale} if scale is not None else {}
+
+    def _held_shards(self, plan: GenerationPlan) -> dict:
+        """The old shards this process holds for the handover, by old rank."""
+        prev = plan.previous
+        mine = [r for r, holder in enumerate(plan.holder_of_old) if plan.participants[holder] == self.actor_id]
+        if not mine:
+            return {}
+        if plan.source == "live":
+            return {prev.rank_of(self.actor_id): self.engine.shard_state()}
+        replicas = self.replicas.of(prev.number)
+        own_rank = prev.rank_of(self.actor_id) if self.actor_id in [m.actor_id for m in prev.members] else None
+        return {r: (replicas.own if r == own_rank else replicas.ward)[plan.step] for r in mine}

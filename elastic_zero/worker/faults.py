@@ -1,0 +1,44 @@
+"""Telling a worker's faults from its bugs, and its start failures, in one line each."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from elastic_zero.zero.abortable import GroupAborted
+from elastic_zero.zero.engine import StepInterrupted
+
+
+class WorkerStartError(RuntimeError):
+    """The worker could not build its model or open its data: one line naming the field."""
+
+
+def named(field: str, build):
+    """Call `build`; an error that does not name a spec field already gets `field` in front."""
+    try:
+        return build()
+    except Exception as exc:  # re-raised with the field named, never swallowed
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        if text.split(":", 1)[0].split(".")[0] in ("model", "data", "train"):
+            raise
+        raise ValueError(f"{field}: {type(exc).__name__}: {text}") from exc
+
+
+def is_communication_failure(exc: Exception, aborted: bool) -> bool:
+    """A fault of the group (a lost peer, a timeout, an abort) rather than a bug of this worker.
+    gloo reports a lost peer or a timeout as a plain RuntimeError from its sources."""
+    if aborted or isinstance(exc, (GroupAborted, StepInterrupted, dist.DistError, ConnectionError, TimeoutError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(k in text for k in ("gloo", "NCCL", "onnection", "imed out"))
+
+
+def ray_node_id() -> tuple[str | None, str]:
+    """(this worker's Ray node id, or None with the reason)."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return None, "Ray is not initialised in this process"
+        return ray.get_runtime_context().get_node_id(), ""
+    except Exception as exc:  # reported by hello() as the member's warning
+        return None, f"{type(exc).__name__}: {exc}"
