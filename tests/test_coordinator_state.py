@@ -249,3 +249,20 @@ def test_the_same_error_on_two_generations_ends_the_job():
     assert start is not None and not s.done
     s, cmds, _ = decide(s, GenerationEnded(fail(start.plan, "w0")), 20.0)
     assert s.done and _cmd(cmds, Fail).message == f"the same error ended two generations: {bug}"
+
+
+def test_the_phases_of_a_job_and_the_decision_object():
+    from elastic_zero.coordinator.state import Decision, Phase
+
+    s = CoordinatorState(min_workers=2, max_workers=3, target=2)
+    assert s.phase is Phase.STARTING
+    s, _, _ = decide(s, Start(), 0.0)
+    decision = decide(s, WorkersReady(_members("w0", "w1")), 1.0)
+    assert isinstance(decision, Decision) and decision.reason == "generation 0 with 2 workers"
+    s, plan = decision.state, decision.commands[0].plan
+    assert s.phase is Phase.RUNNING
+    s, cmds, _ = _end(s, plan, w1="dead")  # one survivor, below min_workers: wait for a replacement
+    assert s.phase is Phase.WAITING and _cmd(cmds, Spawn) == Spawn(1)
+    s, cmds, reason = decide(s, Tick(), 100.0)
+    assert s.phase is Phase.DONE and isinstance(_cmd(cmds, Fail), Fail) and reason == "gave up waiting for workers"
+    assert decide(s, Tick(), 101.0).reason == "the job is over"

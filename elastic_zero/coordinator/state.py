@@ -6,7 +6,8 @@ No Ray, no clock reads: the actor (actor.py) feeds events in and carries the com
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Union
+from enum import Enum
+from typing import NamedTuple, Union
 
 from elastic_zero.plan.membership import Generation, Member, next_generation
 from elastic_zero.protocol import GenerationPlan, Outcome
@@ -99,6 +100,21 @@ class _Recovery:
     holders: tuple[str, ...]  # actor per old rank; empty: restore from the latest checkpoint
 
 
+class Phase(Enum):
+    STARTING = "starting"  # no generation yet: the first workers are starting
+    RUNNING = "running"  # a generation trains (or hands over); its end is awaited
+    WAITING = "waiting"  # a generation failed and the next waits for workers (below min_workers)
+    DONE = "done"  # finished or failed: every event is ignored
+
+
+class Decision(NamedTuple):
+    """What decide() returns: the next state, the commands to carry out, and why."""
+
+    state: "CoordinatorState"
+    commands: tuple
+    reason: str
+
+
 @dataclass(frozen=True)
 class CoordinatorState:
     min_workers: int
@@ -125,6 +141,14 @@ class CoordinatorState:
     # same one twice means a bug or a bad input, which replacing workers never mends
     errors_seen: frozenset = frozenset()
 
+    @property
+    def phase(self) -> "Phase":
+        if self.done:
+            return Phase.DONE
+        if self.generation is None:
+            return Phase.STARTING
+        return Phase.RUNNING if self.running else Phase.WAITING
+
     def members(self) -> tuple[str, ...]:
         return tuple(m.actor_id for m in self.generation.members) if self.generation else ()
 
@@ -132,9 +156,13 @@ class CoordinatorState:
         return tuple(a for a in self.members() if a not in self.leaving)
 
 
-def decide(state: CoordinatorState, event: Event, now: float):
+def decide(state: CoordinatorState, event: Event, now: float) -> Decision:
     """The next state, the commands to carry out, and why."""
-    if state.done:
+    return Decision(*_decide(state, event, now))
+
+
+def _decide(state: CoordinatorState, event: Event, now: float):
+    if state.phase is Phase.DONE:
         return state, (), "the job is over"
     if isinstance(event, Start):
         return replace(state, spawning=state.target), (Spawn(state.target),), f"start {state.target} workers"
