@@ -262,7 +262,8 @@ class Coordinator:
             self.books.begin_change("reconfiguration", since, step=plan.step, **{
                 "from": plan.previous.world_size, "to": plan.generation.world_size}, cause=plan.cause)
         self.books.world_size_history.append([plan.step, plan.generation.world_size])
-        self._log("generation_start", generation=plan.number, step=plan.step, source=plan.source, checkpoint=plan.checkpoints[0] if plan.checkpoints else None,
+        self._log("generation_start", generation=plan.number, step=plan.step, source=plan.source,
+                  checkpoint=plan.checkpoints[0] if plan.checkpoints else None,
                   workers=[m.actor_id for m in plan.generation.members], leaving=list(plan.leaving))
         self._plan = plan
         self._failure_seen_at = None

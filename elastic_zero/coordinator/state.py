@@ -10,8 +10,8 @@ from enum import Enum
 from typing import NamedTuple, Union
 
 from elastic_zero.plan.membership import Generation, Member, next_generation
-from elastic_zero.protocol import GenerationPlan, Outcome
 from elastic_zero.plan.recovery import lost_ranks, restore_point
+from elastic_zero.protocol import GenerationPlan, Outcome
 
 # ---- events and commands ---------------------------------------------------------------------
 
@@ -59,7 +59,8 @@ class Tick:
     pass
 
 
-Event = Union[Start, WorkersReady, WorkerStartFailed, ScaleRequested, PreemptionNotice, GenerationEnded, GenerationStepped, Tick]
+Event = Union[Start, WorkersReady, WorkerStartFailed, ScaleRequested, PreemptionNotice, GenerationEnded,
+              GenerationStepped, Tick]
 
 
 @dataclass(frozen=True)
