@@ -181,3 +181,14 @@ def relative_diff(a: dict, b: dict) -> float:
 
 def difference(case: str, a: dict, b: dict) -> float:
     return (max_abs_diff if CASES[case]["metric"] == "max_abs" else relative_diff)(a, b)
+
+
+def shards_at(step: int, world: int, seed: int = 0) -> list:
+    """Every rank's shard of a fresh gpt-tiny (SGD with momentum, stage 1) at `world` ranks, labelled `step`."""
+    from elastic_zero.zero import reshard
+
+    engine = ZeroEngine(build_preset("gpt-tiny", seed=seed), SGD(lr=0.1, momentum=0.9), stage=1)
+    shards = reshard([engine.shard_state()], world)
+    for s in shards:
+        s.scalars["step"] = step
+    return shards

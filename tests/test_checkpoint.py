@@ -11,7 +11,7 @@ from elastic_zero.checkpoint import (
 from elastic_zero.bench.local_group import run_local_group
 from elastic_zero.models import build_preset
 from elastic_zero.zero import SGD, ZeroEngine, reshard
-from engine_cases import difference, make_engine, oracle, run_steps
+from engine_cases import difference, make_engine, oracle, run_steps, shards_at
 
 CASE, FIRST, TOTAL = "adamw", 3, 6
 BLOCK = 5000  # small blocks, so ranges span several
@@ -65,18 +65,10 @@ def test_training_resumed_at_two_ranks_and_stage_3_matches_an_uninterrupted_run(
     assert difference(CASE, oracle(CASE, TOTAL), state) <= 1e-5
 
 
-def _shards(step, world=3, seed=0):
-    engine = ZeroEngine(build_preset("gpt-tiny", seed=seed), SGD(lr=0.1, momentum=0.9), stage=1)
-    shards = reshard([engine.shard_state()], world)
-    for s in shards:
-        s.scalars["step"] = step
-    return shards
-
-
 def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path):
-    save(str(tmp_path), _shards(1), stage=1, block_numel=BLOCK)
+    save(str(tmp_path), shards_at(1, 3), stage=1, block_numel=BLOCK)
     fs, root = open_store(str(tmp_path))
-    half = _shards(2, seed=1)
+    half = shards_at(2, 3, seed=1)
     write_rank_file(fs, f"{root}/step-{2:010d}", half[0], BLOCK)  # the process died before the others and the commit
     assert [s for s, _ in list_checkpoints(fs, root)] == [1]
     assert resolve(fs, root).endswith("step-0000000001")
@@ -87,9 +79,9 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path):
 
 def test_corruption_is_named_and_latest_falls_back(tmp_path):
     fs, root = open_store(str(tmp_path))
-    save(str(tmp_path), _shards(1), stage=1, block_numel=BLOCK)
-    newest = save(str(tmp_path), _shards(2, seed=1), stage=1, block_numel=BLOCK)
-    layout = _shards(0)[0].layout
+    save(str(tmp_path), shards_at(1, 3), stage=1, block_numel=BLOCK)
+    newest = save(str(tmp_path), shards_at(2, 3, seed=1), stage=1, block_numel=BLOCK)
+    layout = shards_at(0, 3)[0].layout
     path = f"{newest}/rank-00001.bin"
     with open(path, "r+b") as f:
         f.seek(12345)
@@ -111,7 +103,7 @@ def test_corruption_is_named_and_latest_falls_back(tmp_path):
 
 def test_retention_layout_mismatch_and_an_object_store_fake(tmp_path):
     for step in (1, 2, 3, 4):
-        save(str(tmp_path), _shards(step), stage=1, keep=2)
+        save(str(tmp_path), shards_at(step, 3), stage=1, keep=2)
     fs, root = open_store(str(tmp_path))
     assert [s for s, _ in list_checkpoints(fs, root)] == [3, 4]
     other = ZeroEngine(build_preset("gpt-tiny", seed=0, n_layer=1), SGD(lr=0.1), stage=1)
@@ -119,7 +111,7 @@ def test_retention_layout_mismatch_and_an_object_store_fake(tmp_path):
         load_shard(fs, resolve(fs, root), other.layout, 1, 0)
     # pyarrow's SubTreeFileSystem stands in for object storage: keys under a bucket prefix
     bucket = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    shards = _shards(7)
+    shards = shards_at(7, 3)
     save("bucket/run", shards, stage=1, filesystem=bucket)
     fs2, root2 = open_store("bucket/run", bucket)
     got = load_shard(fs2, resolve(fs2, root2), shards[0].layout, 3, 2)
@@ -172,7 +164,7 @@ def test_a_process_killed_in_the_middle_of_a_save_leaves_the_previous_checkpoint
     import subprocess
     import sys
 
-    save(str(tmp_path), _shards(4), stage=1)
+    save(str(tmp_path), shards_at(4, 3), stage=1)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.getcwd()])}
     proc = subprocess.run([sys.executable, "-c", KILL_MIDWAY, str(tmp_path)], env=env, timeout=120,
                           capture_output=True, text=True)
@@ -180,5 +172,5 @@ def test_a_process_killed_in_the_middle_of_a_save_leaves_the_previous_checkpoint
     assert (tmp_path / "step-0000000009" / "rank-00000.bin").exists()  # half written
     fs, root = open_store(str(tmp_path))
     assert [s for s, _ in list_checkpoints(fs, root)] == [4]  # and invisible
-    got, used = load_latest(fs, root, _shards(0)[0].layout, 2, 1)
+    got, used = load_latest(fs, root, shards_at(0, 3)[0].layout, 2, 1)
     assert used.endswith("step-0000000004") and got.scalars["step"] == 4

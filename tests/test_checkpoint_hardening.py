@@ -11,25 +11,18 @@ import torch
 import torch.distributed as dist
 
 import elastic_zero.checkpoint.writer as writer_module
+from elastic_zero.bench.local_group import run_local_group
 from elastic_zero.checkpoint import (
     StoreError, commit, list_checkpoints, open_store, probe_writable, read_manifest, resolve, restore_shard, save,
 )
 from elastic_zero.checkpoint.manifest import Manifest
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
-from elastic_zero.bench.local_group import run_local_group
 from elastic_zero.models import build_preset
 from elastic_zero.spec import SpecError, spec_from_dict
-from elastic_zero.zero import SGD, TorchComm, ZeroEngine, reshard
+from elastic_zero.zero import SGD, TorchComm, ZeroEngine
+from engine_cases import shards_at
 
 pytestmark = pytest.mark.unit
-
-
-def _shards(step, world=2, seed=0):
-    engine = ZeroEngine(build_preset("gpt-tiny", seed=seed), SGD(lr=0.1, momentum=0.9), stage=1)
-    shards = reshard([engine.shard_state()], world)
-    for s in shards:
-        s.scalars["step"] = step
-    return shards
 
 
 def _bytes_of(directory):
@@ -39,9 +32,9 @@ def _bytes_of(directory):
 def test_a_committed_step_is_never_rewritten(tmp_path):
     """Seen before: a replay (or a resume at an older step) rewrote the data files inside an
     already committed step directory."""
-    first = save(str(tmp_path), _shards(5), stage=1)
+    first = save(str(tmp_path), shards_at(5, 2), stage=1)
     before = _bytes_of(tmp_path / "step-0000000005")
-    again = save(str(tmp_path), _shards(5, seed=1), stage=1)  # the same step from another trajectory
+    again = save(str(tmp_path), shards_at(5, 2, seed=1), stage=1)  # the same step from another trajectory
     assert first.endswith("step-0000000005") and again.endswith("step-0000000005-1")
     assert _bytes_of(tmp_path / "step-0000000005") == before
     fs, root = open_store(str(tmp_path))
@@ -55,9 +48,9 @@ def test_pruning_follows_commit_order_and_keeps_the_newest_commit(tmp_path):
     """A resume from an older step commits a lower step than the ones before it: pruning by step
     number deleted the checkpoint just committed."""
     for step in (20, 30):
-        save(str(tmp_path), _shards(step), stage=1, keep=1)
+        save(str(tmp_path), shards_at(step, 2), stage=1, keep=1)
     time.sleep(0.01)  # commit order is the manifests' time
-    newest = save(str(tmp_path), _shards(25), stage=1, keep=1)
+    newest = save(str(tmp_path), shards_at(25, 2), stage=1, keep=1)
     fs, root = open_store(str(tmp_path))
     assert list_checkpoints(fs, root) == [(25, newest)]
     assert resolve(fs, root) == newest
@@ -76,7 +69,7 @@ def test_an_unreadable_or_unwritable_store_is_an_error_naming_the_uri(tmp_path):
 
 
 def test_names_that_would_leave_the_checkpoint_root_are_refused(tmp_path):
-    directory = save(str(tmp_path), _shards(3), stage=1)
+    directory = save(str(tmp_path), shards_at(3, 2), stage=1)
     fs, root = open_store(str(tmp_path))
     data = json.loads((tmp_path / "step-0000000003" / "manifest.json").read_text())
     data["files"][0]["path"] = "../../outside.bin"
@@ -103,7 +96,7 @@ def test_abandon_returns_at_once_even_during_a_slow_write(tmp_path, monkeypatch)
     monkeypatch.setattr(writer_module, "write_rank_file", slow_write)
     store = dist.HashStore()
     writer = AsyncCheckpointWriter(str(tmp_path), store, keep=2, stage=1)
-    shard = _shards(4, world=1)[0]
+    shard = shards_at(4, 1)[0]
     writer.save(shard, "g0-s4", {})
     started = time.perf_counter()
     writer.abandon()
@@ -115,7 +108,7 @@ def test_abandon_returns_at_once_even_during_a_slow_write(tmp_path, monkeypatch)
     assert list_checkpoints(fs, root) == []  # an abandoned save never commits
     # a rank waiting for a peer's post that will never come leaves as soon as it is abandoned
     waiting = AsyncCheckpointWriter(str(tmp_path), dist.HashStore(), keep=2, stage=1)
-    waiting.save(_shards(4)[1], "g1-s4", {})
+    waiting.save(shards_at(4, 2)[1], "g1-s4", {})
     waiting.abandon()
     waiting.wait()
     assert waiting.take_errors() == ["g1-s4: not committed: the generation failed before every rank posted its part"]
@@ -125,7 +118,7 @@ def test_a_failed_write_is_reported_and_the_next_save_commits(tmp_path):
     (tmp_path / "step-0000000002").write_text("a file where the step's directory goes")
     writer = AsyncCheckpointWriter(str(tmp_path), dist.HashStore(), keep=2, stage=1)
     for step in (2, 3):
-        writer.save(_shards(step, world=1)[0], f"g0-s{step}", {})
+        writer.save(shards_at(step, 1)[0], f"g0-s{step}", {})
         writer.wait()
     (error,) = writer.take_errors()
     assert error.startswith("g0-s2: ") and "step-0000000002" in error
@@ -143,8 +136,8 @@ def _restore_two(ctx, candidates, layout_seed):
 def test_every_rank_restores_the_same_checkpoint_passing_over_a_damaged_one(tmp_path):
     """The one restore path of resume and recovery: the newest commit is damaged only in rank 0's
     range, so rank 1 could read it; both must go back to the one before together."""
-    good = save(str(tmp_path), _shards(1), stage=1, block_numel=4096)
-    bad = save(str(tmp_path), _shards(2, seed=1), stage=1, block_numel=4096)
+    good = save(str(tmp_path), shards_at(1, 2), stage=1, block_numel=4096)
+    bad = save(str(tmp_path), shards_at(2, 2, seed=1), stage=1, block_numel=4096)
     with open(f"{bad}/rank-00000.bin", "r+b") as f:
         f.seek(100)
         byte = f.read(1)
@@ -152,6 +145,6 @@ def test_every_rank_restores_the_same_checkpoint_passing_over_a_damaged_one(tmp_
         f.write(bytes([byte[0] ^ 0xFF]))
     out = run_local_group(_restore_two, 2, ([bad, good], 0), timeout_s=120)
     assert [used for used, _ in out] == [good, good]
-    expected = _shards(1)
+    expected = shards_at(1, 2)
     for rank, (_, params) in enumerate(out):
         assert torch.equal(params, expected[rank].vectors["params"])
