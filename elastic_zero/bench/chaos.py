@@ -11,6 +11,7 @@ Reports per run the faults that fired, the recoveries and reconfigurations, and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -50,7 +51,9 @@ def _run(data: dict, run_dir: str) -> tuple[int, dict, list, dict | None]:
     from elastic_zero.spec import spec_from_dict
 
     weights = os.path.join(run_dir, "final.pt")
-    code = run_job(spec_from_dict(data), run_dir, final_weights=weights)
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "run.log"), "w") as log, contextlib.redirect_stdout(log):
+        code = run_job(spec_from_dict(data), run_dir, final_weights=weights)  # its "done" line is not the report
     with open(os.path.join(run_dir, "summary.json")) as fh:
         summary = json.load(fh)
     with open(os.path.join(run_dir, "events.jsonl")) as fh:
