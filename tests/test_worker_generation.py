@@ -1,22 +1,35 @@
 """A worker's generation bookkeeping without Ray: safe-point requests and aborts that race with
 the start of a generation. Oracle: the generation each message names."""
 
+import datetime
 import threading
+import time
 
 import pytest
+import torch.distributed as dist
 
 import elastic_zero.worker.actor as actor_module
 from elastic_zero.worker.actor import TrainingWorker
+from elastic_zero.zero.abortable import GroupAborted
 
 pytestmark = pytest.mark.unit
 
 
 class _Group:
     def __init__(self) -> None:
-        self.aborted = False
+        self.was_aborted = threading.Event()
+
+    @property
+    def aborted(self) -> bool:
+        return self.was_aborted.is_set()
 
     def abort(self) -> None:
-        self.aborted = True
+        self.was_aborted.set()
+
+
+class _Store:
+    def clone(self):
+        return self
 
 
 class _Plan:
@@ -48,14 +61,20 @@ def test_a_safe_point_request_belongs_to_its_generation():
     assert worker._safe_point_for != 5  # generation 5's loop is not asked to stop
 
 
+def _worker_in_generation(number):
+    worker = _bare_worker()
+    worker.store, worker.backend = _Store(), "gloo"
+    worker.spec = type("Spec", (), {"elastic": type("E", (), {"collective_timeout_s": 5.0})})()
+    worker._generation = number
+    worker._building = None
+    return worker
+
+
 def test_an_abort_that_comes_while_a_group_is_built_aborts_that_group(monkeypatch):
     """Seen before: the group was made current outside the lock, so an abort that came between
     the generation's start and the group's creation aborted the previous group, and the new one
     waited for the collective timeout."""
-    worker = _bare_worker()
-    worker.store, worker.backend = None, "gloo"
-    worker.spec = type("Spec", (), {"elastic": type("E", (), {"collective_timeout_s": 5.0})})()
-    worker._generation = 7
+    worker = _worker_in_generation(7)
     old = worker._pg = _Group()
     built = _Group()
 
@@ -64,6 +83,45 @@ def test_an_abort_that_comes_while_a_group_is_built_aborts_that_group(monkeypatc
         return built
 
     monkeypatch.setattr(actor_module, "new_process_group", new_group)
-    assert worker._group(_Plan(7), "train", 0, 2) is built
-    assert built.aborted and worker._pg is built
-    assert old.aborted  # the abort also broke what was current when it came
+    with pytest.raises(GroupAborted, match="aborted while its train group was being built"):
+        worker._group(_Plan(7), "train", 0, 2)
+    assert built.aborted and old.aborted  # the abort also broke what was current when it came
+
+
+def test_an_abort_gives_up_a_group_whose_members_never_come(monkeypatch):
+    """Seen in the chaos drill: a new member died before it joined the train group's rendezvous;
+    the survivor waited in the store for the whole timeout, was declared unresponsive and killed."""
+    worker = _worker_in_generation(5)
+    release, built = threading.Event(), _Group()
+
+    def new_group(*args, **kwargs):
+        release.wait(30)  # the rendezvous waits for a member that is gone
+        return built
+
+    monkeypatch.setattr(actor_module, "new_process_group", new_group)
+    threading.Timer(0.2, worker.abort_generation, args=(5,)).start()
+    started = time.monotonic()
+    with pytest.raises(GroupAborted):
+        worker._group(_Plan(5), "train", 1, 2)
+    assert time.monotonic() - started < 5
+    release.set()  # the build finishes later: the group it made is aborted, never used
+    assert built.was_aborted.wait(5)
+
+
+def test_a_group_given_up_does_not_hold_the_next_one_behind_it():
+    """Real gloo over a real store: generation 5's train group waits in the store for a member that
+    died; after the abort, generation 6's group must build at once. Seen in the chaos drill: both
+    went through one store connection, so the next build waited out the first one's timeout (30 s)."""
+    from elastic_zero.rendezvous import loopback_store
+
+    server = loopback_store(10)
+    worker = _worker_in_generation(5)
+    worker.spec.elastic.collective_timeout_s = 10.0
+    worker.store = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=datetime.timedelta(seconds=10))
+    threading.Timer(0.3, worker.abort_generation, args=(5,)).start()
+    with pytest.raises(GroupAborted):
+        worker._group(_Plan(5), "train", 1, 2)  # rank 0 never comes
+    worker._generation, worker._aborted = 6, threading.Event()
+    started = time.monotonic()
+    group = worker._group(_Plan(6), "train", 0, 1)
+    assert time.monotonic() - started < 5 and group.size() == 1

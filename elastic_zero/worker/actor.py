@@ -30,6 +30,7 @@ from elastic_zero.worker.entry import GenerationEntry, committed_key
 from elastic_zero.worker.faults import WorkerStartError, is_communication_failure, named, ray_node_id
 from elastic_zero.worker.replica import LayoutReplicas, exchange
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine, new_process_group
+from elastic_zero.zero.abortable import GroupAborted
 
 
 class TrainingWorker(GenerationEntry):
@@ -62,6 +63,7 @@ class TrainingWorker(GenerationEntry):
         self._pg = None
         self._generation = -1
         self._generation_lock = threading.Lock()  # an abort for generation g never reaches g + 1
+        self._building: threading.Event | None = None  # set when the group being built is ready or given up
         self._unsaved_log: list[tuple] = []  # (generation, step, rank, start, count) not yet in a checkpoint
         self._saved_through = -1  # the index of the last step whose sample records went into a checkpoint
         self._coordinator, self._namespace = coordinator, namespace
@@ -98,6 +100,8 @@ class TrainingWorker(GenerationEntry):
                 if self.engine is not None:
                     self.engine.interrupt()
                 self._abort_group()
+                if self._building is not None:
+                    self._building.set()  # a group being built is given up at once
 
     # ---- a generation ------------------------------------------------------------------------
 
@@ -128,15 +132,43 @@ class TrainingWorker(GenerationEntry):
             return {**report, "outcome": outcome, "ended_at": ended}
 
     def _group(self, plan: GenerationPlan, role: str, rank: int, size: int):
-        """A new group of the generation, made the current one: an abort_generation() that came
-        while it was being built aborts it at once (under the lock, so none slips between)."""
-        pg = new_process_group(self.store, f"g{plan.number}/{role}/", rank, size, self.backend,
-                               timeout_s=self.spec.elastic.collective_timeout_s)
+        """A new group of the generation, made the current one. Building it waits in the store for
+        every member; a member that died first would hold this worker there for the whole timeout
+        (seen in the chaos drill: a survivor killed as unresponsive after 30 s), so the build runs
+        on a helper thread and an abort_generation() gives it up at once."""
+        outcome: dict = {}
+        finished = threading.Event()
+
+        def build() -> None:
+            try:
+                # a connection of its own: a build given up still waits in the store until its
+                # timeout, and on a shared client it would hold every later request behind it
+                store = self.store.clone()
+                outcome["pg"] = new_process_group(store, f"g{plan.number}/{role}/", rank, size, self.backend,
+                                                  timeout_s=self.spec.elastic.collective_timeout_s)
+            except Exception as exc:  # handed to the waiting thread, which raises it
+                outcome["error"] = exc
+            finished.set()
+            if outcome.get("given_up") and "pg" in outcome:
+                outcome["pg"].abort()  # built after all, for a generation that is over
+
         with self._generation_lock:
-            self._pg = pg
+            self._building = finished
             if self._aborted.is_set():
-                self._abort_group()
-        return pg
+                finished.set()
+        threading.Thread(target=build, daemon=True, name=f"group-g{plan.number}-{role}").start()
+        finished.wait()
+        with self._generation_lock:
+            self._building = None
+            if self._aborted.is_set():
+                outcome["given_up"] = True
+                if "pg" in outcome:
+                    outcome["pg"].abort()
+                raise GroupAborted(f"generation {plan.number} was aborted while its {role} group was being built")
+            if "error" in outcome:
+                raise outcome["error"]
+            self._pg = outcome["pg"]
+        return self._pg
 
     def _save_checkpoint(self, plan: GenerationPlan, report: dict) -> None:
         step = self.engine.step_count
