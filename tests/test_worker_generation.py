@@ -125,3 +125,15 @@ def test_a_group_given_up_does_not_hold_the_next_one_behind_it():
     started = time.monotonic()
     group = worker._group(_Plan(6), "train", 0, 1)
     assert time.monotonic() - started < 5 and group.size() == 1
+
+
+def test_a_worker_whose_node_is_unknown_says_so(monkeypatch):
+    """Seen before: when the Ray node id could not be read every worker became node 'local', and
+    buddies landed on one machine without a word."""
+    worker = _bare_worker()
+    worker.start_error, worker.actor_id = "", "w3"
+    monkeypatch.delenv("ELASTIC_ZERO_NODE", raising=False)
+    monkeypatch.setattr(actor_module, "ray_node_id", lambda: (None, "RuntimeError: no runtime context"))
+    hello = worker.hello()
+    assert hello.member.node == "unknown-w3"  # its own failure domain, not one shared by every such worker
+    assert hello.warning == "the Ray node of w3 is unknown (RuntimeError: no runtime context)"
