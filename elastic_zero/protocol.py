@@ -9,7 +9,7 @@ Outcome with its report when its part of a generation ends, and one "stepped" no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from elastic_zero.plan.membership import Generation, Member
 
@@ -67,3 +67,25 @@ class Outcome:
         return (), ()
 
 
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one participant tells the coordinator when its part of a generation ends: how it ended,
+    what it trained (sample records), and what it measured."""
+
+    outcome: Outcome
+    ended_at: float
+    generation: int = -1
+    entered_at: float | None = None
+    rank: int | None = None  # its rank in the generation (None: a leaver, or it never got one)
+    log: tuple = ()  # (step, rank, first sample position, count) of each step it committed
+    ward_log: tuple = ()  # the same rows of its ward, which came with the ward's replica
+    step_times: tuple = ()
+    first_step_at: float | None = None
+    last_loss: float | None = None
+    phases_s: dict = field(default_factory=dict)  # seconds in each phase of entering the generation
+    checkpoint_stall_s: tuple = ()
+    checkpoint_errors: tuple = ()
+    checkpoints: tuple = ()  # directories it committed (rank 0)
+    restored_from: str | None = None  # the checkpoint it restored, if any

@@ -21,7 +21,7 @@ from elastic_zero.coordinator.state import (
     CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint, Retire,
     ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, WorkerStartFailed, decide,
 )
-from elastic_zero.protocol import Outcome
+from elastic_zero.protocol import Outcome, Report
 from elastic_zero.rendezvous import RendezvousServer, new_secret
 from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.actor import TrainingWorker
@@ -64,11 +64,11 @@ class Coordinator:
         self._workers: dict[str, object] = {}
         self._ready_refs: dict = {}
         self._train_refs: dict = {}
-        self._results: dict[str, dict] = {}
+        self._results: dict[str, Report] = {}
         self._plan = None
         self._spawned = 0
         self._result: dict | None = None
-        self._last_end: dict[str, dict] = {}
+        self._last_end: dict[str, Report] = {}
         self._timed_faults: set[str] = set()
         self._candidate_logs: list = []  # (directory, sample records) of a checkpoint generation's candidates
         self._failure_seen_at: float | None = None  # a participant of the current generation failed
@@ -147,12 +147,12 @@ class Coordinator:
         try:
             result = ray.get(ref)
         except ray.exceptions.RayError as exc:  # the actor died
-            result = {"outcome": Outcome(actor_id, "dead", error=str(exc)[:300]), "ended_at": time.time()}
+            result = Report(Outcome(actor_id, "dead", error=str(exc)[:300]), ended_at=time.time())
             self._log("worker_lost", actor_id=actor_id)
         self._results[actor_id] = result
-        if result["outcome"].kind in ("dead", "failed"):
+        if result.outcome.kind in ("dead", "failed"):
             self._generation_failed()
-        if result["outcome"].kind == "left":
+        if result.outcome.kind == "left":
             self._retire((actor_id,), "left after handing its shard over")
 
     def _generation_failed(self) -> None:
@@ -181,23 +181,23 @@ class Coordinator:
         plan, results = self._plan, self._results
         self._plan, self._results = None, {}
         members = {m.actor_id for m in plan.generation.members}
-        restored = {r["restored_from"] for r in results.values() if r.get("restored_from")}
+        restored = {r.restored_from for r in results.values() if r.restored_from}
         for directory in restored:
             self._log("checkpoint_restored", generation=plan.number, directory=directory)
             if plan.source == "checkpoint":
                 self._add_checkpoint_logs(directory)
         for r in results.values():
-            for directory in r.get("checkpoints", ()):
+            for directory in r.checkpoints:
                 self._log("checkpoint_committed", generation=plan.number, directory=directory)
-            for error in r.get("checkpoint_errors", ()):
-                self._log("checkpoint_failed", generation=plan.number, actor_id=r["outcome"].actor_id, error=error)
+            for error in r.checkpoint_errors:
+                self._log("checkpoint_failed", generation=plan.number, actor_id=r.outcome.actor_id, error=error)
         self.books.add_generation_results(plan.number, [r for a, r in results.items() if a in members])
         # the leavers' outcomes too: after a failed handover they still hold shards of the previous layout
-        outcomes = tuple(r["outcome"] for r in results.values() if r["outcome"].kind != "dead")
+        outcomes = tuple(r.outcome for r in results.values() if r.outcome.kind != "dead")
         alive = sum(1 for o in outcomes if o.actor_id in members)
         kinds = sorted({o.kind for o in outcomes if o.actor_id in members} | ({"dead"} if alive < len(members) else set()))
         self._log("generation_end", generation=plan.number, outcomes=kinds,
-                  ended_at={a: round(r["ended_at"], 4) for a, r in results.items()},
+                  ended_at={a: round(r.ended_at, 4) for a, r in results.items()},
                   errors={o.actor_id: o.error for o in outcomes if o.error})
         self._last_end = results
         self._apply(GenerationEnded(outcomes))
@@ -251,14 +251,14 @@ class Coordinator:
         now = time.time()
         last = self._last_end
         if plan.source in ("snapshot", "checkpoint"):
-            failed_at = min(self._new_kill_times() + [r["ended_at"] for r in last.values()] or [now])
-            reached = max((r["outcome"].step for r in last.values()), default=plan.step)
-            lost = sorted(a for a, r in last.items() if r["outcome"].kind == "dead")
+            failed_at = min(self._new_kill_times() + [r.ended_at for r in last.values()] or [now])
+            reached = max((r.outcome.step for r in last.values()), default=plan.step)
+            lost = sorted(a for a, r in last.items() if r.outcome.kind == "dead")
             cause = f"lost {', '.join(lost)}" + ("; restored from a checkpoint" if plan.checkpoints else "")
             self.books.begin_change("recovery", failed_at, step=plan.step if plan.step >= 0 else None,
                                     cause=cause, reached=reached)
         elif plan.source == "live":
-            since = max((r["ended_at"] for r in last.values()), default=now)
+            since = max((r.ended_at for r in last.values()), default=now)
             self.books.begin_change("reconfiguration", since, step=plan.step, **{
                 "from": plan.previous.world_size, "to": plan.generation.world_size}, cause=plan.cause)
         self.books.world_size_history.append([plan.step, plan.generation.world_size])

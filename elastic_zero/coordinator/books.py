@@ -10,6 +10,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from elastic_zero.protocol import Report
+
 
 @dataclass
 class Books:
@@ -28,8 +30,8 @@ class Books:
     checkpoint_errors: list = field(default_factory=list)
     warnings: list = field(default_factory=list)  # what the job could not do as asked, e.g. place buddies by node
 
-    def add_generation_results(self, generation: int, results: list[dict]) -> None:
-        firsts = [r["first_step_at"] for r in results if r.get("first_step_at")]
+    def add_generation_results(self, generation: int, results: list[Report]) -> None:
+        firsts = [r.first_step_at for r in results if r.first_step_at]
         if firsts and self.first_step_at is None:
             self.first_step_at = min(firsts)
         if firsts and self.pending_change is not None:
@@ -38,32 +40,32 @@ class Books:
             if "reached" in change:  # a recovery: where it restarted, and what that cost
                 reached = change.pop("reached")
                 if change.get("step") is None:  # from a checkpoint: the first step the workers ran
-                    change["step"] = min(step for r in results for step, *_ in r.get("log", ())) \
-                        if any(r.get("log") for r in results) else None
+                    change["step"] = min(step for r in results for step, *_ in r.log) \
+                        if any(r.log for r in results) else None
                 if change["step"] is not None:
                     change["lost_steps"] = max(0, reached - change["step"])
                     change["recomputed_steps"] = change["lost_steps"] + 1
             change["stall_s"] = round(min(firsts) - since, 4)  # to the next step starting
-            done = [r["first_step_at"] + r["step_times"][0] for r in results if r.get("step_times")]
+            done = [r.first_step_at + r.step_times[0] for r in results if r.step_times]
             if done:
                 change["to_next_step_done_s"] = round(max(done) - since, 4)
-                change["first_step_s"] = round(max(r["step_times"][0] for r in results if r.get("step_times")), 4)
-            phases = [r.get("phases_s", {}) for r in results]
+                change["first_step_s"] = round(max(r.step_times[0] for r in results if r.step_times), 4)
+            phases = [r.phases_s for r in results]
             change["phases_s"] = {k: max(p.get(k, 0.0) for p in phases) for k in sorted(set().union(*phases))}
-            entered = [r["entered_at"] for r in results if r.get("entered_at")]
+            entered = [r.entered_at for r in results if r.entered_at]
             if entered:  # from the failure (or the safe point) until the last participant began the next generation
                 change["phases_s"]["to_enter"] = round(max(entered) - since, 4)
             (self.recoveries if change.pop("_kind") == "recovery" else self.reconfigurations).append(change)
             self.pending_change = None
         for r in results:
             # a rank's committed steps, reported by itself and (if it was lost) by its buddy
-            for step, rank, start, count in list(r.get("log", ())) + list(r.get("ward_log", ())):
+            for step, rank, start, count in list(r.log) + list(r.ward_log):
                 self._record(generation, step, rank, start, count)
-            self.step_times.extend(r.get("step_times", ()))
-            self.checkpoint_stalls.extend(r.get("checkpoint_stall_s", ()))
-            self.checkpoint_errors.extend(r.get("checkpoint_errors", ()))
-            if r.get("last_loss") is not None and r.get("rank") == 0:
-                self.last_loss = r["last_loss"]
+            self.step_times.extend(r.step_times)
+            self.checkpoint_stalls.extend(r.checkpoint_stall_s)
+            self.checkpoint_errors.extend(r.checkpoint_errors)
+            if r.last_loss is not None and r.rank == 0:
+                self.last_loss = r.last_loss
 
     def add_checkpoint_log(self, rows) -> None:
         """Sample records saved with checkpoints: they fill in ranks whose own report was lost."""

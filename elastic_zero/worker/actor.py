@@ -10,6 +10,7 @@ goes to the buddy's host memory.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -22,7 +23,7 @@ from elastic_zero.job import build_model, build_optimizer, build_source
 from elastic_zero.models import lm_loss
 from elastic_zero.plan.batches import loss_weight, micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.membership import Member
-from elastic_zero.protocol import GenerationPlan, Hello, Outcome
+from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report
 from elastic_zero.rendezvous import connect
 from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.drills import due_drills
@@ -105,18 +106,18 @@ class TrainingWorker(GenerationEntry):
 
     # ---- a generation ------------------------------------------------------------------------
 
-    def train(self, plan: GenerationPlan) -> dict:
+    def train(self, plan: GenerationPlan) -> Report:
+        # the report in the making; "uncommitted" (steps since the last commit) stays here
         report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [],
                   "first_step_at": None, "last_loss": None, "checkpoint_stall_s": [], "entered_at": time.time(),
                   "checkpoint_errors": [], "checkpoints": [], "restored_from": None}
         try:
             rank = self._enter(plan, report)
             if rank is None:
-                return {**report, "outcome": Outcome(self.actor_id, "left", plan.step), "ended_at": time.time()}
+                return _finished(report, Outcome(self.actor_id, "left", plan.step), time.time())
             report["rank"] = rank
             kind = self._loop(plan, rank, report)
-            return {**report, "outcome": Outcome(self.actor_id, kind, self.engine.step_count),
-                    "ended_at": time.time()}
+            return _finished(report, Outcome(self.actor_id, kind, self.engine.step_count), time.time())
         except Exception as exc:  # a collective failed (a peer died or timed out), or a bug
             ended = time.time()
             error = f"{type(exc).__name__}: {exc}"[:400]
@@ -129,7 +130,7 @@ class TrainingWorker(GenerationEntry):
                 self.engine.discard_partial_step()
             step = self.engine.step_count if self.engine is not None else plan.step
             outcome = Outcome(self.actor_id, "failed", step, error=error, bug=bug, **self.replicas.report())
-            return {**report, "outcome": outcome, "ended_at": ended}
+            return _finished(report, outcome, ended)
 
     def _group(self, plan: GenerationPlan, role: str, rank: int, size: int):
         """A new group of the generation, made the current one. Building it waits in the store for
@@ -299,6 +300,15 @@ class TrainingWorker(GenerationEntry):
 
     def memory_report(self) -> dict:
         return self.engine.memory_report() if self.engine is not None else {}
+
+
+_REPORT_FIELDS = {f.name for f in dataclasses.fields(Report)}
+
+
+def _finished(report: dict, outcome: Outcome, ended_at: float) -> Report:
+    """The report in the making, frozen, with how the generation ended for this worker."""
+    return Report(outcome=outcome, ended_at=ended_at, **{
+        k: tuple(v) if isinstance(v, list) else v for k, v in report.items() if k in _REPORT_FIELDS})
 
 
 @functools.lru_cache(maxsize=4)
