@@ -226,14 +226,7 @@ def resolve(fs: pafs.FileSystem, root: str, which: str = "latest") -> str:
         committed = list_checkpoints(fs, root)
         if not committed:
             raise ValueError(f"{root}: no committed checkpoint")
-        try:
-            with fs.open_input_stream(f"{root}/{LATEST}") as f:
-                pointed = f"{root}/{f.read().decode().strip()}"
-            if any(d == pointed for _, d in committed):
-                return pointed
-        except FileNotFoundError:
-            pass
-        return committed[-1][1]  # the pointer lags a crash between commit and pointer update
+        return _latest(fs, root, committed)
     if which.isdigit():  # the newest commit of that step
         of_step = [d for s, d in list_checkpoints(fs, root) if s == int(which)]
         return of_step[-1] if of_step else step_dir(root, int(which))
@@ -297,17 +290,36 @@ def _read_range(fs, directory, manifest, handles, vector, dtype, start, stop, ou
         out[lo - start : hi - start].copy_(block[lo - b.start : hi - b.start])
 
 
+def _latest(fs: pafs.FileSystem, root: str, committed: list[tuple[int, str]]) -> str:
+    """The directory the `latest` pointer names among `committed` (non-empty), else the newest commit."""
+    try:
+        with fs.open_input_stream(f"{root}/{LATEST}") as f:
+            pointed = f"{root}/{f.read().decode().strip()}"
+        if any(d == pointed for _, d in committed):
+            return pointed
+    except FileNotFoundError:
+        pass
+    return committed[-1][1]  # the pointer lags a crash between commit and pointer update
+
+
 def restore_candidates(fs: pafs.FileSystem, root: str) -> list[str]:
-    """Where to restore from, in order: the latest commit, then the earlier ones, newest first."""
-    latest = resolve(fs, root, "latest")
-    return [latest] + [d for _, d in reversed(list_checkpoints(fs, root)) if d != latest]
+    """Where to restore from, in order: the latest commit, then the earlier ones, newest first;
+    empty when nothing is committed. The store is listed once."""
+    committed = list_checkpoints(fs, root)
+    if not committed:
+        return []
+    latest = _latest(fs, root, committed)
+    return [latest] + [d for _, d in reversed(committed) if d != latest]
 
 
 def load_latest(fs: pafs.FileSystem, root: str, layout: FlatLayout, world_size: int, rank: int,
                 vector_names: Sequence[str] | None = None) -> tuple[ShardState, str]:
     """Load the newest committed checkpoint; on a checksum error fall back to older ones, warning."""
     errors = []
-    for directory in restore_candidates(fs, root):
+    candidates = restore_candidates(fs, root)
+    if not candidates:
+        raise ValueError(f"{root}: no committed checkpoint")
+    for directory in candidates:
         try:
             return load_shard(fs, directory, layout, world_size, rank, vector_names), directory
         except ChecksumError as exc:

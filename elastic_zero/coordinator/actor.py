@@ -277,6 +277,8 @@ class Coordinator:
 
         fs, root = open_store(self.spec.checkpoint.uri)
         candidates = tuple(restore_candidates(fs, root))
+        if not candidates:
+            raise ValueError(f"{root}: no committed checkpoint")
         self._candidate_logs = [(d, read_manifest(fs, d).extra.get("sample_log", ())) for d in reversed(candidates)]
         return candidates
 

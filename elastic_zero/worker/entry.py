@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from elastic_zero.checkpoint import list_checkpoints, open_store, resolve, restore_candidates, restore_shard
+from elastic_zero.checkpoint import open_store, resolve, restore_candidates, restore_shard
 from elastic_zero.job import DTYPES
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.protocol import GenerationPlan
@@ -131,7 +131,7 @@ class GenerationEntry:
         fs, root = open_store(c.uri)
         if c.resume != "latest":
             return [resolve(fs, root, c.resume)]
-        return restore_candidates(fs, root) if list_checkpoints(fs, root) else []
+        return restore_candidates(fs, root)
 
     def _restore(self, candidates) -> tuple[ShardState | None, str | None]:
         """(this rank's shard, its checkpoint) from the first candidate every rank can read; (None,
