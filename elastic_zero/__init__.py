@@ -1,3 +1,16 @@
-"""elastic_zero: elastic ZeRO training for PyTorch on Ray."""
+"""elastic_zero: elastic ZeRO training for PyTorch on Ray.
+
+    import elastic_zero as ez
+    result = ez.run(ez.Job(model=build_model, data="tokens.parquet", train={"steps": 100, "loss": my_loss},
+                           elastic=ez.ScalingConfig(workers=2, max_workers=4)))
+"""
 
 __version__ = "0.1.0"
+
+from elastic_zero.api import (  # noqa: E402 - the version first, for tools that read it alone
+    CheckpointConfig, DataConfig, Job, ModelConfig, Result, RunConfig, ScalingConfig, TrainConfig, run,
+)
+from elastic_zero.spec import SpecError  # noqa: E402
+
+__all__ = ["CheckpointConfig", "DataConfig", "Job", "ModelConfig", "Result", "RunConfig", "ScalingConfig",
+           "SpecError", "TrainConfig", "run"]

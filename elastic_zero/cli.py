@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -86,7 +87,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args, started_at: float) -> int:
-    from elastic_zero.run import run_job
+    # the user's modules named in the spec ("pkg.module:fn") are found from the working directory,
+    # as with `python -m`; Ray gives its workers the driver's working directory on their path too
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    from elastic_zero.api import run_job
     from elastic_zero.spec import apply_override, load_spec, spec_from_dict
 
     if args.spec:

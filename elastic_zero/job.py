@@ -1,31 +1,55 @@
-"""From a JobSpec to the objects a worker trains with: model, optimizer, data."""
+"""From a JobSpec to the objects a worker trains with: model, units, optimizer, loss, data."""
 
 from __future__ import annotations
-
-import importlib
 
 import torch
 from torch import nn
 
-from elastic_zero.data.source import PositionedSource, open_source
+from elastic_zero.losses import next_token_loss
 from elastic_zero.models import build_preset
-from elastic_zero.spec import JobSpec
+from elastic_zero.spec import DEFAULT_PRESET, JobSpec
+from elastic_zero.user_code import UserCodeError, resolve
 from elastic_zero.zero import SGD, AdamW, Constant, WarmupCosine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_model(spec: JobSpec) -> nn.Module:
-    """The model with its initial weights, a function of the seed only."""
-    if spec.model.preset is not None:
-        return build_preset(spec.model.preset, seed=spec.train.seed, **spec.model.kwargs)
-    module_name, fn_name = spec.model.factory.split(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), fn_name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"model.factory: cannot load {spec.model.factory!r} ({exc})") from None
+    """The model with its initial weights, a function of the seed only (init_from is loaded later,
+    by the rank that starts the job)."""
+    m = spec.model
+    if m.factory is None:
+        return build_preset(m.preset or DEFAULT_PRESET, seed=spec.train.seed, **m.kwargs)
+    factory = resolve("model.factory", m.factory)
     torch.manual_seed(spec.train.seed)
-    return factory(**spec.model.kwargs)
+    try:
+        model = factory(**m.kwargs)
+    except Exception as exc:
+        raise UserCodeError(f"model.factory: raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, nn.Module):
+        raise UserCodeError(f"model.factory: must return a torch.nn.Module, got {type(model).__name__}")
+    return model
+
+
+def unit_classes(spec: JobSpec, model: nn.Module) -> list[type]:
+    """The module classes `model.wrap` names, found in the model (a name it lacks is an error)."""
+    by_name = {type(mod).__name__: type(mod) for mod in model.modules()}
+    out = []
+    for name in spec.model.wrap:
+        if name not in by_name:
+            have = sorted(n for n in by_name if n not in ("ModuleList", "ModuleDict", "Sequential"))
+            raise UserCodeError(f"model.wrap: the model has no module of class {name!r} (it has: {', '.join(have[:12])})")
+        out.append(by_name[name])
+    return out
+
+
+def model_limits(model: nn.Module) -> tuple[int | None, int | None]:
+    """(vocabulary size, longest sequence) where the model says: our presets' .cfg, a Hugging Face .config."""
+    cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
+    vocab = getattr(cfg, "vocab_size", None)
+    seq = next((getattr(cfg, k) for k in ("seq_len", "max_position_embeddings", "n_positions")
+                if isinstance(getattr(cfg, k, None), int)), None)
+    return (vocab if isinstance(vocab, int) else None), seq
 
 
 def build_optimizer(spec: JobSpec):
@@ -38,9 +62,38 @@ def build_optimizer(spec: JobSpec):
     return SGD(lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, schedule=schedule)
 
 
-def build_source(spec: JobSpec, model: nn.Module) -> PositionedSource:
-    cfg = getattr(model, "cfg", None)
-    if cfg is None:
-        raise ValueError("model: the data pipeline needs a model with a .cfg giving vocab_size and seq_len")
-    return open_source(spec.data.source, spec.data.column, spec.data.branching, cfg.vocab_size, cfg.seq_len,
-                       spec.train.seed)
+def build_loss(spec: JobSpec):
+    return next_token_loss if spec.train.loss is None else resolve("train.loss", spec.train.loss)
+
+
+def build_source(spec: JobSpec, model: nn.Module):
+    from elastic_zero.data.source import open_source
+
+    vocab, seq = model_limits(model)
+    collate = resolve("data.collate", spec.data.collate) if spec.data.collate is not None else None
+    return open_source(spec.data, spec.train.seed, vocab, seq, collate)
+
+
+def dataset_size(spec: JobSpec) -> int | None:
+    """Samples in the job's dataset (None for endless synthetic data), from metadata only."""
+    if spec.data.source == "synthetic":
+        return None
+    from elastic_zero.data.arrow_rows import ArrowRows
+
+    d = spec.data
+    return ArrowRows(d.source, d.columns or ([d.column] if d.collate is None else None)).num_samples
+
+
+def settle_steps(spec: JobSpec) -> JobSpec:
+    """train.epochs as a step count: every sample `epochs` times, in whole global batches (a last
+    partial batch is dropped)."""
+    if spec.train.epochs is None:
+        return spec
+    size = dataset_size(spec)
+    if size is None:
+        raise ValueError("train.epochs: synthetic data is endless; give train.steps")
+    steps = spec.train.epochs * size // spec.train.global_batch
+    if steps < 1:
+        raise ValueError(f"train.epochs: {spec.train.epochs} epoch(s) of {size} samples is less than one "
+                         f"global batch of {spec.train.global_batch}")
+    return spec.with_steps(steps)

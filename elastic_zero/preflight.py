@@ -1,7 +1,10 @@
-"""Checks of a job's inputs that can be made before Ray starts: every path the spec names.
+"""Checks of a job's inputs that can be made before Ray starts: every path the spec names, the
+dataset's schema, and (on an embedded Ray, where the driver's Python is the workers') the user's
+functions.
 
-A problem is a SpecError naming the field (the CLI exits 2 with it): a missing dataset, a
-checkpoint store that cannot be written or read, a checkpoint to resume that does not exist.
+A problem is a SpecError naming the field (the CLI exits 2 with it): a missing dataset or column,
+an empty one, weights to start from that are not there, a checkpoint store that cannot be written
+or read, a checkpoint to resume that does not exist, a function that cannot be imported.
 """
 
 from __future__ import annotations
@@ -13,9 +16,22 @@ import pyarrow.fs as pafs
 from elastic_zero.spec import JobSpec, SpecError
 
 
-def preflight(spec: JobSpec) -> None:
+def preflight(spec: JobSpec, import_user_code: bool = True) -> None:
     if spec.data.source != "synthetic":
         _check_exists("data.source", spec.data.source)
+        _check_dataset(spec)
+    if spec.model.init_from:
+        _check_exists("model.init_from", spec.model.init_from)
+    if import_user_code:
+        from elastic_zero.user_code import UserCodeError, resolve
+
+        for where, ref in (("model.factory", spec.model.factory), ("train.loss", spec.train.loss),
+                           ("data.collate", spec.data.collate)):
+            if ref is not None:
+                try:
+                    resolve(where, ref)
+                except UserCodeError as exc:
+                    raise SpecError(str(exc)) from None
     c = spec.checkpoint
     if c.uri and c.every:
         from elastic_zero.checkpoint import probe_writable
@@ -39,3 +55,14 @@ def _check_exists(field: str, path: str) -> None:
     if not found:
         raise SpecError(f"{field}: no such file or directory: {path!r}")
 
+
+
+def _check_dataset(spec: JobSpec) -> None:
+    """The dataset opens, has rows and the columns the job reads (metadata only)."""
+    from elastic_zero.data.arrow_rows import DataError
+    from elastic_zero.job import dataset_size
+
+    try:
+        dataset_size(spec)
+    except DataError as exc:
+        raise SpecError(str(exc)) from None

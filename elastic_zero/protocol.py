@@ -84,6 +84,7 @@ class Report:
     step_times: tuple = ()
     first_step_at: float | None = None
     last_loss: float | None = None
+    last_metrics: dict = field(default_factory=dict)  # the loss function's extra metrics at the last step
     phases_s: dict = field(default_factory=dict)  # seconds in each phase of entering the generation
     checkpoint_stall_s: tuple = ()
     checkpoint_errors: tuple = ()

@@ -11,7 +11,7 @@ import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
 
 class SpecError(ValueError):
@@ -32,45 +32,87 @@ def _at_least(where: str, value, low) -> None:
         _fail(where, f"must be >= {low}, got {value!r}")
 
 
+# A user's function: "package.module:function" (imported where it runs) or, from Python, the
+# callable itself (Ray pickles it).
+Ref = Union[str, Callable]
+
+
+def _check_ref(where: str, value) -> None:
+    if value is None or callable(value):
+        return
+    if not isinstance(value, str) or value.count(":") != 1 or not all(value.split(":")):
+        _fail(where, f"must look like 'package.module:function' (or be a callable), got {value!r}")
+
+
+DEFAULT_PRESET = "gpt-tiny"  # what a spec with neither preset nor factory trains
+DEFAULT_STEPS = 40  # what a spec with neither steps nor epochs trains
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    preset: Optional[str] = "gpt-tiny"
-    factory: Optional[str] = None  # "module:function"
+    preset: Optional[str] = None  # one of PRESETS; with no factory either, DEFAULT_PRESET
+    factory: Optional[Ref] = None  # returns an nn.Module, called with `kwargs`
     kwargs: dict = field(default_factory=dict)
+    wrap: list = field(default_factory=list)  # class names of the units (default: each child of a ModuleList)
+    init_from: Optional[str] = None  # a torch.save'd state dict or one of our checkpoints, loaded before step 0
 
     def validate(self) -> None:
         from elastic_zero.models import PRESETS
 
-        if (self.preset is None) == (self.factory is None):
-            _fail("model", "give exactly one of 'preset' and 'factory'")
+        if self.preset is not None and self.factory is not None:
+            _fail("model", "give one of 'preset' and 'factory', not both")
         if self.preset is not None:
             _choice("model.preset", self.preset, sorted(PRESETS))
-        if self.factory is not None and (":" not in self.factory or self.factory.count(":") != 1):
-            _fail("model.factory", f"must look like 'package.module:function', got {self.factory!r}")
+        _check_ref("model.factory", self.factory)
+        if not all(isinstance(w, str) and w for w in self.wrap):
+            _fail("model.wrap", f"must be a list of module class names, got {self.wrap!r}")
+        if self.init_from is not None and not self.init_from:
+            _fail("model.init_from", "must be a path or URI")
 
 
 @dataclass(frozen=True)
 class DataSpec:
-    source: str = "synthetic"  # or a path / URI of an Arrow or Parquet dataset of token ids
-    column: str = "tokens"
+    source: str = "synthetic"  # or a path / URI of an Arrow or Parquet dataset (a file or a directory)
+    column: str = "tokens"  # the default collate's column of token-id lists
+    columns: Optional[list] = None  # the columns read (default: `column`, or every column for a collate)
+    collate: Optional[Ref] = None  # fn(pyarrow.Table) -> dict of tensors (default: token_collate)
+    seq_len: Optional[int] = None  # tokens a sample is padded/cut to (default: what the model says)
+    vocab_size: Optional[int] = None  # synthetic data, when the model does not say
+    pad_id: int = 0
     branching: int = 4  # synthetic: successors per token
 
     def validate(self) -> None:
         if not self.source:
             _fail("data.source", "must be 'synthetic' or a path/URI to Arrow/Parquet data")
+        if not self.column:
+            _fail("data.column", "must name a column")
+        if self.columns is not None and (not self.columns or not all(isinstance(c, str) and c for c in self.columns)):
+            _fail("data.columns", f"must be a non-empty list of column names, got {self.columns!r}")
+        _check_ref("data.collate", self.collate)
+        if self.collate is not None and self.source == "synthetic":
+            _fail("data.collate", "applies to Arrow/Parquet data; 'synthetic' makes its batches itself")
+        _at_least("data.seq_len", self.seq_len, 1)
+        _at_least("data.vocab_size", self.vocab_size, 2)
+        _at_least("data.pad_id", self.pad_id, 0)
         _at_least("data.branching", self.branching, 1)
 
 
 @dataclass(frozen=True)
 class TrainSpec:
-    steps: int = 40
+    steps: Optional[int] = None  # with no epochs either, DEFAULT_STEPS
+    epochs: Optional[int] = None  # instead of steps: passes over a finite dataset (resolved to steps at submit)
     global_batch: int = 16
     micro_batch: int = 4
     seed: int = 0
     grad_clip: Optional[float] = 1.0
+    loss: Optional[Ref] = None  # fn(model, batch) -> scalar or {"loss": scalar, metric: scalar} (default: next_token_loss)
 
     def validate(self) -> None:
+        if self.steps is not None and self.epochs is not None:
+            _fail("train.epochs", "give one of 'steps' and 'epochs', not both")
         _at_least("train.steps", self.steps, 1)
+        _at_least("train.epochs", self.epochs, 1)
+        _check_ref("train.loss", self.loss)
         _at_least("train.global_batch", self.global_batch, 1)
         _at_least("train.micro_batch", self.micro_batch, 1)
         _at_least("train.seed", self.seed, 0)
@@ -185,6 +227,28 @@ class JobSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     faults: tuple = ()
 
+    def __post_init__(self) -> None:
+        """From Python, a section may be given as a table (dict), the model as a callable, a
+        preset name or "module:function", and the data as a path: made the dataclasses here."""
+        for section, cls in _SECTIONS.items():
+            value = getattr(self, section)
+            if section == "model" and (callable(value) or isinstance(value, str)):
+                from elastic_zero.models import PRESETS
+
+                value = ModelSpec(preset=value) if value in PRESETS else ModelSpec(factory=value)
+            elif section == "data" and isinstance(value, str):
+                value = DataSpec(source=value)
+            elif isinstance(value, dict):
+                value = _build(cls, value, section)
+            if not isinstance(value, cls):
+                _fail(section, f"must be a {cls.__name__} or a table, got {type(value).__name__}")
+            object.__setattr__(self, section, value)
+        faults = tuple(_build(FaultSpec, f, f"faults[{i}]") if isinstance(f, dict) else f
+                       for i, f in enumerate(self.faults))
+        object.__setattr__(self, "faults", faults)
+        if self.train.steps is None and self.train.epochs is None:
+            object.__setattr__(self, "train", dataclasses.replace(self.train, steps=DEFAULT_STEPS))
+
     def validate(self) -> "JobSpec":
         if not self.name or any(c in self.name for c in "/\\ "):
             _fail("name", f"must be non-empty without spaces or slashes, got {self.name!r}")
@@ -195,7 +259,7 @@ class JobSpec:
                                          f"worker needs a sample of each step, got {self.elastic.max_workers}")
         for i, fault in enumerate(self.faults):
             fault.validate(f"faults[{i}]")
-            if fault.at_step >= self.train.steps:
+            if self.train.steps is not None and fault.at_step >= self.train.steps:
                 _fail(f"faults[{i}].at_step", f"must be < train.steps ({self.train.steps}), got {fault.at_step}")
             if fault.workers is not None and not self.elastic.min_workers <= fault.workers <= self.elastic.max_workers:
                 _fail(f"faults[{i}].workers", f"must lie in [{self.elastic.min_workers}, {self.elastic.max_workers}]")
@@ -203,6 +267,10 @@ class JobSpec:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def with_steps(self, steps: int) -> "JobSpec":
+        """The job with its step count settled (from train.epochs and the dataset's size)."""
+        return dataclasses.replace(self, train=dataclasses.replace(self.train, steps=steps, epochs=None)).validate()
 
 
 _SECTIONS = {
@@ -216,7 +284,12 @@ def _typed(where: str, value: Any, annotation) -> Any:
     optional = False
     if typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        optional, hint = True, args[0]
+        optional = len(args) < len(typing.get_args(hint))
+        if any(typing.get_origin(a) is not None and typing.get_origin(a).__name__ == "Callable" for a in args):
+            if value is None or callable(value) or isinstance(value, str):
+                return value  # a Ref: its form is checked by validate()
+            _fail(where, f"must be 'package.module:function' or a callable, got {value!r}")
+        hint = args[0]
     if value is None:
         if optional:
             return None

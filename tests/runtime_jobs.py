@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from elastic_zero.run import run_job
+from elastic_zero.api import run_job
 from elastic_zero.spec import spec_from_dict
 
 

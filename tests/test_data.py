@@ -1,12 +1,8 @@
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elastic_zero.data import GlobalOrder
-from elastic_zero.data.source import open_source
 from elastic_zero.plan.batches import loss_weight, micro_batch_count, micro_batches, rank_positions, rank_shares
 
 
@@ -58,27 +54,3 @@ def test_weighted_uneven_shares_give_the_global_mean_gradient():
     torch.testing.assert_close(sum(grads) / 3, want)
 
 
-def test_global_order_is_a_seeded_permutation_per_epoch():
-    order = GlobalOrder(10, seed=3)
-    first = order.samples(range(10))
-    assert sorted(first) == list(range(10))
-    second = order.samples(range(10, 20))
-    assert sorted(second) == list(range(10)) and second != first
-    assert GlobalOrder(10, seed=3).samples(range(25)) == order.samples(range(25))
-
-
-def test_parquet_tokens_load_and_bad_data_is_named(tmp_path):
-    rows = [[i % 7, (i + 1) % 7, (i + 2) % 7] for i in range(9)]
-    path = tmp_path / "tokens.parquet"
-    pq.write_table(pa.table({"tokens": rows}), path)
-    src = open_source(str(path), "tokens", 4, vocab_size=8, seq_len=4, seed=0)
-    x, y = src.batch(range(9))
-    assert x.shape == (9, 2) and sorted(map(tuple, torch.cat([x, y[:, -1:]], 1).tolist())) == sorted(map(tuple, rows))
-    with pytest.raises(ValueError, match="outside the model's vocabulary of 5"):
-        open_source(str(path), "tokens", 4, vocab_size=5, seq_len=4, seed=0)
-    with pytest.raises(ValueError, match="exceed the model's seq_len 1"):
-        open_source(str(path), "tokens", 4, vocab_size=8, seq_len=1, seed=0)
-    with pytest.raises(ValueError, match="no column 'ids'"):
-        open_source(str(path), "ids", 4, vocab_size=8, seq_len=4, seed=0)
-    with pytest.raises(ValueError, match="no dataset at"):
-        open_source(str(tmp_path / "none.parquet"), "tokens", 4, vocab_size=8, seq_len=4, seed=0)

@@ -22,7 +22,7 @@ from elastic_zero.plan.batches import loss_weight, micro_batch_count, micro_batc
 
 
 def _elastic_zero(preset, workers, steps, kill_step, micro_batch, work_dir) -> dict:
-    from elastic_zero.run import run_job
+    from elastic_zero.api import run_job
     from elastic_zero.spec import spec_from_dict
 
     spec = spec_from_dict({

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import os
 from typing import Mapping, Sequence
 
 import pyarrow.fs as pafs
 import torch
 
-from elastic_zero.checkpoint.store import load_shard, read_manifest
+from elastic_zero.checkpoint.store import MANIFEST, list_checkpoints, load_shard, read_manifest, resolve
 from elastic_zero.plan.layout import FlatLayout
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.zero.shard import ShardState
@@ -39,3 +41,46 @@ def shards_from_state_dict(state_dict: Mapping[str, torch.Tensor], layout: FlatL
         vectors = {n: (params if n == "params" else torch.zeros_like(params)) for n in vector_names}
         out.append(ShardState(layout, partition, rank, vectors, {"step": step}))
     return out
+
+
+def load_initial_weights(uri: str, field: str = "model.init_from") -> dict[str, torch.Tensor]:
+    """Weights to start from: a torch.save'd state dict (read with weights_only=True), one of our
+    checkpoint directories, or a checkpoint root (its latest commit). A path or URI."""
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+        info = fs.get_file_info(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{field}: cannot open {uri!r} ({exc})") from None
+    if info.type == pafs.FileType.NotFound:
+        raise ValueError(f"{field}: no such file or directory: {uri!r}")
+    try:
+        if info.type == pafs.FileType.Directory:
+            if fs.get_file_info(f"{path}/{MANIFEST}").type == pafs.FileType.NotFound:
+                if not list_checkpoints(fs, path):
+                    raise ValueError(f"{uri!r} is a directory with no committed checkpoint")
+                path = resolve(fs, path, "latest")
+            return export_state_dict(fs, path)
+        with fs.open_input_stream(path) as f:
+            state = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
+    except ValueError as exc:
+        raise ValueError(f"{field}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - an unreadable file, whatever torch.load raises
+        raise ValueError(f"{field}: cannot read {uri!r} as a state dict ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{field}: {uri!r} does not hold a state dict of tensors")
+    return dict(state)
+
+
+def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], field: str = "model.init_from") -> None:
+    """Copy `state` into `model`; every parameter must be there with its shape (buffers may be absent)."""
+    own = dict(model.state_dict())
+    params = {name for name, _ in model.named_parameters()}
+    missing = sorted(params - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in own
+             if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or wrong:
+        parts = [f"missing {missing[:3]}" if missing else "", f"unexpected {unexpected[:3]}" if unexpected else "",
+                 f"shapes {wrong[:3]}" if wrong else ""]
+        raise ValueError(f"{field}: the weights do not fit the model: {'; '.join(p for p in parts if p)}")
+    model.load_state_dict(state, strict=False)

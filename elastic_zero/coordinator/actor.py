@@ -198,7 +198,8 @@ class Coordinator:
         kinds = sorted({o.kind for o in outcomes if o.actor_id in members} | ({"dead"} if alive < len(members) else set()))
         self._log("generation_end", generation=plan.number, outcomes=kinds,
                   ended_at={a: round(r.ended_at, 4) for a, r in results.items()},
-                  errors={o.actor_id: o.error for o in outcomes if o.error})
+                  errors={o.actor_id: o.error for o in outcomes if o.error},
+                  **_last_step(results.values()))
         self._last_end = results
         self._apply(GenerationEnded(outcomes))
 
@@ -320,3 +321,11 @@ class Coordinator:
         record = {"t": round(time.time(), 4), "event": kind, **fields}
         json.dumps(record)  # every record must be plain data
         self.events.append(record)
+
+
+def _last_step(reports) -> dict:
+    """The loss and metrics of a generation's last step, as rank 0 saw them (every rank sees the same)."""
+    for r in reports:
+        if r.rank == 0 and r.last_loss is not None:
+            return {"steps_done": r.outcome.step, "loss": r.last_loss, "metrics": dict(r.last_metrics)}
+    return {}

@@ -25,6 +25,7 @@ class Books:
     reconfigurations: list = field(default_factory=list)
     first_step_at: float | None = None
     last_loss: float | None = None
+    last_metrics: dict = field(default_factory=dict)
     pending_change: dict | None = None  # a change whose stall is measured when the next generation reports
     checkpoint_stalls: list = field(default_factory=list)
     checkpoint_errors: list = field(default_factory=list)
@@ -65,7 +66,7 @@ class Books:
             self.checkpoint_stalls.extend(r.checkpoint_stall_s)
             self.checkpoint_errors.extend(r.checkpoint_errors)
             if r.last_loss is not None and r.rank == 0:
-                self.last_loss = r.last_loss
+                self.last_loss, self.last_metrics = r.last_loss, dict(r.last_metrics)
 
     def add_checkpoint_log(self, rows) -> None:
         """Sample records saved with checkpoints: they fill in ranks whose own report was lost."""
@@ -97,6 +98,7 @@ class Books:
             "checkpoint_errors": self.checkpoint_errors,
             "warnings": self.warnings,
             "final_loss": self.last_loss,
+            "final_metrics": self.last_metrics,
             "global_batch": self.global_batch,
             "samples_consumed": len(distinct),
             "duplicate_samples": len(positions) - len(distinct),

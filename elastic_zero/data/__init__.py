@@ -1,6 +1,7 @@
-"""Training data: deterministic sample streams addressed by a global sample position."""
+"""Training data: batches addressed by a global sample position (see source.py)."""
 
-from elastic_zero.data.order import GlobalOrder
+from elastic_zero.data.arrow_rows import ArrowRows, DataError
+from elastic_zero.data.order import BlockShuffledOrder
 from elastic_zero.data.synthetic import MarkovTokens
 
-__all__ = ["GlobalOrder", "MarkovTokens"]
+__all__ = ["ArrowRows", "BlockShuffledOrder", "DataError", "MarkovTokens"]

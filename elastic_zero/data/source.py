@@ -1,36 +1,94 @@
-"""Open the training data of a job: samples addressed by global position (see plan/batches.py)."""
+"""The training data of a job: batches (dicts of tensors) addressed by global sample position.
+
+Position p of the run is a sample of a finite dataset in a seeded order per epoch (order.py), or
+synthetic walk number p. Any rank computes any position's sample, which is what keeps every sample
+consumed exactly once when the ranks change (see plan/batches.py).
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from elastic_zero.data.order import GlobalOrder
+from elastic_zero.data.collate import BadRow, checked_batch, token_collate
 from elastic_zero.data.synthetic import MarkovTokens
+from elastic_zero.losses import IGNORE
 
 
-class PositionedSource:
-    """Maps global sample positions to samples: a shuffled order per epoch for finite datasets;
-    the synthetic walks are independent draws already, so their position is their index."""
+class SyntheticSource:
+    num_samples = None  # endless
 
-    def __init__(self, source, order: GlobalOrder | None) -> None:
-        self.source, self.order = source, order
+    def __init__(self, walks: MarkovTokens) -> None:
+        self.walks = walks
 
-    def batch(self, positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = self.order.samples(positions) if self.order is not None else list(positions)
-        return self.source.batch(ids)
+    def batch(self, positions: Sequence[int]) -> dict[str, torch.Tensor]:
+        t = self.walks.tokens(positions)
+        return {"input_ids": t[:, :-1], "targets": t[:, 1:]}
 
 
-def open_source(source: str, column: str, branching: int, vocab_size: int, seq_len: int, seed: int) -> PositionedSource:
-    if source == "synthetic":
-        return PositionedSource(MarkovTokens(vocab_size, seq_len, seed=seed, branching=branching), None)
-    from elastic_zero.data.parquet import ParquetTokens
+class ArrowSource:
+    """Rows of an Arrow/Parquet dataset, read streaming, through a collate."""
 
-    data = ParquetTokens(source, column)
-    if data.seq_len > seq_len:
-        raise ValueError(f"data.source: sequences of {data.seq_len} tokens exceed the model's seq_len {seq_len}")
-    top = int(data.tokens_table.max())
-    if top >= vocab_size:
-        raise ValueError(f"data.source: token id {top} is outside the model's vocabulary of {vocab_size}")
-    return PositionedSource(data, GlobalOrder(data.num_samples, seed))
+    def __init__(self, rows, order, collate: Callable, vocab_size: int | None, custom_collate: bool) -> None:
+        self.rows, self.order, self.collate = rows, order, collate
+        self.vocab_size, self.custom_collate = vocab_size, custom_collate
+        self.num_samples = rows.num_samples
+
+    def batch(self, positions: Sequence[int]) -> dict[str, torch.Tensor]:
+        ids = self.order.samples(positions)
+        table = self.rows.rows(ids)
+        try:
+            batch = self.collate(table)
+        except BadRow as exc:
+            raise ValueError(f"data.source: {self.rows.where(ids[exc.row])}: {exc}") from None
+        except Exception as exc:
+            if not self.custom_collate:
+                raise
+            raise ValueError(f"data.collate: raised {type(exc).__name__}: {exc}") from None
+        batch = checked_batch(batch) if self.custom_collate else batch
+        self._check_vocabulary(batch, ids)
+        return batch
+
+    def _check_vocabulary(self, batch: dict, ids: list[int]) -> None:
+        """Token ids the model cannot embed fail in the model with an index error far from the cause:
+        name the sample instead."""
+        if self.vocab_size is None:
+            return
+        for key in ("input_ids", "targets"):
+            t = batch.get(key)
+            if t is None or t.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+                continue
+            bad = ((t >= self.vocab_size) | ((t < 0) & (t != IGNORE))).reshape(t.shape[0], -1).any(dim=1)
+            if bool(bad.any()):
+                row = int(bad.nonzero()[0])
+                top = int(t[row].max())
+                raise ValueError(f"data.source: {self.rows.where(ids[row])}: token id {top} is outside the "
+                                 f"model's vocabulary of {self.vocab_size}")
+
+
+def open_source(data, seed: int, vocab_size: int | None, seq_len: int | None, collate: Callable | None):
+    """The source a DataSpec describes. `vocab_size` and `seq_len` are the model's, when it says;
+    the spec's own seq_len wins."""
+    seq_len = data.seq_len or seq_len
+    if data.source == "synthetic":
+        vocab = vocab_size or data.vocab_size
+        if vocab is None or seq_len is None:
+            raise ValueError("data.source: synthetic data needs a vocabulary size and a sequence length: the "
+                             "model does not say (no .cfg or .config), so set data.vocab_size and data.seq_len")
+        return SyntheticSource(MarkovTokens(vocab, seq_len, seed=seed, branching=data.branching))
+    from elastic_zero.data.arrow_rows import ArrowRows
+    from elastic_zero.data.order import BlockShuffledOrder
+
+    columns = data.columns or ([data.column] if collate is None else None)
+    rows = ArrowRows(data.source, columns)
+    if collate is None:
+        fixed = data.seq_len is not None
+
+        def collate(table):
+            return token_collate(table, data.column, seq_len, data.pad_id, fixed_length=fixed)
+
+        custom = False
+    else:
+        custom = True
+    return ArrowSource(rows, BlockShuffledOrder(rows.block_sizes, seed), collate, vocab_size, custom)

@@ -19,9 +19,9 @@ import time
 import torch
 
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
-from elastic_zero.job import build_model, build_optimizer, build_source
-from elastic_zero.models import lm_loss
-from elastic_zero.plan.batches import loss_weight, micro_batch_count, micro_batches, rank_positions
+from elastic_zero.job import build_loss, build_model, build_optimizer, build_source, unit_classes
+from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked
+from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.membership import Member
 from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report
 from elastic_zero.rendezvous import connect
@@ -48,7 +48,9 @@ class TrainingWorker(GenerationEntry):
         self.start_error = ""
         try:
             self.model = named("model", lambda: build_model(self.spec).to(self.device))
+            self.wrap = unit_classes(self.spec, self.model)
             self.source = named("data.source", lambda: build_source(self.spec, self.model))
+            self.loss_fn = build_loss(self.spec)
             self.optimizer = build_optimizer(self.spec)
         except Exception as exc:
             self.start_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -60,6 +62,7 @@ class TrainingWorker(GenerationEntry):
         # loss inside the handover is recovered from memory
         self.replicas = LayoutReplicas()
         self._safe_point_for = -1  # the latest generation a safe point was requested for
+        self._metric_names: list[str] | None = None  # the extra metrics the loss returns, fixed by its first call
         self._aborted = threading.Event()  # abort_generation() came for the current generation
         self._pg = None
         self._generation = -1
@@ -225,27 +228,18 @@ class TrainingWorker(GenerationEntry):
             if report["first_step_at"] is None:
                 report["first_step_at"] = started
             positions = rank_positions(step, spec.train.global_batch, world, rank)
-            micro = micro_batches(positions, micro_batch_count(spec.train.global_batch, world, spec.train.micro_batch))
-            weighted = 0.0
-            for i, m in enumerate(micro):
-                # every rank runs as many micro batches (and so collectives) as the others: an empty
-                # piece runs a stand-in sample with weight 0
-                x, y = self.source.batch(m or positions[:1])
-                loss = lm_loss(engine.module(x.to(self.device)), y.to(self.device))
-                loss = loss * loss_weight(len(m), spec.train.global_batch, world)
-                engine.backward(loss, sync=i == len(micro) - 1)
-                weighted += loss.item()
-            engine.step()
-            engine.zero_grad()
+            totals = self._train_step(positions, world, comm, step)
             asked = self._safe_point_for == plan.number
-            agree = torch.tensor([1.0 if asked else 0.0, weighted], device=self.device)
+            agree = torch.tensor([1.0 if asked else 0.0, *totals], device=self.device)
             committed = self.replicas.generation == plan.number
             comm.all_reduce(agree)
             if committed:  # every rank got here after a commit in this layout: it is complete in memory
                 self.replicas.drop_earlier()
                 if rank == 0 and plan.leaving and not report["step_times"]:
                     self.store.set(committed_key(plan), "1")  # the leavers may go
-            report["last_loss"] = float(agree[1]) / world
+            weight = float(agree[1])
+            report["last_loss"] = float(agree[2]) / weight
+            report["last_metrics"] = dict(zip(self._metric_names, (v / weight for v in agree[3:].tolist())))
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             stopping = agree[0] > 0 and engine.step_count < spec.train.steps
             # a safe point always commits: the next generation's fallback is this layout at this step
@@ -262,6 +256,42 @@ class TrainingWorker(GenerationEntry):
             self.writer.wait()  # the final checkpoint is committed before the job reports success
             self._take_checkpoint_news(report)
         return "finished"
+
+    def _train_step(self, positions: range, world: int, comm: TorchComm, step: int) -> list[float]:
+        """Forward and backward of this rank's share of the step, then the update. Each micro batch's
+        loss (a weighted mean, see losses.py) is scaled by its weight * world / the global weight, so
+        that the engine's average over ranks is the weighted mean over the global batch. Returns this
+        rank's [weight, weight * loss, weight * metric...] for the step's all-reduce."""
+        spec, engine = self.spec, self.engine
+        micro = micro_batches(positions, micro_batch_count(spec.train.global_batch, world, spec.train.micro_batch))
+        # every rank runs as many micro batches (and so collectives) as the others: an empty piece
+        # runs a stand-in sample with weight 0
+        batches = [self.source.batch(m or positions[:1]) for m in micro]
+        weights = [batch_weight(b, len(m)) if m else 0.0 for b, m in zip(batches, micro)]
+        if WEIGHT_KEY in batches[0]:  # weights vary by sample: the global one is known only by asking
+            total = torch.tensor([sum(weights)], dtype=torch.float64, device=self.device)
+            comm.all_reduce(total)
+            global_weight = float(total)
+        else:
+            global_weight = float(spec.train.global_batch)
+        if global_weight <= 0:
+            raise ValueError(f"data: the global batch of step {step} carries no loss terms (every sample_weight is 0)")
+        loss_sum, metric_sums = 0.0, {}
+        for i, (batch, weight) in enumerate(zip(batches, weights)):
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            loss, metrics = checked(self.loss_fn(engine.module, batch), step)
+            if self._metric_names is None:  # the first call fixes them: the all-reduce's size depends on it
+                self._metric_names = sorted(metrics)
+            if sorted(metrics) != self._metric_names:
+                raise ValueError(f"train.loss: returned metrics {sorted(metrics)} at step {step}, "
+                                 f"earlier {self._metric_names}: every call must return the same ones")
+            engine.backward(loss * (weight * world / global_weight), sync=i == len(micro) - 1)
+            loss_sum += float(loss.detach()) * weight
+            for name, value in metrics.items():
+                metric_sums[name] = metric_sums.get(name, 0.0) + value * weight
+        engine.step()
+        engine.zero_grad()
+        return [sum(weights), loss_sum, *(metric_sums[name] for name in self._metric_names)]
 
     def _take_checkpoint_news(self, report: dict) -> None:
         """The commits and failures of background saves since the last look go into the report."""

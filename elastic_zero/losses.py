@@ -1,0 +1,78 @@
+"""The loss of a micro batch: the default next-token loss, and the contract a user's loss keeps.
+
+`loss(model, batch)` returns the mean loss over the micro batch as a scalar tensor, or a dict with
+"loss" and other scalar metrics. How much each sample counts in the global mean is the batch's
+"sample_weight" (a 1-D tensor, one entry per sample; absent: 1 each): the loss of a micro batch
+must be its mean weighted that way, and the step's loss is then the exact weighted mean over the
+global batch whatever the world size and the micro-batch split. The default collate gives each
+sample the number of its target tokens, so the default loss is the mean over every target token
+of the global batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WEIGHT_KEY = "sample_weight"
+IGNORE = -100  # a target that is padding: no loss term
+
+
+def logits_of(output) -> torch.Tensor:
+    """The logits of a model's output: a tensor, a Hugging Face ModelOutput, or a tuple's first item."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, (tuple, list)) and output:
+        logits = output[0]
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"train.loss: the default loss needs logits from the model, which returned {type(output).__name__}")
+    return logits
+
+
+def next_token_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    """Mean cross entropy over the targets that are not padding, in fp32 whatever the logits' dtype.
+    A micro batch of padding only gives 0 (it has no weight), not a NaN."""
+    logits = logits_of(model(batch["input_ids"])).float()
+    targets = batch["targets"]
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
+                            reduction="sum")
+    return total / (targets != IGNORE).sum().clamp(min=1)
+
+
+def batch_weight(batch: dict, samples: int) -> float:
+    """How much this micro batch counts in the global mean."""
+    weights = batch.get(WEIGHT_KEY)
+    return float(samples) if weights is None else float(weights.sum())
+
+
+def checked(out, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """(the loss tensor, the other metrics as floats) of what a loss function returned; a ValueError
+    naming train.loss if it is not a finite scalar (or a dict with one under "loss")."""
+    metrics: dict[str, float] = {}
+    if isinstance(out, dict):
+        if "loss" not in out:
+            raise ValueError(f"train.loss: returned a dict without 'loss' (keys: {', '.join(map(str, out))})")
+        for name, value in out.items():
+            if name != "loss":
+                metrics[str(name)] = _scalar(f"metric {name!r}", value, step)
+        out = out["loss"]
+    if not isinstance(out, torch.Tensor) or out.numel() != 1:
+        kind = f"a tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"train.loss: must return a scalar tensor (or a dict with 'loss'), got {kind}")
+    if not out.requires_grad:
+        raise ValueError("train.loss: the loss does not depend on the model's parameters (no grad_fn)")
+    _scalar("the loss", out, step)
+    return out.reshape(()), metrics
+
+
+def _scalar(what: str, value, step: int) -> float:
+    number = float(value.detach()) if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+    if not isinstance(number, (int, float)) or isinstance(number, bool):
+        raise ValueError(f"train.loss: {what} must be a scalar, got {type(value).__name__}")
+    if not math.isfinite(number):
+        raise ValueError(f"train.loss: {what} is {number} at step {step}")
+    return float(number)

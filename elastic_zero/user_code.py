@@ -1,0 +1,58 @@
+"""The user's own functions in a job (model factory, loss, collate): found by name, or shipped.
+
+A spec names them "package.module:function" (imported where they run: on every worker) or, from
+Python, holds the callables themselves, which Ray pickles with the spec. A callable from a module
+that a worker cannot import by name (a script, a notebook, a test file: anything outside the
+installed packages) travels by value, with its module's code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import sysconfig
+from typing import Callable
+
+
+class UserCodeError(ValueError):
+    pass
+
+
+def resolve(where: str, ref) -> Callable:
+    """The callable a spec field names; UserCodeError (one line naming the field) if it cannot be had."""
+    if callable(ref):
+        return ref
+    module_name, _, fn_name = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any failure to import is the user's to see, in one line
+        raise UserCodeError(f"{where}: cannot import {module_name!r} ({type(exc).__name__}: {exc})") from None
+    fn = getattr(module, fn_name, None)
+    if fn is None:
+        raise UserCodeError(f"{where}: module {module_name!r} has no {fn_name!r}")
+    if not callable(fn):
+        raise UserCodeError(f"{where}: {ref!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def _installed_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple(os.path.realpath(paths[k]) for k in ("purelib", "platlib", "stdlib") if k in paths)
+
+
+def ship_by_value(*refs) -> None:
+    """Let cloudpickle carry these callables by value when their modules are not installed packages,
+    so that a worker started anywhere can load them (Ray pickles functions by reference otherwise)."""
+    import ray.cloudpickle as cloudpickle
+
+    roots = _installed_roots()
+    for ref in refs:
+        if not callable(ref):
+            continue
+        module = sys.modules.get(getattr(ref, "__module__", "") or "")
+        if module is None or module.__name__ == "__main__" or module.__name__.startswith("elastic_zero"):
+            continue  # __main__ goes by value anyway; our own package is installed wherever we run
+        path = os.path.realpath(getattr(module, "__file__", "") or "")
+        if path and not path.startswith(roots):
+            cloudpickle.register_pickle_by_value(module)
