@@ -13,8 +13,8 @@ torch.set_num_threads(1)
 # CI runs everything.
 _RUNTIME = {"test_runtime.py", "test_runtime_hardening.py", "test_cli.py", "test_example.py", "test_abortable.py",
             "test_engine_parity.py", "test_engine_reshard.py", "test_handover.py", "test_checkpoint.py",
-            "test_engine_state.py", "test_engine_races.py", "test_gpu.py", "test_chaos.py"}
-_SLOW = {"test_runtime.py", "test_engine_parity.py", "test_chaos.py"}
+            "test_engine_state.py", "test_engine_races.py", "test_gpu.py", "test_chaos.py", "test_own_model.py"}
+_SLOW = {"test_runtime.py", "test_engine_parity.py", "test_chaos.py", "test_own_model.py"}
 
 
 def pytest_configure(config):

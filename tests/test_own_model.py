@@ -1,0 +1,146 @@
+"""Jobs with the user's own model, loss and data on a real local Ray: a Hugging Face Llama from TOML
+and from Python with a kill and a scale-up; ragged token data with the token-weighted default loss
+against torch's AdamW on one process; epochs; init_from; bad user code ending the job in one line."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import elastic_zero as ez
+from elastic_zero.data.collate import token_collate
+from elastic_zero.data.source import open_source
+from elastic_zero.losses import next_token_loss
+from elastic_zero.models import build_preset
+from elastic_zero.plan.batches import rank_positions
+from elastic_zero.spec import DataSpec
+from runtime_jobs import exactly_once, relative
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {"vocab_size": 32, "seq_len": 16, "n_layer": 1, "d_model": 32}
+
+
+def _hf_example():
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("hf_llama_train", os.path.join(ROOT, "examples/hf_llama/train.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_elastic(summary):
+    exactly_once(summary)
+    sizes = [n for _, n in summary["world_size_history"]]
+    assert len(summary["recoveries"]) == 1 and 1 in sizes and sizes[-1] == 3, summary["world_size_history"]
+    assert 0 < summary["final_metrics"]["accuracy"] <= 1
+
+
+def test_a_hugging_face_llama_survives_a_kill_and_a_scale_up_from_toml_and_python(tmp_path, local_ray):
+    example = _hf_example()
+    clean = ez.run(example.job(faults=False, name="llama-clean"), ez.RunConfig(run_dir=str(tmp_path / "clean")))
+    assert clean.ok and clean.metrics["world_size_history"] == [[0, 2]]
+
+    elastic = ez.run(example.job(name="llama-py"), ez.RunConfig(run_dir=str(tmp_path / "py")))
+    assert elastic.ok, elastic.error
+    _check_elastic(elastic.metrics)
+    assert relative(clean.state_dict, elastic.state_dict) < 1e-4
+
+    cli = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "run", "examples/hf_llama/job.toml",
+                          "--run-dir", str(tmp_path / "toml"), "--final-weights", str(tmp_path / "toml.pt")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    _check_elastic(json.loads((tmp_path / "toml" / "summary.json").read_text()))
+    assert relative(clean.state_dict, torch.load(tmp_path / "toml.pt", weights_only=True)) < 1e-4
+
+
+def _ragged_dataset(path, rows=40):
+    g = torch.Generator().manual_seed(5)
+    lengths = torch.randint(2, 20, (rows,), generator=g).tolist()
+    tokens = [torch.randint(0, TINY["vocab_size"], (n,), generator=g).tolist() for n in lengths]
+    pq.write_table(pa.table({"tokens": tokens}), path, row_group_size=7)
+
+
+def _ragged_job(source, name, workers, micro_batch, **train):
+    return ez.Job(name=name, model={"preset": "gpt-tiny", "kwargs": TINY}, data=str(source),
+                  train={"steps": 3, "global_batch": 9, "micro_batch": micro_batch, "grad_clip": None, **train},
+                  optimizer={"lr": 1e-2}, zero={"stage": 2},
+                  elastic={"workers": workers, "min_workers": 1, "max_workers": workers})
+
+
+def test_ragged_samples_train_exactly_like_torch_adamw_on_the_global_token_mean(tmp_path, local_ray):
+    """Samples of 1 to 18 targets, padded per micro batch: the loss is the mean over the global batch's
+    target tokens, so 3 workers with micro batches of 2 train like one process with torch's AdamW."""
+    source = tmp_path / "ragged.parquet"
+    _ragged_dataset(source)
+    result = ez.run(_ragged_job(source, "ragged", workers=3, micro_batch=2), ez.RunConfig(run_dir=str(tmp_path / "r")))
+    assert result.ok, result.error
+    exactly_once(result.metrics)
+
+    model = build_preset("gpt-tiny", seed=0, **TINY)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    data = open_source(DataSpec(source=str(source)), seed=0, vocab_size=None, seq_len=TINY["seq_len"], collate=None)
+    for step in range(3):
+        optimizer.zero_grad()
+        batch = data.batch(rank_positions(step, 9, 1, 0))
+        loss = next_token_loss(model, batch)
+        loss.backward()
+        optimizer.step()
+    assert result.metrics["final_loss"] == pytest.approx(loss.item(), rel=1e-5)
+    assert relative(model.state_dict(), result.state_dict) < 1e-5
+
+
+def test_epochs_init_from_and_a_users_collate(tmp_path, local_ray):
+    source = tmp_path / "ragged.parquet"
+    _ragged_dataset(source, rows=30)
+    first = ez.run(_ragged_job(source, "epochs", workers=2, micro_batch=3, steps=None, epochs=2),
+                   ez.RunConfig(run_dir=str(tmp_path / "e")))
+    assert first.ok and first.metrics["steps"] == 2 * 30 // 9  # whole global batches only
+    weights = tmp_path / "first.pt"
+    torch.save(first.state_dict, weights)
+
+    def fixed_width(table):  # a user's collate: every sample cut/padded to 8 tokens, sample mean
+        b = token_collate(table, "tokens", 8, fixed_length=True)
+        return {"input_ids": b["input_ids"], "targets": b["targets"]}
+
+    job = _ragged_job(source, "init", workers=2, micro_batch=3)
+    job = ez.Job(**{**vars(job), "model": {"preset": "gpt-tiny", "kwargs": TINY, "init_from": str(weights)},
+                    "optimizer": {"lr": 0.0}, "data": {"source": str(source), "collate": fixed_width}})
+    again = ez.run(job, ez.RunConfig(run_dir=str(tmp_path / "i")))
+    assert again.ok, again.error
+    assert relative(first.state_dict, again.state_dict) == 0  # lr 0: the weights it started from
+
+
+def _bad(loss=None, data=None, steps=3):
+    def runs(tmp_path, name):
+        job = ez.Job(name=name, model={"preset": "gpt-tiny", "kwargs": TINY},
+                     data=data or "synthetic", train={"steps": steps, "global_batch": 4, "loss": loss},
+                     elastic={"workers": 2, "max_workers": 2})
+        return ez.run(job, ez.RunConfig(run_dir=str(tmp_path / name)))
+    return runs
+
+
+def _vector_loss(model, batch):
+    return next_token_loss(model, batch).repeat(2)
+
+
+def _nan_loss(model, batch):
+    return next_token_loss(model, batch) * float("nan")
+
+
+def test_bad_user_code_and_data_end_the_job_in_one_line(tmp_path, local_ray):
+    result = _bad(loss=_vector_loss)(tmp_path, "vector-loss")
+    assert not result.ok and "train.loss: must return a scalar tensor" in result.error and "(2,)" in result.error
+
+    result = _bad(loss=_nan_loss)(tmp_path, "nan-loss")
+    assert not result.ok and "train.loss: the loss is nan at step 0" in result.error
+
+    rows = [[1, 2, 3]] * 7 + [[1, 40, 2]]  # token 40 is outside the vocabulary of 32
+    pq.write_table(pa.table({"tokens": rows}), tmp_path / "vocab.parquet")
+    result = _bad(data=str(tmp_path / "vocab.parquet"))(tmp_path, "vocab")
+    assert not result.ok and "vocab.parquet row 7: token id 40 is outside the model's vocabulary of 32" in result.error
