@@ -83,6 +83,16 @@ def _parser() -> argparse.ArgumentParser:
     ck.add_argument("--load-workers", type=int, default=3)
     ck.add_argument("--rounds", type=int, default=3)
     ck.add_argument("--json", action="store_true", help="print one JSON object")
+    data = bench_sub.add_parser("data", help="the workers' streaming data path against a plain pyarrow.dataset scan")
+    data.add_argument("--size-gb", type=float, default=2.0, help="the generated dataset's int32 tokens, in GB")
+    data.add_argument("--dir", default="runs/bench-data", help="where the dataset is generated (and reused)")
+    data.add_argument("--format", default="ipc", choices=("ipc", "parquet"))
+    data.add_argument("--seq-len", type=int, default=1024, help="a row holds seq_len + 1 tokens")
+    data.add_argument("--batch-rows", type=int, default=2048, help="rows of a record batch (Parquet row group)")
+    data.add_argument("--workers", type=int, default=2)
+    data.add_argument("--global-batch", type=int, default=64)
+    data.add_argument("--rounds", type=int, default=3)
+    data.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
@@ -191,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
 
             report = run_checkpoint_bench(args.preset, args.save_workers, args.load_workers, args.rounds)
             print(json.dumps(report) if args.json else format_checkpoint(report))
+            return 0
+        if args.command == "bench" and args.bench == "data":
+            from elastic_zero.bench.data import format_data_report, run_data_bench
+
+            report = run_data_bench(args.size_gb, args.dir, args.format, args.seq_len, args.workers,
+                                    args.global_batch, args.rounds, args.batch_rows)
+            print(json.dumps(report) if args.json else format_data_report(report))
             return 0
     except ValueError as exc:  # SpecError included: one line, exit 2
         print(f"elastic-zero: error: {exc}", file=sys.stderr)

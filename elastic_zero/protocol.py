@@ -85,6 +85,7 @@ class Report:
     first_step_at: float | None = None
     last_loss: float | None = None
     last_metrics: dict = field(default_factory=dict)  # the loss function's extra metrics at the last step
+    losses: tuple = ()  # (step, loss) of every step it ran (every rank sees the same loss)
     phases_s: dict = field(default_factory=dict)  # seconds in each phase of entering the generation
     checkpoint_stall_s: tuple = ()
     checkpoint_errors: tuple = ()

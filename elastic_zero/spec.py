@@ -339,6 +339,9 @@ def spec_from_dict(data: dict) -> JobSpec:
     return JobSpec(**kwargs).validate()
 
 
+_EITHER_MODEL = {"preset": "factory", "factory": "preset"}
+
+
 def apply_override(data: dict, assignment: str) -> None:
     """Apply `section.key=value` (or `name=...`, `faults=[...]`) to a spec dict; the value is read
     as TOML, else taken as a plain string."""
@@ -356,7 +359,10 @@ def apply_override(data: dict, assignment: str) -> None:
     section, key = path.split(".", 1)
     if section not in _SECTIONS:
         _fail(f"--set {path}", f"unknown section; allowed: {', '.join(_SECTIONS)}")
-    data.setdefault(section, {})[key] = value
+    table = data.setdefault(section, {})
+    if section == "model" and key in _EITHER_MODEL:  # the model set last wins over the spec's
+        table.pop(_EITHER_MODEL[key], None)
+    table[key] = value
 
 
 def load_spec(path: str | None, overrides: list[str] = ()) -> JobSpec:

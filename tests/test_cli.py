@@ -54,6 +54,10 @@ def test_bench_step_json_reports_the_contract_fields():
         (("run", "--set", "checkpoint.uri=README.md", "--set", "checkpoint.resume=latest"),
          "checkpoint.uri: cannot read"),  # seen before: a silent fresh start
         (("bench", "step", "--stage", "2", "--steps", "1", "--rounds", "3"), "steps >= rounds"),
+        (("run", "--set", "model.factory=no_such_mod:build"),  # replaces the demo's preset
+         "model.factory: cannot import 'no_such_mod'"),
+        (("run", "--set", "train.loss=json:nope"), "train.loss: module 'json' has no 'nope'"),
+        (("run", "--set", "data.source=README.md"), "data.source: cannot read"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(args, message):

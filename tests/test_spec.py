@@ -36,6 +36,13 @@ def test_example_spec_loads_and_overrides_apply():
         ({"checkpoint": {"every": 5}}, "checkpoint.uri: is required"),
         ({"trian": {}}, "trian: unknown section"),
         ({"elastic": {"use_gpu": "yes"}}, "elastic.use_gpu: must be true or false"),
+        ({"model": {"preset": "gpt-tiny", "factory": "a.b:c"}}, "model: give one of 'preset' and 'factory', not both"),
+        ({"model": {"wrap": "LlamaDecoderLayer"}}, "model.wrap: must be a list"),
+        ({"train": {"loss": 3}}, "train.loss: must be 'package.module:function' or a callable, got 3"),
+        ({"train": {"loss": "nocolon"}}, "train.loss: must look like 'package.module:function'"),
+        ({"train": {"steps": 5, "epochs": 2}}, "train.epochs: give one of 'steps' and 'epochs', not both"),
+        ({"data": {"collate": "a.b:c"}}, "data.collate: applies to Arrow/Parquet data"),
+        ({"data": {"source": "x.parquet", "columns": []}}, "data.columns: must be a non-empty list"),
     ],
 )
 def test_every_bad_field_is_named(data, message):
@@ -54,3 +61,78 @@ def test_bad_files_and_overrides(tmp_path):
         load_spec(str(bad))
     with pytest.raises(SpecError, match="expected section.key=value"):
         load_spec(None, ["steps=3"])
+
+
+def test_a_factory_needs_no_preset_and_python_shortcuts_make_the_same_spec():
+    """From TOML a factory alone is enough (the preset default used to get in the way); from Python
+    a section may be a table, the model a callable or a name, the data a path."""
+    from elastic_zero.spec import JobSpec
+
+    spec = load_spec(None, ["model.factory=examples.hf_llama.model:build", "model.kwargs={vocab_size = 64}"])
+    assert spec.model.preset is None and spec.model.factory == "examples.hf_llama.model:build"
+    assert spec.model.kwargs == {"vocab_size": 64}
+    assert spec_from_dict({}).train.steps == 40 and spec_from_dict({"train": {"epochs": 2}}).train.steps is None
+
+    def build():
+        return None
+
+    job = JobSpec(model=build, data="rows.parquet", train={"steps": 7, "loss": build}).validate()
+    assert job.model.factory is build and job.data.source == "rows.parquet" and job.train.loss is build
+    assert JobSpec(model="gpt-small").model.preset == "gpt-small"
+    assert JobSpec(model="pkg.mod:fn").model.factory == "pkg.mod:fn"
+    assert job.with_steps(9).train.steps == 9
+    with pytest.raises(SpecError, match="train: must be a TrainSpec or a table, got int"):
+        JobSpec(train=3)
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"model": {"factory": "no_such_module_here:build"}},
+         "model.factory: cannot import 'no_such_module_here' (ModuleNotFoundError"),
+        ({"model": {"factory": "json:no_such_fn"}}, "model.factory: module 'json' has no 'no_such_fn'"),
+        ({"train": {"loss": "json:__doc__"}}, "train.loss: 'json:__doc__' is a str, not a function"),
+        ({"model": {"init_from": "/no/such/weights.pt"}}, "model.init_from: no such file or directory"),
+    ],
+)
+def test_preflight_names_what_cannot_be_had(data, message):
+    from elastic_zero.preflight import preflight
+
+    with pytest.raises(SpecError) as info:
+        preflight(spec_from_dict(data))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_preflight_reads_the_datasets_schema(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from elastic_zero.preflight import preflight
+
+    pq.write_table(pa.table({"ids": [[1, 2]]}), tmp_path / "rows.parquet")
+    pq.write_table(pa.table({"tokens": pa.array([], pa.list_(pa.int32()))}), tmp_path / "empty.parquet")
+    with pytest.raises(SpecError, match="data.column: 'tokens' is not a column of .*rows.parquet.* \\(it has: ids\\)"):
+        preflight(spec_from_dict({"data": {"source": str(tmp_path / "rows.parquet")}}))
+    with pytest.raises(SpecError, match="data.source: .*empty.parquet.* no rows"):
+        preflight(spec_from_dict({"data": {"source": str(tmp_path / "empty.parquet")}}))
+    with pytest.raises(SpecError, match="data.collate: cannot import 'nope'"):
+        preflight(spec_from_dict({"data": {"source": str(tmp_path / "rows.parquet"), "collate": "nope:fn"}}))
+
+
+def test_init_from_loads_a_plain_state_dict_and_names_what_does_not_fit(tmp_path):
+    import torch
+
+    from elastic_zero.checkpoint import load_initial_weights, load_into
+    from elastic_zero.models import build_preset
+
+    source, target = build_preset("gpt-tiny", seed=1), build_preset("gpt-tiny", seed=2)
+    torch.save(source.state_dict(), tmp_path / "w.pt")
+    load_into(target, load_initial_weights(str(tmp_path / "w.pt")))
+    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values()))
+    with pytest.raises(ValueError, match="model.init_from: the weights do not fit the model: missing"):
+        load_into(build_preset("gpt-tiny", n_layer=3), load_initial_weights(str(tmp_path / "w.pt")))
+    (tmp_path / "junk.pt").write_bytes(b"not a state dict")
+    with pytest.raises(ValueError, match="model.init_from: cannot read .*junk.pt.* as a state dict"):
+        load_initial_weights(str(tmp_path / "junk.pt"))
+    with pytest.raises(ValueError, match="model.init_from: .* no committed checkpoint"):
+        load_initial_weights(str(tmp_path))

@@ -26,6 +26,7 @@ class Books:
     first_step_at: float | None = None
     last_loss: float | None = None
     last_metrics: dict = field(default_factory=dict)
+    loss_curve: dict = field(default_factory=dict)  # step -> loss; a step recomputed later is replaced
     pending_change: dict | None = None  # a change whose stall is measured when the next generation reports
     checkpoint_stalls: list = field(default_factory=list)
     checkpoint_errors: list = field(default_factory=list)
@@ -67,6 +68,7 @@ class Books:
             self.checkpoint_errors.extend(r.checkpoint_errors)
             if r.last_loss is not None and r.rank == 0:
                 self.last_loss, self.last_metrics = r.last_loss, dict(r.last_metrics)
+            self.loss_curve.update(dict(r.losses))
 
     def add_checkpoint_log(self, rows) -> None:
         """Sample records saved with checkpoints: they fill in ranks whose own report was lost."""
@@ -99,6 +101,7 @@ class Books:
             "warnings": self.warnings,
             "final_loss": self.last_loss,
             "final_metrics": self.last_metrics,
+            "loss_curve": sorted(self.loss_curve.items()),
             "global_batch": self.global_batch,
             "samples_consumed": len(distinct),
             "duplicate_samples": len(positions) - len(distinct),

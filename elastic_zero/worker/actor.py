@@ -111,7 +111,7 @@ class TrainingWorker(GenerationEntry):
 
     def train(self, plan: GenerationPlan) -> Report:
         # the report in the making; "uncommitted" (steps since the last commit) stays here
-        report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [],
+        report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [], "losses": [],
                   "first_step_at": None, "last_loss": None, "checkpoint_stall_s": [], "entered_at": time.time(),
                   "checkpoint_errors": [], "checkpoints": [], "restored_from": None}
         try:
@@ -240,6 +240,7 @@ class TrainingWorker(GenerationEntry):
             weight = float(agree[1])
             report["last_loss"] = float(agree[2]) / weight
             report["last_metrics"] = dict(zip(self._metric_names, (v / weight for v in agree[3:].tolist())))
+            report["losses"].append((step, round(report["last_loss"], 6)))  # every rank: one may be lost
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             stopping = agree[0] > 0 and engine.step_count < spec.train.steps
             # a safe point always commits: the next generation's fallback is this layout at this step
