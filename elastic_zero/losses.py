@@ -49,9 +49,9 @@ def batch_weight(batch: dict, samples: int) -> float:
     return float(samples) if weights is None else float(weights.sum())
 
 
-def checked(out, step: int) -> tuple[torch.Tensor, dict[str, float]]:
-    """(the loss tensor, the other metrics as floats) of what a loss function returned; a ValueError
-    naming train.loss if it is not a finite scalar (or a dict with one under "loss")."""
+def checked(out, step: int) -> tuple[torch.Tensor, float, dict[str, float]]:
+    """(the loss tensor, its value, the other metrics as floats) of what a loss function returned; a
+    ValueError naming train.loss if it is not a finite scalar (or a dict with one under "loss")."""
     metrics: dict[str, float] = {}
     if isinstance(out, dict):
         if "loss" not in out:
@@ -65,8 +65,7 @@ def checked(out, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         raise ValueError(f"train.loss: must return a scalar tensor (or a dict with 'loss'), got {kind}")
     if not out.requires_grad:
         raise ValueError("train.loss: the loss does not depend on the model's parameters (no grad_fn)")
-    _scalar("the loss", out, step)
-    return out.reshape(()), metrics
+    return out.reshape(()), _scalar("the loss", out, step), metrics
 
 
 def _scalar(what: str, value, step: int) -> float:

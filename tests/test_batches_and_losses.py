@@ -80,9 +80,9 @@ def test_a_users_collate_must_give_a_dict_of_tensors(tmp_path):
 
 def test_the_loss_contract_is_checked():
     w = torch.ones(2, requires_grad=True)
-    assert checked(w.sum(), 0)[1] == {}
-    loss, metrics = checked({"loss": w.sum(), "acc": torch.tensor(0.5), "n": 3}, 0)
-    assert metrics == {"acc": 0.5, "n": 3.0} and loss.shape == ()
+    assert checked(w.sum(), 0)[1:] == (2.0, {})
+    loss, value, metrics = checked({"loss": w.sum(), "acc": torch.tensor(0.5), "n": 3}, 0)
+    assert metrics == {"acc": 0.5, "n": 3.0} and loss.shape == () and value == 2.0
     for bad, message in ((w * 2, "must return a scalar tensor .* shape \\(2,\\)"),
                          ({"acc": 1.0}, "without 'loss'"), (3.0, "got float"),
                          (torch.tensor(1.0), "does not depend on the model"),

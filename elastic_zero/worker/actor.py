@@ -280,14 +280,14 @@ class TrainingWorker(GenerationEntry):
         loss_sum, metric_sums = 0.0, {}
         for i, (batch, weight) in enumerate(zip(batches, weights)):
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-            loss, metrics = checked(self.loss_fn(engine.module, batch), step)
+            loss, value, metrics = checked(self.loss_fn(engine.module, batch), step)
             if self._metric_names is None:  # the first call fixes them: the all-reduce's size depends on it
                 self._metric_names = sorted(metrics)
             if sorted(metrics) != self._metric_names:
                 raise ValueError(f"train.loss: returned metrics {sorted(metrics)} at step {step}, "
                                  f"earlier {self._metric_names}: every call must return the same ones")
             engine.backward(loss * (weight * world / global_weight), sync=i == len(micro) - 1)
-            loss_sum += float(loss.detach()) * weight
+            loss_sum += value * weight
             for name, value in metrics.items():
                 metric_sums[name] = metric_sums.get(name, 0.0) + value * weight
         engine.step()
