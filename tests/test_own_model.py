@@ -117,9 +117,9 @@ def test_epochs_init_from_and_a_users_collate(tmp_path, local_ray):
     assert relative(first.state_dict, again.state_dict) == 0  # lr 0: the weights it started from
 
 
-def _bad(loss=None, data=None, steps=3):
+def _bad(loss=None, data=None, steps=3, model=None):
     def runs(tmp_path, name):
-        job = ez.Job(name=name, model={"preset": "gpt-tiny", "kwargs": TINY},
+        job = ez.Job(name=name, model=model or {"preset": "gpt-tiny", "kwargs": TINY},
                      data=data or "synthetic", train={"steps": steps, "global_batch": 4, "loss": loss},
                      elastic={"workers": 2, "max_workers": 2})
         return ez.run(job, ez.RunConfig(run_dir=str(tmp_path / name)))
@@ -130,6 +130,10 @@ def _vector_loss(model, batch):
     return next_token_loss(model, batch).repeat(2)
 
 
+def _not_a_module():
+    return {"weight": torch.zeros(3)}
+
+
 def _nan_loss(model, batch):
     return next_token_loss(model, batch) * float("nan")
 
@@ -137,6 +141,9 @@ def _nan_loss(model, batch):
 def test_bad_user_code_and_data_end_the_job_in_one_line(tmp_path, local_ray):
     result = _bad(loss=_vector_loss)(tmp_path, "vector-loss")
     assert not result.ok and "train.loss: must return a scalar tensor" in result.error and "(2,)" in result.error
+
+    result = _bad(model=_not_a_module)(tmp_path, "not-a-module")
+    assert not result.ok and "model.factory: must return a torch.nn.Module, got dict" in result.error
 
     result = _bad(loss=_nan_loss)(tmp_path, "nan-loss")
     assert not result.ok and "train.loss: the loss is nan at step 0" in result.error
