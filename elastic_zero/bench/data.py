@@ -1,9 +1,10 @@
 """`elastic-zero bench data`: a worker's streaming data path against a plain pyarrow.dataset scan.
 
 A token dataset of about --size-gb GB of int32 tokens is generated once under --dir (Arrow IPC
-files, or Parquet): rows of seq_len + 1 random token ids, in record batches (row groups) of
---batch-rows rows. The first token of each row is the row's index, so each reader proves from
-the tensors it made that it read every sample exactly once.
+files, or Parquet with pyarrow's default encoding): rows of seq_len + 1 random token ids, in
+record batches (row groups) of --batch-rows rows. The first token of each row is the row's index
+rather than a token, so each reader proves from the tensors it made that it read every sample
+exactly once.
 
 Two pools of --workers spawned processes (one torch thread each) then read it, in the same run:
 
@@ -55,7 +56,7 @@ MEMORY_GOAL_MB = 200.0
 RATIO_GOAL = 0.9
 _MANIFEST = "_bench_data.json"  # "_" hides it from ArrowRows and pyarrow.dataset
 _SUFFIX = {"ipc": "arrow", "parquet": "parquet"}
-_MEMORY_EVERY = 16  # steps (ours) or record batches (baseline) between two memory samples
+_MEMORY_EVERY = 512  # samples read between two memory samples (or one record batch, when larger)
 _TIMEOUT_S = 3600.0
 
 
@@ -64,8 +65,8 @@ _TIMEOUT_S = 3600.0
 
 def token_dataset(directory: str, size_gb: float, fmt: str = "ipc", seq_len: int = 1024,
                   batch_rows: int = 2048, seed: int = 0) -> dict:
-    """The manifest of a generated token dataset under `directory`; it is generated unless a
-    complete one with the same parameters is there. The manifest's "path" is the dataset."""
+    """The token dataset of these parameters under `directory`, generated unless a complete one is
+    there: its manifest (params, rows, disk_bytes) with "path", the dataset's directory."""
     if fmt not in _SUFFIX:
         raise ValueError(f"--format must be one of {', '.join(_SUFFIX)}, got {fmt!r}")
     if size_gb <= 0 or seq_len < 1 or batch_rows < 1:
@@ -78,7 +79,7 @@ def token_dataset(directory: str, size_gb: float, fmt: str = "ipc", seq_len: int
         with open(manifest_path) as fh:
             manifest = json.load(fh)
         if manifest["params"] == params:
-            return manifest
+            return {**manifest, "path": path}
     except (OSError, ValueError, KeyError):
         pass  # absent, or left incomplete by an interrupted run: generate it again
     os.makedirs(path, exist_ok=True)
@@ -92,12 +93,12 @@ def token_dataset(directory: str, size_gb: float, fmt: str = "ipc", seq_len: int
         _write_file(os.path.join(path, f"part-{f:05d}.{_SUFFIX[fmt]}"), fmt, first, n, seq_len, batch_rows,
                     np.random.default_rng([seed, f]))
         first += n
-    manifest = {"params": params, "path": path, "rows": rows,
+    manifest = {"params": params, "rows": rows,
                 "disk_bytes": sum(os.path.getsize(os.path.join(path, p)) for p in os.listdir(path))}
     with open(manifest_path + ".tmp", "w") as fh:
         json.dump(manifest, fh)
     os.replace(manifest_path + ".tmp", manifest_path)  # written last: its presence says the data is complete
-    return manifest
+    return {**manifest, "path": path}
 
 
 def _write_file(path: str, fmt: str, first: int, rows: int, seq_len: int, batch_rows: int, rng) -> None:
@@ -148,11 +149,26 @@ class _Memory:
         self.now = _memory_kb()
         self.peak = {k: max(self.peak[k], v) for k, v in self.now.items()}
 
-    def growth_mb(self) -> dict[str, float]:
-        return {"anon": (self.now["anon"] - self.start["anon"]) / 1024,
-                "anon_peak": (self.peak["anon"] - self.start["anon"]) / 1024,
-                "total": (self.now["total"] - self.start["total"]) / 1024,
-                "total_peak": (self.peak["total"] - self.start["total"]) / 1024}
+    def report(self) -> dict[str, dict[str, float]]:
+        return {"rss_start_mb": {k: v / 1024 for k, v in self.start.items()},
+                "rss_growth_mb": {"anon": (self.now["anon"] - self.start["anon"]) / 1024,
+                                  "anon_peak": (self.peak["anon"] - self.start["anon"]) / 1024,
+                                  "total": (self.now["total"] - self.start["total"]) / 1024,
+                                  "total_peak": (self.peak["total"] - self.start["total"]) / 1024}}
+
+
+def _read(batches, sample_ids: np.ndarray, memory: _Memory) -> int:
+    """Consume `batches`, writing each sample's first token (its index) into sample_ids; memory is
+    sampled every _MEMORY_EVERY samples. Returns the number of samples."""
+    filled, next_sample = 0, 0
+    for batch in batches:
+        n = batch["input_ids"].shape[0]
+        sample_ids[filled : filled + n] = batch["input_ids"][:, 0].numpy()
+        filled += n
+        if filled >= next_sample:
+            memory.sample()
+            next_sample = filled + _MEMORY_EVERY
+    return filled
 
 
 class _OursReader:
@@ -165,20 +181,13 @@ class _OursReader:
         self.source = open_source(DataSpec(source=path, column=COLUMN), seed=0, vocab_size=None, seq_len=seq_len,
                                   collate=None)
         self.shares = [rank_positions(step, global_batch, workers, rank) for step in range(steps)]
-        self.ids = np.full(sum(len(s) for s in self.shares), -1, dtype=np.int64)  # touched now, before the start
+        self.sample_ids = np.full(sum(len(s) for s in self.shares), -1, dtype=np.int64)  # touched before the start
 
     def read_epoch(self, memory: _Memory) -> int:
-        filled = 0
-        for step, positions in enumerate(self.shares):
-            batch = self.source.batch(positions)
-            n = batch["input_ids"].shape[0]
-            self.ids[filled : filled + n] = batch["input_ids"][:, 0].numpy()
-            filled += n
-            if step % _MEMORY_EVERY == 0:
-                memory.sample()
-        return filled
+        return _read((self.source.batch(positions) for positions in self.shares), self.sample_ids, memory)
 
-    def blocks_read(self) -> int:
+    @property
+    def blocks_read(self) -> int:  # blocks decoded: misses of ArrowRows' block cache
         return self.source.rows.blocks_read
 
 
@@ -187,29 +196,20 @@ class _ScanReader:
 
     def __init__(self, path: str, fmt: str, seq_len: int, workers: int, rank: int) -> None:
         files = sorted(ds.dataset(path, format=fmt).files)[rank::workers]
-        self.dataset, self.seq_len = ds.dataset(files, format=fmt), seq_len
-        self.ids = np.full(self.dataset.count_rows(), -1, dtype=np.int64)
+        self.dataset, self.seq_len, self.blocks_read = ds.dataset(files, format=fmt), seq_len, 0
+        self.sample_ids = np.full(self.dataset.count_rows(), -1, dtype=np.int64)
 
     def read_epoch(self, memory: _Memory) -> int:
-        filled = 0
-        for i, record_batch in enumerate(self.dataset.to_batches(columns=[COLUMN])):
-            batch = self._tensors(record_batch)
-            n = batch["input_ids"].shape[0]
-            self.ids[filled : filled + n] = batch["input_ids"][:, 0].numpy()
-            filled += n
-            if i % _MEMORY_EVERY == 0:
-                memory.sample()
-        return filled
+        return _read((self._tensors(b) for b in self.dataset.to_batches(columns=[COLUMN])), self.sample_ids, memory)
 
     def _tensors(self, record_batch: pa.RecordBatch) -> dict[str, torch.Tensor]:
-        n, width = record_batch.num_rows, self.seq_len + 1
-        tokens = record_batch.column(0).flatten().to_numpy().reshape(n, width).astype(np.int64)
-        return {"input_ids": torch.from_numpy(tokens[:, :-1].copy()),
-                "targets": torch.from_numpy(tokens[:, 1:].copy()),
+        # the conversion of token_collate's fixed-length path, so the sides differ only in how they read
+        self.blocks_read += 1
+        n = record_batch.num_rows
+        rows_2d = record_batch.column(0).flatten().to_numpy().reshape(n, self.seq_len + 1)
+        return {"input_ids": torch.from_numpy(rows_2d[:, :-1].astype(np.int64)),
+                "targets": torch.from_numpy(rows_2d[:, 1:].astype(np.int64)),
                 "sample_weight": torch.full((n,), float(self.seq_len))}
-
-    def blocks_read(self) -> None:
-        return None
 
 
 def _worker(side: str, rank: int, args: dict, commands, results, barrier) -> None:
@@ -224,14 +224,16 @@ def _worker(side: str, rank: int, args: dict, commands, results, barrier) -> Non
         memory = _Memory()
         results.put((side, rank, "ready", None))
         while commands.get() is not None:
+            blocks = reader.blocks_read
             barrier.wait()  # the side's workers start together: its time is the slowest one's
             start = time.perf_counter()
             samples = reader.read_epoch(memory)
             elapsed = time.perf_counter() - start
             memory.sample()
-            results.put((side, rank, "round", {"elapsed_s": elapsed, "samples": samples, "ids": reader.ids.copy(),
-                                               "blocks_read": reader.blocks_read()}))
-        results.put((side, rank, "done", memory.growth_mb()))
+            results.put((side, rank, "round", {"elapsed_s": elapsed, "samples": samples,
+                                               "sample_ids": reader.sample_ids.copy(),
+                                               "blocks_read": reader.blocks_read - blocks}))
+        results.put((side, rank, "done", memory.report()))
     except BaseException:  # sent to the parent, which raises it
         results.put((side, rank, "error", traceback.format_exc()))
 
@@ -249,19 +251,17 @@ class _Pool:
         for p in self.procs:
             p.start()
 
-    def _send(self, command) -> None:
+    def send(self, command: str | None) -> None:
+        """"read": every worker reads one epoch; None: they report their memory growth and end."""
         for q in self.commands:
             q.put(command)
 
     def round(self) -> list[dict]:
-        self._send("read")
+        self.send("read")
         return _collect(self.results, {self.side: self}, "round")[self.side]
 
-    def stop(self) -> list[dict]:
-        self._send(None)
-        return _collect(self.results, {self.side: self}, "done")[self.side]
-
     def close(self) -> None:
+        self.send(None)  # after a failure some may still wait for a command
         for p in self.procs:
             p.join(timeout=10)
             if p.is_alive():
@@ -298,7 +298,7 @@ def _collect(results, pools: dict[str, _Pool], kind: str) -> dict[str, list]:
 def _read_once(rounds: list[list[dict]], expected_counts: np.ndarray) -> bool:
     """Every round's workers together read each sample as often as expected_counts says."""
     for workers in rounds:
-        ids = np.concatenate([w["ids"] for w in workers])
+        ids = np.concatenate([w["sample_ids"] for w in workers])
         if ids.min(initial=0) < 0 or not np.array_equal(np.bincount(ids, minlength=expected_counts.size),
                                                         expected_counts):
             return False
@@ -335,23 +335,24 @@ def run_data_bench(size_gb: float = 2.0, directory: str = "runs/bench-data", fmt
             order = ("ours", "baseline") if r % 2 == 0 else ("baseline", "ours")
             for side in order:
                 timed[side].append(pools[side].round())
-        growth = {side: pool.stop() for side, pool in pools.items()}
+        for pool in pools.values():
+            pool.send(None)
+        memory = _collect(results, pools, "done")
     finally:
         for pool in pools.values():
             pool.close()
 
     med = statistics.median
 
-    def rate(side):  # all workers' samples over the slowest worker's time, median over rounds
-        return med(sum(w["samples"] for w in ws) / max(w["elapsed_s"] for w in ws) for ws in timed[side])
-
     def per_worker(side):
         return [{"rank": rank, "samples_per_s": med(ws[rank]["samples"] / ws[rank]["elapsed_s"] for ws in timed[side]),
-                 "blocks_read_per_round": timed[side][0][rank]["blocks_read"],
-                 "rss_growth_mb": growth[side][rank]} for rank in range(workers)]
+                 "blocks_read_per_round": med(ws[rank]["blocks_read"] for ws in timed[side]),
+                 **memory[side][rank]} for rank in range(workers)]
 
-    ours, baseline = rate("ours"), rate("baseline")
-    worst_anon = max(g["anon_peak"] for g in growth["ours"])
+    per_round = [{"first": "ours" if r % 2 == 0 else "baseline", "ours": _side_rate(timed["ours"][r]),
+                  "baseline": _side_rate(timed["baseline"][r])} for r in range(rounds)]
+    ours, baseline = med(x["ours"] for x in per_round), med(x["baseline"] for x in per_round)
+    worst_anon = max(m["rss_growth_mb"]["anon_peak"] for m in memory["ours"])
     return {
         "dataset": path, "format": fmt, "dataset_gb": rows * (seq_len + 1) * 4 / 1e9,
         "disk_gb": data["disk_bytes"] / 1e9, "rows": rows, "seq_len": seq_len, "files": FILES,
@@ -360,43 +361,51 @@ def run_data_bench(size_gb: float = 2.0, directory: str = "runs/bench-data", fmt
         "rounds": rounds,
         "warm_up": "page cache warmed by reading every file once; the sides alternate which reads first each round",
         "samples_per_s": ours, "baseline_samples_per_s": baseline, "ratio": ours / baseline,
-        "round_samples_per_s": [{"first": "ours" if r % 2 == 0 else "baseline",
-                                 "ours": sum(w["samples"] for w in timed["ours"][r]) / max(w["elapsed_s"] for w in timed["ours"][r]),
-                                 "baseline": sum(w["samples"] for w in timed["baseline"][r])
-                                 / max(w["elapsed_s"] for w in timed["baseline"][r])} for r in range(rounds)],
+        "round_samples_per_s": per_round,
         "ours_workers": per_worker("ours"), "baseline_workers": per_worker("baseline"),
         "ours_each_sample_once": _read_once(timed["ours"], ours_counts),
         "baseline_each_sample_once": _read_once(timed["baseline"], np.ones(rows, dtype=np.int64)),
         "memory_goal_judged_on": "peak RssAnon growth per worker over its resident memory just after opening the "
-                                 "source; VmRSS also counts the page-cache pages of memory-mapped files it touched",
+                                 "source; VmRSS also counts the pages of the memory-mapped files, page cache",
         "worst_rss_anon_peak_growth_mb": worst_anon,
         "goals_met": {"memory": worst_anon < MEMORY_GOAL_MB, "speed": ours / baseline >= RATIO_GOAL},
     }
 
 
+def _side_rate(workers: list[dict]) -> float:
+    """A side's samples/s in one round: all its workers' samples over the slowest worker's time."""
+    return sum(w["samples"] for w in workers) / max(w["elapsed_s"] for w in workers)
+
+
 def format_data_report(r: dict) -> str:
-    def side(name, key, rate):
-        ws = r[key]
-        mem = "  ".join(f"{w['rss_growth_mb']['anon']:6.1f}/{w['rss_growth_mb']['anon_peak']:6.1f}" for w in ws)
-        total = "  ".join(f"{w['rss_growth_mb']['total']:7.1f}/{w['rss_growth_mb']['total_peak']:7.1f}" for w in ws)
-        per = " ".join(f"{w['samples_per_s']:9.1f}" for w in ws)
-        return f"  {name:<16}{rate:12.1f}   {per}   RssAnon {mem}   VmRSS {total}"
+    def rows(name, rate, workers):
+        out = []
+        for w in workers:
+            start, growth = w["rss_start_mb"], w["rss_growth_mb"]
+            out.append(f"  {name if w['rank'] == 0 else '':<16}{f'{rate:.0f}' if w['rank'] == 0 else '':>10}"
+                       f"{w['rank']:>8}{w['samples_per_s']:>11.0f}{w['blocks_read_per_round']:>8.0f}"
+                       f"{start['anon']:>10.1f}{growth['anon']:>10.1f}{growth['anon_peak']:>8.1f}"
+                       f"{start['total']:>10.1f}{growth['total']:>10.1f}{growth['total_peak']:>8.1f}")
+        return out
 
     goals = r["goals_met"]
     return "\n".join([
-        f"bench data: {r['dataset_gb']:.2f} GB of int32 tokens ({r['rows']} rows of {r['seq_len'] + 1}, {r['files']} "
-        f"{r['format']} files, {r['blocks']} blocks, {r['disk_gb']:.2f} GB on disk) at {r['dataset']}",
-        f"  {r['workers']} workers, global batch {r['global_batch']}, {r['steps_per_round']} steps a round "
+        f"bench data: {r['dataset_gb']:.2f} GB of int32 tokens ({r['rows']} rows of {r['seq_len'] + 1} in {r['files']} "
+        f"{r['format']} files, {r['blocks']} blocks; {r['disk_gb']:.2f} GB on disk) at {r['dataset']}",
+        f"  {r['workers']} workers, global batch {r['global_batch']}: {r['steps_per_round']} steps a round "
         f"({r['samples_per_round']} samples, {r['samples_unread_per_round']} left unread); medians of {r['rounds']} "
         f"rounds; {r['warm_up']}",
-        f"  {'':<16}{'samples/s':>12}   {'per worker':<{10 * r['workers'] - 1}}   "
-        f"growth MB per worker, end/peak",
-        side("elastic_zero", "ours_workers", r["samples_per_s"]),
-        side("pyarrow.dataset", "baseline_workers", r["baseline_samples_per_s"]),
-        f"  rounds (samples/s ours, baseline): "
-        + ", ".join(f"{x['ours']:.0f}/{x['baseline']:.0f} ({x['first']} first)" for x in r["round_samples_per_s"]),
-        f"  ratio ours/baseline {r['ratio']:.3f} (goal >= {RATIO_GOAL}: {'met' if goals['speed'] else 'NOT met'}); "
-        f"worst peak RssAnon growth {r['worst_rss_anon_peak_growth_mb']:.1f} MB "
-        f"(goal < {MEMORY_GOAL_MB:.0f} MB, judged on RssAnon: {'met' if goals['memory'] else 'NOT met'})",
-        f"  each sample read exactly once: ours {r['ours_each_sample_once']}, baseline {r['baseline_each_sample_once']}",
+        f"  {'':<16}{'':>10}{'':>8}{'':>11}{'':>8}{'RssAnon MB':>28}{'VmRSS MB':>28}",
+        f"  {'reader':<16}{'samples/s':>10}{'worker':>8}{'samples/s':>11}{'blocks':>8}"
+        f"{'start':>10}{'growth':>10}{'peak':>8}{'start':>10}{'growth':>10}{'peak':>8}",
+        *rows("elastic_zero", r["samples_per_s"], r["ours_workers"]),
+        *rows("pyarrow.dataset", r["baseline_samples_per_s"], r["baseline_workers"]),
+        "  rounds, samples/s ours/baseline: " + ", ".join(
+            f"{x['ours']:.0f}/{x['baseline']:.0f} ({x['first']} first)" for x in r["round_samples_per_s"]),
+        f"  ratio ours/baseline {r['ratio']:.3f} (goal >= {RATIO_GOAL}: {'met' if goals['speed'] else 'NOT met'})",
+        f"  worst peak RssAnon growth of our workers {r['worst_rss_anon_peak_growth_mb']:.1f} MB (goal < "
+        f"{MEMORY_GOAL_MB:.0f} MB: {'met' if goals['memory'] else 'NOT met'}), judged on RssAnon: VmRSS also counts "
+        f"the pages of the memory-mapped files, page cache",
+        f"  each sample read exactly once: ours {r['ours_each_sample_once']}, "
+        f"baseline {r['baseline_each_sample_once']}",
     ])

@@ -57,11 +57,15 @@ class _File:
         return self.reader.schema_arrow
 
     def open(self, fields: list[int]) -> None:
-        """`fields`: the schema indices of the columns read; an IPC reader then fetches only their buffers."""
+        """`fields`: the schema indices of the columns read; an IPC reader of a remote file then fetches
+        only their buffers."""
         if self.handle is None:
             self.handle = self._source()
         if self.ipc_format:
-            self.reader = ipc.open_file(self.handle, options=ipc.IpcReadOptions(included_fields=fields))
+            # A memory-mapped file is read zero-copy only without included_fields: with them pyarrow
+            # copies every batch it reads (block_rows too: the whole file at open); read() selects.
+            options = None if self.local else ipc.IpcReadOptions(included_fields=fields)
+            self.reader = ipc.open_file(self.handle, options=options)
         elif self.reader is None:
             self.reader = pq.ParquetFile(self.handle)
 
