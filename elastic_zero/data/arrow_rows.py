@@ -250,17 +250,50 @@ class ArrowRows:
         if idx.size == 0:
             return self._schema.empty_table()
         blocks = np.searchsorted(self._starts, idx, side="right") - 1
-        # Gather block by block, so each block is read once per call whatever the cache size.
-        order = np.argsort(blocks, kind="stable")
-        groups = np.split(order, np.flatnonzero(np.diff(blocks[order])) + 1)
-        pieces = [self._block(int(blocks[g[0]])).take(pa.array(idx[g] - self._starts[blocks[g[0]]]))
-                  for g in groups]
-        gathered = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
-        if np.array_equal(order, np.arange(order.size)):
-            return gathered
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(order.size)
-        return gathered.take(pa.array(inverse))
+        local = idx - self._starts[blocks]
+        # each block is read once per call whatever the cache size
+        groups = {int(b): np.flatnonzero(blocks == b) for b in np.unique(blocks)}
+        tables = {b: self._block(b) for b in groups}
+        arrays = [self._gather(c, tables, groups, local) for c in range(len(self.columns))]
+        return pa.Table.from_arrays(arrays, schema=self._schema)
+
+    def _gather(self, c: int, tables: dict, groups: dict, local: np.ndarray) -> pa.Array:
+        """Column c of the asked rows. A list column of numbers without nulls (token ids: the usual
+        case) is gathered with numpy from the block's buffers, which are memory-mapped for local
+        IPC files: Arrow's take copies a list value by value, which made it most of a read."""
+        field = self._schema.field(c)
+        flat = {b: _flat_list(tables[b].column(c)) for b in groups}
+        if not all(v is not None for v in flat.values()):
+            pieces = [(rows, tables[b].column(c).take(pa.array(local[rows]))) for b, rows in groups.items()]
+            return _in_order(pieces, local.size)
+        n = local.size
+        lengths = np.empty(n, dtype=np.int64)
+        for b, rows in groups.items():
+            offsets = flat[b][0]
+            lengths[rows] = offsets[local[rows] + 1] - offsets[local[rows]]
+        out_offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=out_offsets[1:])
+        values = np.empty(int(out_offsets[-1]), dtype=next(iter(flat.values()))[1].dtype)
+        if (lengths == lengths[0]).all():  # rows of one length: whole rows by fancy indexing
+            width = int(lengths[0])
+            matrix = values.reshape(n, width)
+            for b, rows in groups.items():
+                offsets, data = flat[b]
+                span = data[offsets[0] : offsets[-1]]
+                if span.size == width * (offsets.size - 1) and (np.diff(offsets) == width).all():
+                    matrix[rows] = span.reshape(-1, width)[local[rows]]  # a block of one row length
+                else:
+                    starts = offsets[local[rows]]
+                    matrix[rows] = data[starts[:, None] + np.arange(width)]
+        else:
+            for b, rows in groups.items():
+                offsets, data = flat[b]
+                for r in rows:
+                    values[out_offsets[r] : out_offsets[r + 1]] = data[offsets[local[r]] : offsets[local[r] + 1]]
+        list_type = field.type
+        offsets_array = pa.array(out_offsets.astype(np.int64 if pa.types.is_large_list(list_type) else np.int32))
+        cls = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
+        return cls.from_arrays(offsets_array, pa.array(values, type=list_type.value_type), type=list_type)
 
     def where(self, index: int) -> str:
         """Where sample `index` lives, for error messages: "<file> row <row within the file>"."""
@@ -268,3 +301,26 @@ class ArrowRows:
         b = int(np.searchsorted(self._starts, index, side="right") - 1)
         f, _, first = self._where_block[b]
         return f"{self._name(f)} row {first + index - int(self._starts[b])}"
+
+
+def _flat_list(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(offsets, values) of a list column of numbers without nulls, as numpy views; else None."""
+    t = column.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not (
+            pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)):
+        return None
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if array.null_count or array.values.null_count:
+        return None
+    return array.offsets.to_numpy(), array.values.to_numpy(zero_copy_only=False)
+
+
+def _in_order(pieces: list[tuple[np.ndarray, pa.Array]], n: int) -> pa.Array:
+    """The gathered pieces (rows they answer, their values) as one array in the order asked."""
+    if len(pieces) == 1 and np.array_equal(pieces[0][0], np.arange(n)):
+        return pieces[0][1].combine_chunks() if isinstance(pieces[0][1], pa.ChunkedArray) else pieces[0][1]
+    order = np.concatenate([rows for rows, _ in pieces])
+    gathered = pa.concat_arrays([a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for _, a in pieces])
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(order.size)
+    return gathered.take(pa.array(inverse))

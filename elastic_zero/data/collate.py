@@ -27,15 +27,21 @@ class BadRow(ValueError):
 
 def token_collate(rows: pa.Table, column: str, seq_len: int | None, pad_id: int = 0,
                   fixed_length: bool = False) -> dict[str, torch.Tensor]:
-    array = rows.column(column).combine_chunks()
+    chunks = rows.column(column)
+    array = chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks()
     if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)) or \
             not pa.types.is_integer(array.type.value_type):
         raise ValueError(f"data.column: {column!r} must hold lists of integer token ids, not {array.type}")
-    lengths = array.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
-    values = array.flatten().to_numpy(zero_copy_only=False)  # flatten() skips null rows' values
-    for i, n in enumerate(lengths):
-        if n < 2:
-            raise BadRow(i, f"{column!r} holds {int(n)} token ids; a sample needs at least 2")
+    if array.null_count == 0:  # the buffers as they are: far cheaper than Arrow's kernels for a few rows
+        offsets = array.offsets.to_numpy()
+        lengths = np.diff(offsets).astype(np.int64)
+        values = array.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+    else:
+        lengths = array.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+        values = array.flatten().to_numpy(zero_copy_only=False)  # flatten() skips null rows' values
+    if lengths.min() < 2:
+        i = int(np.argmax(lengths < 2))
+        raise BadRow(i, f"{column!r} holds {int(lengths[i])} token ids; a sample needs at least 2")
     keep = np.minimum(lengths, seq_len + 1) if seq_len is not None else lengths
     width = seq_len if fixed_length and seq_len is not None else int(keep.max()) - 1
     if values.dtype.kind in "iu" and (lengths == lengths[0]).all() and (keep == width + 1).all():

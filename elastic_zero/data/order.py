@@ -6,12 +6,11 @@ The order permutes the blocks and the rows within each block, so that a streamed
 
 from __future__ import annotations
 
-import bisect
 import hashlib
-import itertools
 from collections import OrderedDict
 from typing import Sequence
 
+import numpy as np
 import torch
 
 
@@ -39,10 +38,10 @@ class BlockShuffledOrder:
         self.num_samples, self.seed = sum(sizes), seed
         if self.num_samples < 1:
             raise ValueError(f"the data source has no samples (num_samples={self.num_samples})")
-        self._sizes = sizes
-        self._first = list(itertools.accumulate(sizes, initial=0))  # first sample index of each block
-        self._epochs: OrderedDict[int, tuple[list[int], list[int]]] = OrderedDict()
-        self._rows: OrderedDict[tuple[int, int], list[int]] = OrderedDict()
+        self._sizes = np.asarray(sizes, dtype=np.int64)
+        self._first = np.concatenate([[0], np.cumsum(self._sizes)])  # first sample index of each block
+        self._epochs: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._rows: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
 
     @staticmethod
     def _remember(cache: OrderedDict, key, make, keep: int):
@@ -54,24 +53,30 @@ class BlockShuffledOrder:
                 cache.popitem(last=False)
         return cache[key]
 
-    def _epoch(self, epoch: int) -> tuple[list[int], list[int]]:
+    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """The blocks in the order this epoch visits them, and the epoch offset where each visit starts."""
         def make():
-            visit = torch.randperm(len(self._sizes), generator=_generator(self.seed, epoch)).tolist()
-            return visit, list(itertools.accumulate((self._sizes[b] for b in visit), initial=0))
+            visit = torch.randperm(len(self._sizes), generator=_generator(self.seed, epoch)).numpy()
+            return visit, np.concatenate([[0], np.cumsum(self._sizes[visit])])
         return self._remember(self._epochs, epoch, make, self._KEEP_EPOCHS)
 
-    def _block_rows(self, epoch: int, block: int) -> list[int]:
+    def _block_rows(self, epoch: int, block: int) -> np.ndarray:
         def make():
-            return torch.randperm(self._sizes[block], generator=_generator(self.seed, epoch, block)).tolist()
+            return torch.randperm(int(self._sizes[block]), generator=_generator(self.seed, epoch, block)).numpy()
         return self._remember(self._rows, (epoch, block), make, self._KEEP_BLOCKS)
 
     def samples(self, positions: Sequence[int]) -> list[int]:
-        out = []
-        for p in positions:
-            epoch, i = divmod(int(p), self.num_samples)
+        p = np.asarray(positions, dtype=np.int64) if isinstance(positions, (list, tuple, range, np.ndarray)) \
+            else np.fromiter(positions, dtype=np.int64)
+        epochs, within = np.divmod(p, self.num_samples)
+        out = np.empty_like(p)
+        for epoch in np.unique(epochs).tolist():
+            here = np.flatnonzero(epochs == epoch)
             visit, starts = self._epoch(epoch)
-            k = bisect.bisect_right(starts, i) - 1  # empty blocks share a start; bisect_right passes them
-            block = visit[k]
-            out.append(self._first[block] + self._block_rows(epoch, block)[i - starts[k]])
-        return out
+            # empty blocks share a start: side="right" passes them
+            k = np.searchsorted(starts, within[here], side="right") - 1
+            blocks, offsets = visit[k], within[here] - starts[k]
+            for block in np.unique(blocks).tolist():
+                mine = blocks == block
+                out[here[mine]] = self._first[block] + self._block_rows(epoch, block)[offsets[mine]]
+        return out.tolist()
