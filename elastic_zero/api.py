@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from elastic_zero.spec import CheckpointSpec, DataSpec, ElasticSpec, JobSpec, ModelSpec, TrainSpec
+from elastic_zero.spec import CheckpointSpec, DataSpec, ElasticSpec, JobSpec, ModelSpec, SpecError, TrainSpec
 
 Job = JobSpec
 ScalingConfig = ElasticSpec
@@ -53,9 +53,12 @@ def run(job: JobSpec, run_config: RunConfig | None = None, *, started_at: float 
     from elastic_zero.preflight import preflight
     from elastic_zero.user_code import ship_by_value
 
-    job = job.validate()
+    job = job.normalized()
     preflight(job, import_user_code=run_config.address is None)
-    job = settle_steps(job)
+    try:
+        job = settle_steps(job)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
     ship_by_value(job.model.factory, job.train.loss, job.data.collate)
     path = run_config.path_for(job.name)
     outcome = _run_coordinator(job, run_config.address, started_at)

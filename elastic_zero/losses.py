@@ -12,6 +12,7 @@ of the global batch.
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +50,7 @@ def batch_weight(batch: dict, samples: int) -> float:
     return float(samples) if weights is None else float(weights.sum())
 
 
-def checked(out, step: int) -> tuple[torch.Tensor, float, dict[str, float]]:
+def checked(out, step: int, finite: bool = True) -> tuple[torch.Tensor, float, dict[str, float]]:
     """(the loss tensor, its value, the other metrics as floats) of what a loss function returned; a
     ValueError naming train.loss if it is not a finite scalar (or a dict with one under "loss")."""
     metrics: dict[str, float] = {}
@@ -65,13 +66,39 @@ def checked(out, step: int) -> tuple[torch.Tensor, float, dict[str, float]]:
         raise ValueError(f"train.loss: must return a scalar tensor (or a dict with 'loss'), got {kind}")
     if not out.requires_grad:
         raise ValueError("train.loss: the loss does not depend on the model's parameters (no grad_fn)")
-    return out.reshape(()), _scalar("the loss", out, step), metrics
+    return out.reshape(()), _scalar("the loss", out, step, finite), metrics
 
 
-def _scalar(what: str, value, step: int) -> float:
+def _scalar(what: str, value, step: int, finite: bool = True) -> float:
     number = float(value.detach()) if isinstance(value, torch.Tensor) and value.numel() == 1 else value
     if not isinstance(number, (int, float)) or isinstance(number, bool):
         raise ValueError(f"train.loss: {what} must be a scalar, got {type(value).__name__}")
-    if not math.isfinite(number):
+    if finite and not math.isfinite(number):
         raise ValueError(f"train.loss: {what} is {number} at step {step}")
     return float(number)
+
+
+MAX_METRICS = 16  # slots for the loss's extra metrics in the step's all-reduce, whose size every rank must share
+
+
+def step_summary(asked: bool, weight: float, loss_sum: float, metric_sums: dict, device) -> torch.Tensor:
+    """This rank's part of the one all-reduce that ends a step: a safe point asked for, the weight,
+    the weighted loss and metrics, and a check that every rank's loss returned the same metrics
+    (a hash h and h * h: their sums are N * h and N * h * h only if every rank has the same h)."""
+    if len(metric_sums) > MAX_METRICS:
+        raise ValueError(f"train.loss: returned {len(metric_sums)} metrics; at most {MAX_METRICS} are reported")
+    names = sorted(metric_sums)
+    h = float(zlib.crc32("\0".join(names).encode()) % 65521)
+    values = [metric_sums[n] for n in names] + [0.0] * (MAX_METRICS - len(names))
+    return torch.tensor([1.0 if asked else 0.0, weight, loss_sum, h, h * h, *values], dtype=torch.float64,
+                        device=device)
+
+
+def read_step_summary(reduced: torch.Tensor, names: list[str], world: int, step: int) -> tuple[float, dict]:
+    """(the step's loss, its metrics) from the all-reduced step summary (see step_summary)."""
+    values = reduced.tolist()
+    h = float(zlib.crc32("\0".join(names).encode()) % 65521)
+    if values[3] != world * h or values[4] != world * h * h:
+        raise ValueError(f"train.loss: the ranks returned different metrics at step {step} (this one: {names})")
+    weight = values[1]
+    return values[2] / weight, {n: values[5 + i] / weight for i, n in enumerate(names)}

@@ -233,9 +233,9 @@ class JobSpec:
         for section, cls in _SECTIONS.items():
             value = getattr(self, section)
             if section == "model" and (callable(value) or isinstance(value, str)):
-                from elastic_zero.models import PRESETS
-
-                value = ModelSpec(preset=value) if value in PRESETS else ModelSpec(factory=value)
+                # a name without ":" is a preset (a typo is then named as one)
+                as_preset = isinstance(value, str) and ":" not in value
+                value = ModelSpec(preset=value) if as_preset else ModelSpec(factory=value)
             elif section == "data" and isinstance(value, str):
                 value = DataSpec(source=value)
             elif isinstance(value, dict):
@@ -266,11 +266,25 @@ class JobSpec:
         return self
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The spec as tables, one level deep: the values themselves (a factory's kwargs may hold the
+        user's own objects, a config dataclass say) are passed on as they are, not taken apart."""
+        out: dict = {"name": self.name, "faults": [_table(f) for f in self.faults]}
+        for section in _SECTIONS:
+            out[section] = _table(getattr(self, section))
+        return out
+
+    def normalized(self) -> "JobSpec":
+        """The spec as TOML would give it: every field's type checked (a spec built in Python
+        skips the checks a table goes through), tuples as lists."""
+        return spec_from_dict(self.to_dict())
 
     def with_steps(self, steps: int) -> "JobSpec":
         """The job with its step count settled (from train.epochs and the dataset's size)."""
         return dataclasses.replace(self, train=dataclasses.replace(self.train, steps=steps, epochs=None)).validate()
+
+
+def _table(section) -> dict:
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
 
 
 _SECTIONS = {
@@ -298,6 +312,8 @@ def _typed(where: str, value: Any, annotation) -> Any:
         return float(value)
     if hint is bool and not isinstance(value, bool) or hint is int and (isinstance(value, bool) or not isinstance(value, int)):
         _fail(where, f"must be {'true or false' if hint is bool else 'an integer'}, got {value!r}")
+    if hint is list and isinstance(value, tuple):
+        value = list(value)
     if hint in (float, str, dict, list) and not isinstance(value, hint):
         kind = {float: "a number", str: "a string", dict: "a table", list: "a list"}[hint]
         _fail(where, f"must be {kind}, got {value!r}")

@@ -8,6 +8,7 @@ installed packages) travels by value, with its module's code.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -37,22 +38,35 @@ def resolve(where: str, ref) -> Callable:
 
 
 def _installed_roots() -> tuple[str, ...]:
+    import site
+
     paths = sysconfig.get_paths()
-    return tuple(os.path.realpath(paths[k]) for k in ("purelib", "platlib", "stdlib") if k in paths)
+    roots = [paths[k] for k in ("purelib", "platlib", "stdlib") if k in paths]
+    roots += site.getsitepackages() + [site.getusersitepackages()]
+    return tuple(os.path.realpath(r) for r in roots)
+
+
+def _module_of(ref):
+    """The module a callable's code lives in: a partial's function's, a callable object's class's."""
+    while isinstance(ref, functools.partial):
+        ref = ref.func
+    name = getattr(ref, "__module__", None) or getattr(type(ref), "__module__", None) or ""
+    return sys.modules.get(name)
 
 
 def ship_by_value(*refs) -> None:
-    """Let cloudpickle carry these callables by value when their modules are not installed packages,
-    so that a worker started anywhere can load them (Ray pickles functions by reference otherwise)."""
+    """Let cloudpickle carry these callables by value when their code is not in an installed
+    package, so that a worker started anywhere can load them (Ray pickles functions by reference
+    otherwise). The whole top-level package goes, so helpers from sibling modules travel too."""
     import ray.cloudpickle as cloudpickle
 
     roots = _installed_roots()
     for ref in refs:
-        if not callable(ref):
+        if ref is None or isinstance(ref, str):
             continue
-        module = sys.modules.get(getattr(ref, "__module__", "") or "")
-        if module is None or module.__name__ == "__main__" or module.__name__.startswith("elastic_zero"):
+        module = _module_of(ref)
+        if module is None or module.__name__ == "__main__" or module.__name__.split(".")[0] == "elastic_zero":
             continue  # __main__ goes by value anyway; our own package is installed wherever we run
         path = os.path.realpath(getattr(module, "__file__", "") or "")
         if path and not path.startswith(roots):
-            cloudpickle.register_pickle_by_value(module)
+            cloudpickle.register_pickle_by_value(sys.modules.get(module.__name__.split(".")[0], module))

@@ -54,7 +54,7 @@ def test_a_source_reads_the_rows_its_positions_name_and_names_bad_ones(tmp_path)
     ids = src.order.samples(good[:4])
     assert batch["input_ids"].tolist() == [rows[i][:-1] for i in ids]  # the oracle: the rows as written
     bad = next(p for p in range(20) if src.order.samples([p]) == [13])
-    with pytest.raises(ValueError, match=r"data.source: .*t.parquet row 13: token id 99 is outside the model's vocabulary of 8"):
+    with pytest.raises(ValueError, match=r"data.source: .*t.parquet row 13: token id 99 in 'input_ids' is outside the model's vocabulary of 8"):
         src.batch([bad])
     short = next(p for p in range(20) if src.order.samples([p]) == [17])
     with pytest.raises(ValueError, match=r"t.parquet row 17: 'tokens' holds 1 token ids"):
@@ -82,6 +82,7 @@ def test_the_loss_contract_is_checked():
     w = torch.ones(2, requires_grad=True)
     assert checked(w.sum(), 0)[1:] == (2.0, {})
     loss, value, metrics = checked({"loss": w.sum(), "acc": torch.tensor(0.5), "n": 3}, 0)
+    assert math.isnan(checked(w.sum() * math.nan, 0, finite=False)[1])  # float16: the loss scaler's to skip
     assert metrics == {"acc": 0.5, "n": 3.0} and loss.shape == () and value == 2.0
     for bad, message in ((w * 2, "must return a scalar tensor .* shape \\(2,\\)"),
                          ({"acc": 1.0}, "without 'loss'"), (3.0, "got float"),
@@ -121,3 +122,20 @@ def test_weighted_micro_batches_give_the_global_token_mean_for_any_split(lengths
         model.zero_grad()
     for i, g in enumerate(want):
         torch.testing.assert_close(sum(rank[i] for rank in grads) / world, g, rtol=1e-5, atol=1e-6)
+
+
+def test_the_step_summary_catches_ranks_whose_losses_return_different_metrics():
+    """Every rank all-reduces one fixed-size summary; metrics that differ between ranks (a loss whose
+    keys depend on the data) are caught on every rank instead of mismatching the collective."""
+    from elastic_zero.losses import MAX_METRICS, read_step_summary, step_summary
+
+    ranks = [(False, 3.0, 6.0, {"acc": 1.5}), (True, 1.0, 1.0, {"acc": 0.5})]
+    reduced = sum(step_summary(*r, "cpu") for r in ranks)
+    assert reduced.shape == (5 + MAX_METRICS,) and reduced[0] == 1
+    assert read_step_summary(reduced, ["acc"], 2, 0) == (7.0 / 4, {"acc": 0.5})
+    mixed = step_summary(False, 1.0, 1.0, {"acc": 1.0}, "cpu") + step_summary(False, 1.0, 1.0, {"f1": 1.0}, "cpu")
+    for names in (["acc"], ["f1"]):
+        with pytest.raises(ValueError, match="train.loss: the ranks returned different metrics at step 4"):
+            read_step_summary(mixed, names, 2, 4)
+    with pytest.raises(ValueError, match="at most 16"):
+        step_summary(False, 1.0, 1.0, {f"m{i}": 0.0 for i in range(17)}, "cpu")

@@ -134,6 +134,10 @@ def _not_a_module():
     return {"weight": torch.zeros(3)}
 
 
+def _loss_wants_labels(model, batch):
+    return model(batch["labels"])
+
+
 def _nan_loss(model, batch):
     return next_token_loss(model, batch) * float("nan")
 
@@ -145,13 +149,16 @@ def test_bad_user_code_and_data_end_the_job_in_one_line(tmp_path, local_ray):
     result = _bad(model=_not_a_module)(tmp_path, "not-a-module")
     assert not result.ok and "model.factory: must return a torch.nn.Module, got dict" in result.error
 
+    result = _bad(loss=_loss_wants_labels)(tmp_path, "raising-loss")
+    assert not result.ok and "train.loss: raised KeyError: 'labels'" in result.error
+
     result = _bad(loss=_nan_loss)(tmp_path, "nan-loss")
     assert not result.ok and "train.loss: the loss is nan at step 0" in result.error
 
     rows = [[1, 2, 3]] * 7 + [[1, 40, 2]]  # token 40 is outside the vocabulary of 32
     pq.write_table(pa.table({"tokens": rows}), tmp_path / "vocab.parquet")
     result = _bad(data=str(tmp_path / "vocab.parquet"))(tmp_path, "vocab")
-    assert not result.ok and "vocab.parquet row 7: token id 40 is outside the model's vocabulary of 32" in result.error
+    assert not result.ok and "vocab.parquet row 7: token id 40 in 'input_ids' is outside the model's vocabulary of 32" in result.error
 
 
 def test_byte_gpt_learns_the_standard_librarys_source(tmp_path, local_ray):

@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 from elastic_zero.spec import SpecError, load_spec, spec_from_dict
@@ -136,3 +138,36 @@ def test_init_from_loads_a_plain_state_dict_and_names_what_does_not_fit(tmp_path
         load_initial_weights(str(tmp_path / "junk.pt"))
     with pytest.raises(ValueError, match="model.init_from: .* no committed checkpoint"):
         load_initial_weights(str(tmp_path))
+
+
+def test_a_python_job_is_checked_like_toml_and_keeps_the_users_objects():
+    import functools
+
+    from elastic_zero.models import GPTConfig
+    from elastic_zero.spec import JobSpec, ModelSpec, OptimizerSpec
+
+    config = GPTConfig(vocab_size=64)
+    job = JobSpec(model=ModelSpec(factory=functools.partial(print), kwargs={"config": config}, wrap=("Block",)),
+                  optimizer=OptimizerSpec(betas=(0.9, 0.99)))
+    same = job.normalized()
+    assert same.model.kwargs["config"] is config  # passed on as it is, not taken apart into a dict
+    assert same.model.wrap == ["Block"] and same.optimizer.betas == [0.9, 0.99]
+    with pytest.raises(SpecError, match="train.global_batch: must be an integer, got 8.0"):
+        JobSpec(train={"global_batch": 8.0})
+    with pytest.raises(SpecError, match="model.preset: got 'gpt-tinny'"):
+        JobSpec(model="gpt-tinny").validate()
+
+
+def test_callables_outside_installed_packages_travel_by_value():
+    import functools
+
+    import ray.cloudpickle as cloudpickle
+
+    from elastic_zero.user_code import ship_by_value
+
+    ship_by_value(functools.partial(_a_local_function, 2), "pkg.mod:fn", None)
+    assert cloudpickle.cloudpickle._is_registered_pickle_by_value(sys.modules[__name__])
+
+
+def _a_local_function(x):
+    return x

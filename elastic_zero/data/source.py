@@ -59,12 +59,14 @@ class ArrowSource:
             t = batch.get(key)
             if t is None or t.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
                 continue
-            bad = ((t >= self.vocab_size) | ((t < 0) & (t != IGNORE))).reshape(t.shape[0], -1).any(dim=1)
+            padding = IGNORE if key == "targets" else 0  # -100 marks padding among targets only
+            bad = ((t >= self.vocab_size) | ((t < 0) & (t != padding))).reshape(t.shape[0], -1).any(dim=1)
             if bool(bad.any()):
                 row = int(bad.nonzero()[0])
-                top = int(t[row].max())
-                raise ValueError(f"data.source: {self.rows.where(ids[row])}: token id {top} is outside the "
-                                 f"model's vocabulary of {self.vocab_size}")
+                r = t[row]
+                wrong = int(r[(r >= self.vocab_size) | ((r < 0) & (r != padding))][0])
+                raise ValueError(f"data.source: {self.rows.where(ids[row])}: token id {wrong} in {key!r} is outside "
+                                 f"the model's vocabulary of {self.vocab_size}")
 
 
 def open_source(data, seed: int, vocab_size: int | None, seq_len: int | None, collate: Callable | None):

@@ -20,7 +20,8 @@ import torch
 
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.job import build_loss, build_model, build_optimizer, build_source, unit_classes
-from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked
+from elastic_zero.checkpoint import load_initial_weights, load_into
+from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.membership import Member
 from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report
@@ -51,6 +52,10 @@ class TrainingWorker(GenerationEntry):
             self.wrap = unit_classes(self.spec, self.model)
             self.source = named("data.source", lambda: build_source(self.spec, self.model))
             self.loss_fn = build_loss(self.spec)
+            # float16 overflows are the loss scaler's to skip; elsewhere a non-finite loss is a bug
+            self._finite_loss = self.spec.zero.compute_dtype != "float16"
+            if self.spec.model.init_from:  # every worker: the same buffers everywhere, a bad file a start error
+                named("model.init_from", lambda: load_into(self.model, load_initial_weights(self.spec.model.init_from)))
             self.optimizer = build_optimizer(self.spec)
         except Exception as exc:
             self.start_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -62,7 +67,6 @@ class TrainingWorker(GenerationEntry):
         # loss inside the handover is recovered from memory
         self.replicas = LayoutReplicas()
         self._safe_point_for = -1  # the latest generation a safe point was requested for
-        self._metric_names: list[str] | None = None  # the extra metrics the loss returns, fixed by its first call
         self._aborted = threading.Event()  # abort_generation() came for the current generation
         self._pg = None
         self._generation = -1
@@ -228,18 +232,16 @@ class TrainingWorker(GenerationEntry):
             if report["first_step_at"] is None:
                 report["first_step_at"] = started
             positions = rank_positions(step, spec.train.global_batch, world, rank)
-            totals = self._train_step(positions, world, comm, step)
+            weight, loss_sum, metric_sums = self._train_step(positions, world, comm, step)
             asked = self._safe_point_for == plan.number
-            agree = torch.tensor([1.0 if asked else 0.0, *totals], device=self.device)
+            agree = step_summary(asked, weight, loss_sum, metric_sums, self.device)
             committed = self.replicas.generation == plan.number
             comm.all_reduce(agree)
             if committed:  # every rank got here after a commit in this layout: it is complete in memory
                 self.replicas.drop_earlier()
                 if rank == 0 and plan.leaving and not report["step_times"]:
                     self.store.set(committed_key(plan), "1")  # the leavers may go
-            weight = float(agree[1])
-            report["last_loss"] = float(agree[2]) / weight
-            report["last_metrics"] = dict(zip(self._metric_names, (v / weight for v in agree[3:].tolist())))
+            report["last_loss"], report["last_metrics"] = read_step_summary(agree, sorted(metric_sums), world, step)
             report["losses"].append((step, round(report["last_loss"], 6)))  # every rank: one may be lost
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             stopping = agree[0] > 0 and engine.step_count < spec.train.steps
@@ -258,41 +260,53 @@ class TrainingWorker(GenerationEntry):
             self._take_checkpoint_news(report)
         return "finished"
 
-    def _train_step(self, positions: range, world: int, comm: TorchComm, step: int) -> list[float]:
+    def _train_step(self, positions: range, world: int, comm: TorchComm, step: int) -> tuple[float, float, dict]:
         """Forward and backward of this rank's share of the step, then the update. Each micro batch's
         loss (a weighted mean, see losses.py) is scaled by its weight * world / the global weight, so
         that the engine's average over ranks is the weighted mean over the global batch. Returns this
-        rank's [weight, weight * loss, weight * metric...] for the step's all-reduce."""
+        rank's (weight, weight * loss, {metric: weight * value}) for the step's all-reduce."""
         spec, engine = self.spec, self.engine
         micro = micro_batches(positions, micro_batch_count(spec.train.global_batch, world, spec.train.micro_batch))
         # every rank runs as many micro batches (and so collectives) as the others: an empty piece
         # runs a stand-in sample with weight 0
         batches = [self.source.batch(m or positions[:1]) for m in micro]
         weights = [batch_weight(b, len(m)) if m else 0.0 for b, m in zip(batches, micro)]
-        if WEIGHT_KEY in batches[0]:  # weights vary by sample: the global one is known only by asking
-            total = torch.tensor([sum(weights)], dtype=torch.float64, device=self.device)
+        global_weight = float(spec.train.global_batch)  # synthetic data: one per sample, known up front
+        if self.source.num_samples is not None:  # a collate may weigh samples: the total is known only by asking
+            weighed = sum(WEIGHT_KEY in b for b in batches)
+            total = torch.tensor([sum(weights), weighed, len(batches)], dtype=torch.float64, device=self.device)
             comm.all_reduce(total)
-            global_weight = float(total)
-        else:
-            global_weight = float(spec.train.global_batch)
+            global_weight = float(total[0])
+            if float(total[1]) not in (0.0, float(total[2])):  # counts of samples and of tokens do not add up
+                raise ValueError(f"data.collate: {int(total[1])} of the step's {int(total[2])} micro batches have a "
+                                 f"{WEIGHT_KEY!r}: give it always or never")
         if global_weight <= 0:
-            raise ValueError(f"data: the global batch of step {step} carries no loss terms (every sample_weight is 0)")
-        loss_sum, metric_sums = 0.0, {}
+            raise ValueError(f"data: the global batch of step {step} carries no loss terms (every {WEIGHT_KEY} is 0)")
+        loss_sum, metric_sums = 0.0, None
         for i, (batch, weight) in enumerate(zip(batches, weights)):
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-            loss, value, metrics = checked(self.loss_fn(engine.module, batch), step)
-            if self._metric_names is None:  # the first call fixes them: the all-reduce's size depends on it
-                self._metric_names = sorted(metrics)
-            if sorted(metrics) != self._metric_names:
-                raise ValueError(f"train.loss: returned metrics {sorted(metrics)} at step {step}, "
-                                 f"earlier {self._metric_names}: every call must return the same ones")
+            loss, value, metrics = checked(self._call_loss(batch), step, finite=self._finite_loss)
+            if metric_sums is not None and sorted(metrics) != sorted(metric_sums):
+                raise ValueError(f"train.loss: returned metrics {sorted(metrics)} and {sorted(metric_sums)} in one "
+                                 f"step: every call must return the same ones")
+            metric_sums = metric_sums or dict.fromkeys(metrics, 0.0)
             engine.backward(loss * (weight * world / global_weight), sync=i == len(micro) - 1)
             loss_sum += value * weight
-            for name, value in metrics.items():
-                metric_sums[name] = metric_sums.get(name, 0.0) + value * weight
+            for name, v in metrics.items():
+                metric_sums[name] += v * weight
         engine.step()
         engine.zero_grad()
-        return [sum(weights), loss_sum, *(metric_sums[name] for name in self._metric_names)]
+        return sum(weights), loss_sum, metric_sums or {}
+
+    def _call_loss(self, batch: dict):
+        try:
+            return self.loss_fn(self.engine.module, batch)
+        except Exception as exc:
+            # a lost peer shows here too (stage 3 gathers inside the forward): a fault, not the loss's bug
+            if is_communication_failure(exc, self._aborted.is_set()):
+                raise
+            text = str(exc).splitlines()[0][:300] if str(exc) else ""
+            raise ValueError(f"train.loss: raised {type(exc).__name__}: {text}") from exc
 
     def _take_checkpoint_news(self, report: dict) -> None:
         """The commits and failures of background saves since the last look go into the report."""

@@ -9,9 +9,7 @@ import time
 
 import torch
 
-from elastic_zero.checkpoint import (
-    load_initial_weights, load_into, open_store, resolve, restore_candidates, restore_shard,
-)
+from elastic_zero.checkpoint import open_store, resolve, restore_candidates, restore_shard
 from elastic_zero.job import DTYPES
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.protocol import GenerationPlan
@@ -58,10 +56,6 @@ class GenerationEntry:
         """Generation 0: build the engine on its group, from the model or the checkpoint to resume."""
         rank = plan.generation.rank_of(self.actor_id)
         self._group(plan, "train", rank, plan.generation.world_size)
-        if rank == 0 and self.spec.model.init_from and not self.spec.checkpoint.resume:
-            # the engine starts every rank from rank 0's parameters: only rank 0 reads them
-            load_into(self.model, load_initial_weights(self.spec.model.init_from))
-            clock.lap("init_from")
         self.engine = ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, process_group=self._pg,
                                  grad_clip=self.spec.train.grad_clip, wrap=self.wrap,
                                  compute_dtype=DTYPES[self.spec.zero.compute_dtype])

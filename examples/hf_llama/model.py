@@ -19,7 +19,8 @@ def loss_with_accuracy(model, batch):
     (a metric: averaged over the global batch like the loss, reported in the events and summary)."""
     logits = model(input_ids=batch["input_ids"]).logits.float()
     targets = batch["targets"]
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
     with torch.no_grad():
-        accuracy = (logits.argmax(-1) == targets).float().mean()
+        real = targets != -100  # padding, when the data has ragged samples
+        accuracy = (logits.argmax(-1) == targets)[real].float().mean()
     return {"loss": loss, "accuracy": accuracy}
