@@ -139,3 +139,25 @@ def test_the_step_summary_catches_ranks_whose_losses_return_different_metrics():
             read_step_summary(mixed, names, 2, 4)
     with pytest.raises(ValueError, match="at most 16"):
         step_summary(False, 1.0, 1.0, {f"m{i}": 0.0 for i in range(17)}, "cpu")
+
+
+def test_reading_ahead_gives_the_batches_a_direct_read_gives(tmp_path):
+    """A rank reads its coming shares in one call; the batches it then serves are the ones a direct
+    read of each micro batch gives (the oracle), and a change of world (other shares) reads anew."""
+    from elastic_zero.data.source import read_ahead_for_step
+
+    pq.write_table(pa.table({"tokens": _rows(*[3 + i % 9 for i in range(90)])}), tmp_path / "t.parquet",
+                   row_group_size=8)
+    spec = DataSpec(source=str(tmp_path / "t.parquet"))
+    ahead, direct = (open_source(spec, 3, None, 16, None) for _ in range(2))
+    for world, steps in ((2, range(0, 5)), (3, range(5, 9))):
+        reads = None
+        for step in steps:
+            share = rank_positions(step, 10, world, world - 1)
+            read_ahead_for_step(ahead, step, 9, lambda s, w=world: rank_positions(s, 10, w, w - 1))
+            assert ahead.holds(share) and reads in (None, ahead.rows.blocks_read)  # read once, then served
+            reads = ahead.rows.blocks_read
+            for m in micro_batches(share, 2):
+                got, want = ahead.batch(m), direct.batch(list(m))
+                assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+        assert not ahead.holds(rank_positions(steps[-1] + 1, 10, world + 1, 0))

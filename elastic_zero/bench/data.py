@@ -9,7 +9,8 @@ exactly once.
 Two pools of --workers spawned processes (one torch thread each) then read it, in the same run:
 
 - ours: rank r of N opens the job's data source (data.source.open_source with the default token
-  collate) and asks `source.batch(rank_positions(step, global_batch, N, r))` for the steps of
+  collate) and, as a worker does, reads its coming shares ahead (read_ahead_for_step) and asks
+  `source.batch(rank_positions(step, global_batch, N, r))` for the steps of
   one epoch (rows // global_batch steps; the last rows % global_batch samples stay unread): the
   real worker path, block-shuffled order and collate to tensors included;
 - baseline: worker r scans every N-th file with pyarrow.dataset.dataset(files, format=...)
@@ -47,6 +48,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import torch
 
+from elastic_zero.data.source import read_ahead_for_step
 from elastic_zero.plan.batches import rank_positions
 
 COLUMN = "tokens"
@@ -184,7 +186,13 @@ class _OursReader:
         self.sample_ids = np.full(sum(len(s) for s in self.shares), -1, dtype=np.int64)  # touched before the start
 
     def read_epoch(self, memory: _Memory) -> int:
-        return _read((self.source.batch(positions) for positions in self.shares), self.sample_ids, memory)
+        return _read(self._batches(), self.sample_ids, memory)
+
+    def _batches(self):
+        """As a worker reads: its coming shares read ahead, then one batch per step."""
+        for step, positions in enumerate(self.shares):
+            read_ahead_for_step(self.source, step, len(self.shares), self.shares.__getitem__)
+            yield self.source.batch(positions)
 
     @property
     def blocks_read(self) -> int:  # blocks decoded: misses of ArrowRows' block cache

@@ -16,11 +16,20 @@ from elastic_zero.data.synthetic import MarkovTokens
 from elastic_zero.losses import IGNORE
 
 
+READ_AHEAD_SAMPLES = 256  # a rank reads its coming shares in calls of about this many samples
+
+
 class SyntheticSource:
     num_samples = None  # endless
 
     def __init__(self, walks: MarkovTokens) -> None:
         self.walks = walks
+
+    def holds(self, positions: range) -> bool:
+        return True  # computed on demand: nothing to read ahead
+
+    def read_ahead(self, shares: Sequence[range]) -> None:
+        pass
 
     def batch(self, positions: Sequence[int]) -> dict[str, torch.Tensor]:
         t = self.walks.tokens(positions)
@@ -34,10 +43,31 @@ class ArrowSource:
         self.rows, self.order, self.collate = rows, order, collate
         self.vocab_size, self.custom_collate = vocab_size, custom_collate
         self.num_samples = rows.num_samples
+        # rows read ahead: the table, the sample of each row, and each position's row in it
+        self._ahead_table, self._ahead_ids, self._ahead_row = None, [], {}
+
+    def holds(self, positions: range) -> bool:
+        """Whether these positions were read ahead (as one run)."""
+        first = self._ahead_row.get(positions.start) if len(positions) else None
+        return first is not None and self._ahead_row.get(positions[-1]) == first + len(positions) - 1
+
+    def read_ahead(self, shares: Sequence[range]) -> None:
+        """Read the rows of a rank's coming shares (contiguous position ranges) in one call: the
+        order, the gather and Arrow's fixed costs are paid once for many micro batches. What was
+        read ahead before is dropped (after a change of world the shares differ)."""
+        positions = [p for share in shares for p in share]
+        ids = self.order.samples(positions)
+        self._ahead_table, self._ahead_ids = self.rows.rows(ids), ids
+        self._ahead_row = {p: i for i, p in enumerate(positions)}
 
     def batch(self, positions: Sequence[int]) -> dict[str, torch.Tensor]:
-        ids = self.order.samples(positions)
-        table = self.rows.rows(ids)
+        if isinstance(positions, range) and self.holds(positions):
+            first = self._ahead_row[positions.start]
+            table = self._ahead_table.slice(first, len(positions))
+            ids = self._ahead_ids[first : first + len(positions)]
+        else:
+            ids = self.order.samples(positions)
+            table = self.rows.rows(ids)
         try:
             batch = self.collate(table)
         except BadRow as exc:
@@ -94,3 +124,13 @@ def open_source(data, seed: int, vocab_size: int | None, seq_len: int | None, co
     else:
         custom = True
     return ArrowSource(rows, BlockShuffledOrder(rows.block_sizes, seed), collate, vocab_size, custom)
+
+
+def read_ahead_for_step(source, step: int, steps: int, share_of: Callable[[int], range]) -> None:
+    """Before a step: if the source does not hold this rank's share of it, read the shares of this
+    and the coming steps (about READ_AHEAD_SAMPLES samples; never past the last step)."""
+    share = share_of(step)
+    if source.holds(share):
+        return
+    count = max(1, READ_AHEAD_SAMPLES // max(1, len(share)))
+    source.read_ahead([share_of(s) for s in range(step, min(step + count, steps))])

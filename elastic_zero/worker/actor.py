@@ -19,6 +19,7 @@ import time
 import torch
 
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
+from elastic_zero.data.source import read_ahead_for_step
 from elastic_zero.job import build_loss, build_model, build_optimizer, build_source, unit_classes
 from elastic_zero.checkpoint import load_initial_weights, load_into
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
@@ -232,7 +233,7 @@ class TrainingWorker(GenerationEntry):
             if report["first_step_at"] is None:
                 report["first_step_at"] = started
             positions = rank_positions(step, spec.train.global_batch, world, rank)
-            weight, loss_sum, metric_sums = self._train_step(positions, world, comm, step)
+            weight, loss_sum, metric_sums = self._train_step(positions, world, rank, comm, step)
             asked = self._safe_point_for == plan.number
             agree = step_summary(asked, weight, loss_sum, metric_sums, self.device)
             committed = self.replicas.generation == plan.number
@@ -260,7 +261,7 @@ class TrainingWorker(GenerationEntry):
             self._take_checkpoint_news(report)
         return "finished"
 
-    def _train_step(self, positions: range, world: int, comm: TorchComm, step: int) -> tuple[float, float, dict]:
+    def _train_step(self, positions: range, world: int, rank: int, comm: TorchComm, step: int) -> tuple[float, float, dict]:
         """Forward and backward of this rank's share of the step, then the update. Each micro batch's
         loss (a weighted mean, see losses.py) is scaled by its weight * world / the global weight, so
         that the engine's average over ranks is the weighted mean over the global batch. Returns this
@@ -269,6 +270,8 @@ class TrainingWorker(GenerationEntry):
         micro = micro_batches(positions, micro_batch_count(spec.train.global_batch, world, spec.train.micro_batch))
         # every rank runs as many micro batches (and so collectives) as the others: an empty piece
         # runs a stand-in sample with weight 0
+        read_ahead_for_step(self.source, step, spec.train.steps,
+                            lambda s: rank_positions(s, spec.train.global_batch, world, rank))
         batches = [self.source.batch(m or positions[:1]) for m in micro]
         weights = [batch_weight(b, len(m)) if m else 0.0 for b, m in zip(batches, micro)]
         global_weight = float(spec.train.global_batch)  # synthetic data: one per sample, known up front
