@@ -21,7 +21,7 @@ ScalingConfig = ElasticSpec
 CheckpointConfig = CheckpointSpec
 ModelConfig, DataConfig, TrainConfig = ModelSpec, DataSpec, TrainSpec
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC = 0, 1, 2
+EXIT_OK, EXIT_FAILED = 0, 1  # a bad spec raises SpecError: the CLI exits 2 with it
 
 
 @dataclass(frozen=True)

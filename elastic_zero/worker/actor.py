@@ -18,10 +18,10 @@ import time
 
 import torch
 
+from elastic_zero.checkpoint import load_initial_weights, load_into
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.data.source import read_ahead_for_step
 from elastic_zero.job import build_loss, build_model, build_optimizer, build_source, unit_classes
-from elastic_zero.checkpoint import load_initial_weights, load_into
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.membership import Member
@@ -268,10 +268,10 @@ class TrainingWorker(GenerationEntry):
         rank's (weight, weight * loss, {metric: weight * value}) for the step's all-reduce."""
         spec, engine = self.spec, self.engine
         micro = micro_batches(positions, micro_batch_count(spec.train.global_batch, world, spec.train.micro_batch))
-        # every rank runs as many micro batches (and so collectives) as the others: an empty piece
-        # runs a stand-in sample with weight 0
         read_ahead_for_step(self.source, step, spec.train.steps,
                             lambda s: rank_positions(s, spec.train.global_batch, world, rank))
+        # every rank runs as many micro batches (and so collectives) as the others: an empty piece
+        # runs a stand-in sample with weight 0
         batches = [self.source.batch(m or positions[:1]) for m in micro]
         weights = [batch_weight(b, len(m)) if m else 0.0 for b, m in zip(batches, micro)]
         global_weight = float(spec.train.global_batch)  # synthetic data: one per sample, known up front
