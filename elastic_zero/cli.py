@@ -40,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("workers", type=int)
         c.add_argument("--address", default="auto")
 
+    plot = sub.add_parser("plot", help="draw a run's loss, samples/s and world size, with its events, into a PNG")
+    plot.add_argument("run_dir", help="a run's directory (summary.json and events.jsonl)")
+    plot.add_argument("--out", help="the PNG to write (default: RUN_DIR/run.png)")
+
     ckpt = sub.add_parser("checkpoint", help="list, inspect and export sharded checkpoints")
     ckpt_sub = ckpt.add_subparsers(dest="action", required=True)
     for name, text in (("ls", "committed checkpoints under URI"), ("inspect", "one checkpoint's contents"),
@@ -175,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
             return _control(args)
         if args.command == "checkpoint":
             return _checkpoint(args)
+        if args.command == "plot":
+            from elastic_zero.plot import plot_run
+
+            out, series = plot_run(args.run_dir, args.out)
+            print(f"{out}: {series.last_step} steps, {len(series.marks)} events marked")
+            return 0
         if args.command == "bench" and args.bench == "step":
             from elastic_zero.bench.step import format_report, run_step_bench
 

@@ -58,6 +58,7 @@ def test_bench_step_json_reports_the_contract_fields():
          "model.factory: cannot import 'no_such_mod'"),
         (("run", "--set", "train.loss=json:nope"), "train.loss: module 'json' has no 'nope'"),
         (("run", "--set", "data.source=README.md"), "data.source: cannot read"),
+        (("plot", "/no/such/run"), "/no/such/run/summary.json: no such file"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(args, message):

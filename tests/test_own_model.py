@@ -172,6 +172,7 @@ def test_byte_gpt_learns_the_standard_librarys_source(tmp_path, local_ray):
     assert made.returncode == 0, made.stderr
     spec = load_spec(os.path.join(ROOT, "examples/byte_gpt/job.toml"),
                      [f"data.source={json.dumps(str(data))}", "train.steps=60", "optimizer.warmup_steps=5",
+                      f"checkpoint.uri={json.dumps(str(tmp_path / 'ck'))}", "checkpoint.every=20",
                       'faults=[{at_step = 20, action = "kill", rank = 1}]'])
     result = ez.run(spec, ez.RunConfig(run_dir=str(tmp_path / "run")))
     assert result.ok, result.error
@@ -179,3 +180,18 @@ def test_byte_gpt_learns_the_standard_librarys_source(tmp_path, local_ray):
     curve = [loss for _, loss in result.metrics["loss_curve"]]
     assert len(curve) == 60 and curve[0] == pytest.approx(5.55, abs=0.1)
     assert sum(curve[-5:]) / 5 < curve[0] - 1.5, curve
+
+    # the run at a glance: the plot's series are the run's own, the kill and the checkpoints marked
+    import matplotlib.image
+
+    from elastic_zero.plot import SIZE_PX, plot_run
+
+    out, series = plot_run(result.path, str(tmp_path / "run.png"))
+    assert matplotlib.image.imread(out).shape[:2] == (SIZE_PX[1], SIZE_PX[0])
+    assert list(series.loss) == [tuple(p) for p in result.metrics["loss_curve"]]
+    assert [s for s, _ in series.samples_per_s] == list(range(60))
+    recovery = [m for m in series.marks if m.kind == "recovery"]
+    assert len(recovery) == 1 and recovery[0].step <= 20 and "lost" in recovery[0].label
+    # the kill at step 20 may catch the save of step 20 in flight (then it is not committed)
+    assert [m.step for m in series.marks if m.kind == "checkpoint"] in ([40, 60], [20, 40, 60])
+    assert series.world_size[0] == (0, 2) and (recovery[0].step, 1) in series.world_size
