@@ -54,9 +54,9 @@ def run(job: JobSpec, run_config: RunConfig | None = None, *, started_at: float 
     from elastic_zero.user_code import ship_by_value
 
     job = job.normalized()
-    preflight(job, import_user_code=run_config.address is None)
+    size = preflight(job, import_user_code=run_config.address is None)
     try:
-        job = settle_steps(job)
+        job = settle_steps(job, size)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
     ship_by_value(job.model.factory, job.train.loss, job.data.collate)
@@ -98,9 +98,10 @@ def _run_coordinator(job: JobSpec, address: str | None, started_at: float) -> di
     return outcome
 
 
-def run_job(spec: JobSpec, run_dir: str, address: str | None = None, final_weights: str | None = None,
+def run_job(spec: JobSpec, run_dir: str | None, address: str | None = None, final_weights: str | None = None,
             started_at: float | None = None) -> int:
-    """`elastic-zero run`: the exit code, a line on stdout (success) or stderr (failure)."""
+    """`elastic-zero run`: the exit code, a line on stdout (success) or stderr (failure). Outputs go
+    to `run_dir`, else runs/NAME-TIME (RunConfig's default)."""
     result = run(spec, RunConfig(run_dir=run_dir, address=address), started_at=started_at)
     if not result.ok:
         print(f"elastic-zero: training failed: {result.error}", file=sys.stderr)
@@ -113,5 +114,5 @@ def run_job(spec: JobSpec, run_dir: str, address: str | None = None, final_weigh
     extra = "".join(f", {k} {v:.4g}" for k, v in (s.get("final_metrics") or {}).items())
     print(f"done: {s['steps']} steps, final loss {s['final_loss']:.4f}{extra}, world sizes "
           f"{' -> '.join(str(n) for _, n in s['world_size_history'])}, {len(s['recoveries'])} recoveries, "
-          f"{len(s['reconfigurations'])} reconfigurations; outputs in {run_dir}")
+          f"{len(s['reconfigurations'])} reconfigurations; outputs in {result.path}")
     return EXIT_OK

@@ -115,11 +115,8 @@ def _run(args, started_at: float) -> int:
         for assignment in args.overrides:
             apply_override(data, assignment)
         spec = spec_from_dict(data)
-    from elastic_zero.preflight import preflight
-
-    preflight(spec)  # exit 2 naming the field, before Ray starts
-    run_dir = args.run_dir or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return run_job(spec, run_dir, args.address, args.final_weights, started_at)
+    # run() checks the spec's paths, data and functions before Ray starts: a SpecError, exit 2
+    return run_job(spec, args.run_dir, args.address, args.final_weights, started_at)
 
 
 def _control(args) -> int:

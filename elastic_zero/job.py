@@ -15,8 +15,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def build_model(spec: JobSpec) -> nn.Module:
-    """The model with its initial weights, a function of the seed only (init_from is loaded later,
-    by the rank that starts the job)."""
+    """The model with its initial weights, a function of the seed only (init_from is loaded by the
+    worker that builds it)."""
     m = spec.model
     if m.factory is None:
         return build_preset(m.preset or DEFAULT_PRESET, seed=spec.train.seed, **m.kwargs)
@@ -80,16 +80,14 @@ def dataset_size(spec: JobSpec) -> int | None:
         return None
     from elastic_zero.data.arrow_rows import ArrowRows
 
-    d = spec.data
-    return ArrowRows(d.source, d.columns or ([d.column] if d.collate is None else None)).num_samples
+    return ArrowRows(spec.data.source, spec.data.columns_read(own_collate=spec.data.collate is not None)).num_samples
 
 
-def settle_steps(spec: JobSpec) -> JobSpec:
-    """train.epochs as a step count: every sample `epochs` times, in whole global batches (a last
-    partial batch is dropped)."""
+def settle_steps(spec: JobSpec, size: int | None) -> JobSpec:
+    """train.epochs as a step count, for a dataset of `size` samples (None: synthetic): every sample
+    `epochs` times, in whole global batches (a last partial batch is dropped)."""
     if spec.train.epochs is None:
         return spec
-    size = dataset_size(spec)
     if size is None:
         raise ValueError("train.epochs: synthetic data is endless; give train.steps")
     steps = spec.train.epochs * size // spec.train.global_batch

@@ -88,7 +88,7 @@ def step_summary(asked: bool, weight: float, loss_sum: float, metric_sums: dict,
     if len(metric_sums) > MAX_METRICS:
         raise ValueError(f"train.loss: returned {len(metric_sums)} metrics; at most {MAX_METRICS} are reported")
     names = sorted(metric_sums)
-    h = float(zlib.crc32("\0".join(names).encode()) % 65521)
+    h = _names_hash(names)
     values = [metric_sums[n] for n in names] + [0.0] * (MAX_METRICS - len(names))
     return torch.tensor([1.0 if asked else 0.0, weight, loss_sum, h, h * h, *values], dtype=torch.float64,
                         device=device)
@@ -97,8 +97,13 @@ def step_summary(asked: bool, weight: float, loss_sum: float, metric_sums: dict,
 def read_step_summary(reduced: torch.Tensor, names: list[str], world: int, step: int) -> tuple[float, dict]:
     """(the step's loss, its metrics) from the all-reduced step summary (see step_summary)."""
     values = reduced.tolist()
-    h = float(zlib.crc32("\0".join(names).encode()) % 65521)
+    h = _names_hash(names)
     if values[3] != world * h or values[4] != world * h * h:
         raise ValueError(f"train.loss: the ranks returned different metrics at step {step} (this one: {names})")
     weight = values[1]
     return values[2] / weight, {n: values[5 + i] / weight for i, n in enumerate(names)}
+
+
+def _names_hash(names: list[str]) -> float:
+    """A small number for a list of metric names: its square stays exact in float64 summed over ranks."""
+    return float(zlib.crc32("\0".join(names).encode()) % 65521)

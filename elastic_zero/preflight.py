@@ -16,10 +16,13 @@ import pyarrow.fs as pafs
 from elastic_zero.spec import JobSpec, SpecError
 
 
-def preflight(spec: JobSpec, import_user_code: bool = True) -> None:
+def preflight(spec: JobSpec, import_user_code: bool = True) -> int | None:
+    """Raise SpecError for the first problem found; return the dataset's number of samples (None
+    for synthetic data), read from its metadata on the way."""
+    size = None
     if spec.data.source != "synthetic":
         _check_exists("data.source", spec.data.source)
-        _check_dataset(spec)
+        size = _dataset_size(spec)
     if spec.model.init_from:
         _check_exists("model.init_from", spec.model.init_from)
     if import_user_code:
@@ -44,6 +47,7 @@ def preflight(spec: JobSpec, import_user_code: bool = True) -> None:
         committed = list_checkpoints(fs, root)  # an unreadable store is an error, never "no checkpoint"
         if c.resume != "latest" and resolve(fs, root, c.resume) not in [d for _, d in committed]:
             raise SpecError(f"checkpoint.resume: no committed checkpoint {c.resume!r} under {c.uri!r}")
+    return size
 
 
 def _check_exists(field: str, path: str) -> None:
@@ -57,12 +61,12 @@ def _check_exists(field: str, path: str) -> None:
 
 
 
-def _check_dataset(spec: JobSpec) -> None:
-    """The dataset opens, has rows and the columns the job reads (metadata only)."""
+def _dataset_size(spec: JobSpec) -> int:
+    """The dataset's samples, once it opens and has rows and the columns the job reads (metadata only)."""
     from elastic_zero.data.arrow_rows import DataError
     from elastic_zero.job import dataset_size
 
     try:
-        dataset_size(spec)
+        return dataset_size(spec)
     except DataError as exc:
         raise SpecError(str(exc)) from None

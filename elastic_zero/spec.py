@@ -96,6 +96,11 @@ class DataSpec:
         _at_least("data.pad_id", self.pad_id, 0)
         _at_least("data.branching", self.branching, 1)
 
+    def columns_read(self, own_collate: bool) -> Optional[list]:
+        """The columns a worker reads: `columns`, else the default collate's `column`, else (with a
+        collate of the user's) all of them (None)."""
+        return self.columns or (None if own_collate else [self.column])
+
 
 @dataclass(frozen=True)
 class TrainSpec:

@@ -6,7 +6,8 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 
-from elastic_zero.bench.data import _read_once, format_data_report, run_data_bench, token_dataset
+from elastic_zero.bench.data import _read_once, format_data_report, run_data_bench
+from elastic_zero.bench.token_dataset import token_dataset
 
 pytestmark = pytest.mark.runtime  # spawns reader processes
 

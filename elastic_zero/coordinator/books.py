@@ -28,7 +28,6 @@ class Books:
     last_metrics: dict = field(default_factory=dict)
     loss_curve: dict = field(default_factory=dict)  # step -> loss; a step recomputed later is replaced
     step_seconds: dict = field(default_factory=dict)  # step -> its time on the slowest rank, the same way
-    _seconds_from: dict = field(default_factory=dict)  # step -> the generation its time comes from
     pending_change: dict | None = None  # a change whose stall is measured when the next generation reports
     checkpoint_stalls: list = field(default_factory=list)
     checkpoint_errors: list = field(default_factory=list)
@@ -71,11 +70,13 @@ class Books:
             if r.last_loss is not None and r.rank == 0:
                 self.last_loss, self.last_metrics = r.last_loss, dict(r.last_metrics)
             self.loss_curve.update(dict(r.losses))
-            # a rank's losses and step times are appended in the same iteration of its step loop
-            for (step, _), seconds in zip(r.losses, r.step_times):
-                self.step_seconds[step] = max(seconds, self.step_seconds.get(step, 0.0)) \
-                    if r.generation == self._seconds_from.get(step, r.generation) else seconds
-                self._seconds_from[step] = r.generation
+        # a rank's losses and step times are appended in the same iteration of its step loop; this
+        # generation's times replace an earlier one's for the steps it ran again
+        seconds: dict = {}
+        for r in results:
+            for (step, _), t in zip(r.losses, r.step_times):
+                seconds[step] = max(t, seconds.get(step, 0.0))
+        self.step_seconds.update(seconds)
 
     def add_checkpoint_log(self, rows) -> None:
         """Sample records saved with checkpoints: they fill in ranks whose own report was lost."""

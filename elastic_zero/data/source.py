@@ -90,11 +90,11 @@ class ArrowSource:
             if t is None or t.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
                 continue
             padding = IGNORE if key == "targets" else 0  # -100 marks padding among targets only
-            bad = ((t >= self.vocab_size) | ((t < 0) & (t != padding))).reshape(t.shape[0], -1).any(dim=1)
+            outside = (t >= self.vocab_size) | ((t < 0) & (t != padding))
+            bad = outside.reshape(t.shape[0], -1).any(dim=1)
             if bool(bad.any()):
                 row = int(bad.nonzero()[0])
-                r = t[row]
-                wrong = int(r[(r >= self.vocab_size) | ((r < 0) & (r != padding))][0])
+                wrong = int(t[row][outside[row]][0])
                 raise ValueError(f"data.source: {self.rows.where(ids[row])}: token id {wrong} in {key!r} is outside "
                                  f"the model's vocabulary of {self.vocab_size}")
 
@@ -112,8 +112,7 @@ def open_source(data, seed: int, vocab_size: int | None, seq_len: int | None, co
     from elastic_zero.data.arrow_rows import ArrowRows
     from elastic_zero.data.order import BlockShuffledOrder
 
-    columns = data.columns or ([data.column] if collate is None else None)
-    rows = ArrowRows(data.source, columns)
+    rows = ArrowRows(data.source, data.columns_read(own_collate=collate is not None))
     if collate is None:
         fixed = data.seq_len is not None
 
