@@ -10,7 +10,8 @@ __version__ = "0.1.0"
 from elastic_zero.api import (  # noqa: E402 - the version first, for tools that read it alone
     CheckpointConfig, DataConfig, Job, ModelConfig, Result, RunConfig, ScalingConfig, TrainConfig, run,
 )
+from elastic_zero.service.client import Client, ClusterError  # noqa: E402
 from elastic_zero.spec import SpecError  # noqa: E402
 
-__all__ = ["CheckpointConfig", "DataConfig", "Job", "ModelConfig", "Result", "RunConfig", "ScalingConfig",
-           "SpecError", "TrainConfig", "run"]
+__all__ = ["CheckpointConfig", "Client", "ClusterError", "DataConfig", "Job", "ModelConfig", "Result", "RunConfig",
+           "ScalingConfig", "SpecError", "TrainConfig", "run"]

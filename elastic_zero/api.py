@@ -8,12 +8,12 @@ The names follow Ray Train's: ScalingConfig (how many workers, GPUs), Checkpoint
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 
+from elastic_zero.driver import drive
 from elastic_zero.spec import CheckpointSpec, DataSpec, ElasticSpec, JobSpec, ModelSpec, SpecError, TrainSpec
 
 Job = JobSpec
@@ -28,10 +28,13 @@ EXIT_OK, EXIT_FAILED = 0, 1  # a bad spec raises SpecError: the CLI exits 2 with
 class RunConfig:
     storage_path: str = "runs"  # the run's directory is storage_path/NAME-TIME, unless run_dir names it
     run_dir: str | None = None
-    address: str | None = None  # a Ray cluster to join ("auto", "ray://host:10001"); default: an embedded local Ray
+    address: str | None = None  # a Ray cluster to join ("auto", "HOST:6379"); default: an embedded local Ray
+    progress: bool = True  # a progress line (a bar on a terminal) and a line per event, on stderr
+    worker_logs: bool = False  # forward the workers' own output (and Ray's worker-death notes) to this console
 
     def path_for(self, name: str) -> str:
-        return self.run_dir or os.path.join(self.storage_path, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        path = self.run_dir or os.path.join(self.storage_path, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        return os.path.abspath(os.path.expanduser(path))
 
 
 @dataclass(frozen=True)
@@ -44,9 +47,11 @@ class Result:
     state_dict: dict | None = field(default=None, repr=False)  # the final fp32 weights (on success)
 
 
-def run(job: JobSpec, run_config: RunConfig | None = None, *, started_at: float | None = None) -> Result:
-    """Train `job` to its end. A bad job raises SpecError (a ValueError naming the field) before Ray
-    starts; a failure during training gives a Result with ok=False and the error."""
+def run(job: JobSpec, run_config: RunConfig | None = None, *, started_at: float | None = None,
+        job_id: str | None = None) -> Result:
+    """Train `job` to its end (or until it is stopped). A bad job raises SpecError (a ValueError
+    naming the field) before Ray starts; a failure during training gives a Result with ok=False and
+    the error. `job_id` names the job on the cluster (default: its name)."""
     started_at = started_at or time.time()
     run_config = run_config or RunConfig()
     from elastic_zero.job import settle_steps
@@ -61,48 +66,15 @@ def run(job: JobSpec, run_config: RunConfig | None = None, *, started_at: float 
         raise SpecError(str(exc)) from None
     ship_by_value(job.model.factory, job.train.loss, job.data.collate)
     path = run_config.path_for(job.name)
-    outcome = _run_coordinator(job, run_config.address, started_at)
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "events.jsonl"), "w") as fh:
-        for record in outcome["events"]:
-            fh.write(json.dumps(record) + "\n")
-    summary = {**outcome["summary"], "ok": outcome["ok"], "error": outcome.get("error")}
-    with open(os.path.join(path, "summary.json"), "w") as fh:
-        json.dump(summary, fh, indent=1)
-    committed = [e["directory"] for e in outcome["events"] if e.get("event") == "checkpoint_committed"]
-    return Result(ok=outcome["ok"], metrics=summary, path=path, checkpoint=committed[-1] if committed else None,
+    outcome = drive(job, job_id or job.name, path, run_config, started_at)
+    return Result(ok=outcome["ok"], metrics=outcome["summary"], path=path, checkpoint=outcome.get("checkpoint"),
                   error=outcome.get("error"), state_dict=outcome.get("final_state") if outcome["ok"] else None)
 
 
-def _run_coordinator(job: JobSpec, address: str | None, started_at: float) -> dict:
-    import ray
-
-    from elastic_zero.coordinator.actor import NAMESPACE, Coordinator, coordinator_name
-
-    own_ray = not ray.is_initialized()
-    if own_ray:
-        if address:
-            ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR")
-        else:  # an embedded local Ray: logical CPUs for every worker the job may have
-            cpus = max(os.cpu_count() or 1, job.elastic.max_workers + 1)
-            ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, logging_level="ERROR")
-    try:
-        actor = ray.remote(Coordinator).options(
-            name=coordinator_name(job.name), namespace=NAMESPACE, num_cpus=0, max_concurrency=16,
-        ).remote(job.to_dict(), started_at)
-        outcome = ray.get(actor.run.remote())
-        ray.kill(actor)
-    finally:
-        if own_ray:
-            ray.shutdown()
-    return outcome
-
-
-def run_job(spec: JobSpec, run_dir: str | None, address: str | None = None, final_weights: str | None = None,
-            started_at: float | None = None) -> int:
-    """`elastic-zero run`: the exit code, a line on stdout (success) or stderr (failure). Outputs go
-    to `run_dir`, else runs/NAME-TIME (RunConfig's default)."""
-    result = run(spec, RunConfig(run_dir=run_dir, address=address), started_at=started_at)
+def run_job(spec: JobSpec, run_config: RunConfig, final_weights: str | None = None, started_at: float | None = None,
+            job_id: str | None = None) -> int:
+    """`elastic-zero run`: the exit code, a line on stdout (success) or stderr (failure)."""
+    result = run(spec, run_config, started_at=started_at, job_id=job_id)
     if not result.ok:
         print(f"elastic-zero: training failed: {result.error}", file=sys.stderr)
         return EXIT_FAILED
@@ -112,7 +84,9 @@ def run_job(spec: JobSpec, run_dir: str | None, address: str | None = None, fina
         torch.save(result.state_dict, final_weights)
     s = result.metrics
     extra = "".join(f", {k} {v:.4g}" for k, v in (s.get("final_metrics") or {}).items())
-    print(f"done: {s['steps']} steps, final loss {s['final_loss']:.4f}{extra}, world sizes "
+    loss = "-" if s["final_loss"] is None else f"{s['final_loss']:.4f}"
+    how = f"stopped at step {s['stopped_at_step']}" if "stopped_at_step" in s else "done"
+    print(f"{how}: {s['steps']} steps, final loss {loss}{extra}, world sizes "
           f"{' -> '.join(str(n) for _, n in s['world_size_history'])}, {len(s['recoveries'])} recoveries, "
           f"{len(s['reconfigurations'])} reconfigurations; outputs in {result.path}")
     return EXIT_OK

@@ -29,16 +29,42 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("spec", nargs="?", help="the job's TOML file (default: the embedded demo job)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     run.add_argument("--run-dir", help="where summary.json and events.jsonl go (default: runs/NAME-TIME)")
-    run.add_argument("--address", help="the Ray cluster to join (default: start an embedded local Ray)")
+    run.add_argument("--address", help="the Ray cluster to join (\"auto\", HOST:6379; default: an embedded local Ray)")
     run.add_argument("--final-weights", metavar="PATH", help="save the final model as a plain torch state dict")
+    run.add_argument("--job-id", help="the job's id on the cluster, for status/scale/stop (default: its name)")
+    run.add_argument("--no-progress", action="store_true", help="no progress line and no event lines")
+    run.add_argument("--worker-logs", action="store_true", help="show the workers' own output on this console")
+    run.add_argument("--spec-env", help=argparse.SUPPRESS)  # a submitted job's spec comes as JSON in this variable
 
-    for name, text in (("scale", "ask a running job for another number of workers"),
-                       ("status", "show a running job's generation and workers")):
+    address_help = "the cluster's Jobs API, http://HEAD:8265 (default: $RAY_ADDRESS, else http://127.0.0.1:8265); " \
+                   "\"auto\" or HOST:6379 to connect directly (a job run with `run`)"
+    submit = sub.add_parser("submit", help="submit a job to a Ray cluster through its Jobs API; prints the job id")
+    submit.add_argument("spec", help="the job's TOML file")
+    submit.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    submit.add_argument("--address", help=address_help)
+    submit.add_argument("--working-dir", default=".", help="uploaded to the cluster: the modules the spec names (default: .)")
+    submit.add_argument("--no-working-dir", action="store_true", help="upload nothing (the cluster has the code)")
+    submit.add_argument("--run-dir", help="where the outputs go on the cluster (default: ~/elastic-zero/runs/JOB_ID)")
+    submit.add_argument("--job-id", help="the job's id (default: NAME-RANDOM)")
+    for name, text in (("status", "a job's state, generation, workers, step, loss, samples/s, events"),
+                       ("scale", "ask a running job for another number of workers"),
+                       ("stop", "stop a job at its next safe point (exit 0); --checkpoint saves one there first"),
+                       ("logs", "a job's output: its progress and event lines"),
+                       ("wait", "wait until a job is over; prints its last status")):
         c = sub.add_parser(name, help=text)
-        c.add_argument("job", help="the job's name")
+        c.add_argument("job", help="the job's id (as submit printed it; for `run`, its name)")
         if name == "scale":
             c.add_argument("workers", type=int)
-        c.add_argument("--address", default="auto")
+        if name in ("status", "wait"):
+            c.add_argument("--json", action="store_true", help="the status record as JSON (docs/service.md)")
+        if name == "stop":
+            c.add_argument("--checkpoint", action="store_true", help="save a final checkpoint at the safe point")
+        if name == "logs":
+            c.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+        c.add_argument("--address", help=address_help)
+    lst = sub.add_parser("list", help="the elastic-zero jobs of a Ray cluster")
+    lst.add_argument("--address", help=address_help)
+    lst.add_argument("--json", action="store_true")
 
     plot = sub.add_parser("plot", help="draw a run's loss, samples/s and world size, with its events, into a PNG")
     plot.add_argument("run_dir", help="a run's directory (summary.json and events.jsonl)")
@@ -105,35 +131,86 @@ def _run(args, started_at: float) -> int:
     # as with `python -m`; Ray gives its workers the driver's working directory on their path too
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    from elastic_zero.api import run_job
+    from elastic_zero.api import RunConfig, run_job
     from elastic_zero.spec import apply_override, load_spec, spec_from_dict
 
-    if args.spec:
+    if args.spec_env:  # a submitted job: the spec was validated where it was submitted
+        spec = spec_from_dict(json.loads(os.environ[args.spec_env]))
+    elif args.spec:
         spec = load_spec(args.spec, args.overrides)
     else:
         data = json.loads(json.dumps(DEFAULT_JOB))
         for assignment in args.overrides:
             apply_override(data, assignment)
         spec = spec_from_dict(data)
+    config = RunConfig(run_dir=args.run_dir, address=args.address, progress=not args.no_progress,
+                       worker_logs=args.worker_logs)
     # run() checks the spec's paths, data and functions before Ray starts: a SpecError, exit 2
-    return run_job(spec, args.run_dir, args.address, args.final_weights, started_at)
+    return run_job(spec, config, args.final_weights, started_at, job_id=args.job_id)
 
 
-def _control(args) -> int:
-    import ray
+def _service(args) -> int:
+    import logging
 
-    from elastic_zero.coordinator.actor import NAMESPACE, coordinator_name
+    from elastic_zero.service.client import Client
 
-    ray.init(address=args.address, namespace=NAMESPACE, logging_level="ERROR")
-    try:
-        actor = ray.get_actor(coordinator_name(args.job), namespace=NAMESPACE)
-    except ValueError:
-        raise ValueError(f"no running job named {args.job!r} on this Ray cluster") from None
-    if args.command == "scale":
-        print(ray.get(actor.scale.remote(args.workers)))
-    else:
-        print(json.dumps(ray.get(actor.status.remote())))
+
+    client = Client(args.address)
+    for name in list(logging.root.manager.loggerDict):  # Ray's notes on packaging the working dir are not the user's
+        if name.startswith("ray"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    if args.command == "submit":
+        from elastic_zero.spec import load_spec
+
+        spec = load_spec(args.spec, args.overrides)
+        working_dir = None if args.no_working_dir else args.working_dir
+        print(client.submit(spec, working_dir=working_dir, run_dir=args.run_dir, job_id=args.job_id))
+    elif args.command in ("status", "wait"):
+        record = client.status(args.job) if args.command == "status" else client.wait(args.job)
+        print(json.dumps(record, indent=1) if args.json else format_status(record))
+    elif args.command == "scale":
+        print(client.scale(args.job, args.workers))
+    elif args.command == "stop":
+        print(client.stop(args.job, checkpoint=args.checkpoint))
+    elif args.command == "logs":
+        for chunk in client.logs(args.job, follow=args.follow):
+            print(chunk, end="" if chunk.endswith("\n") else "\n", flush=True)
+    elif args.command == "list":
+        rows = client.list()
+        if args.json:
+            print(json.dumps(rows, indent=1))
+        for r in [] if args.json else rows:
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["start_time"] / 1000)) if r["start_time"] else "-"
+            print(f"{r['job_id']:<32} {r['name'] or '-':<20} {r['ray_job_status']:<10} {started}")
     return 0
+
+
+def format_status(r: dict) -> str:
+    def num(value, fmt):
+        return format(value, fmt) if value is not None else "-"
+
+    lines = [f"job {r['job_id']} ({r['name'] or '-'}): {r['state']}"
+             + (f" (Ray job {r['ray_job_status']})" if r.get("ray_job_status") else "")]
+    if r["generation"] is not None:
+        eta = f", ETA {r['eta_s'] / 60:.1f} min" if r["eta_s"] is not None else ""
+        lines.append(f"generation {r['generation']}, {r['world_size']} workers (target {r['target_workers']}, "
+                     f"[{r['min_workers']}, {r['max_workers']}]), step {r['step']}/{r['steps']}, loss {num(r['loss'], '.4f')}, "
+                     f"{num(r['samples_per_s'], '.1f')} samples/s{eta}")
+        lines.append("workers: " + ", ".join(f"{m['actor_id']} (rank {m['rank']}, node {m['node'][:12]})" for m in r["members"]))
+        lines.append("world size: " + " -> ".join(f"{n} at step {s}" for s, n in r["world_size_history"]))
+        lines.append(f"recoveries {r['recoveries']}, reconfigurations {r['reconfigurations']}, "
+                     f"coordinator restarts {r['restarts']}, latest checkpoint {r['checkpoint'] or '-'}")
+    if r.get("run_dir"):
+        lines.append(f"outputs: {r['run_dir']}")
+    if r.get("error"):
+        lines.append(f"error: {r['error']}")
+    from elastic_zero.observe.progress import describe
+
+    for e in r.get("last_events") or []:
+        text = describe(e)
+        if text:
+            lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} {text}")
+    return "\n".join(lines)
 
 
 def _checkpoint(args) -> int:
@@ -172,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args, started_at)
-        if args.command in ("scale", "status"):
-            return _control(args)
+        if args.command in ("submit", "status", "scale", "stop", "logs", "wait", "list"):
+            return _service(args)
         if args.command == "checkpoint":
             return _checkpoint(args)
         if args.command == "plot":
@@ -219,6 +296,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # SpecError included: one line, exit 2
         print(f"elastic-zero: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM to a driver: the job was taken down with it
+        print("elastic-zero: interrupted; the job was stopped", file=sys.stderr)
+        return 130
+    except RuntimeError as exc:  # the cluster: unreachable, a token refused, no such job, a refused request
+        from elastic_zero.service.client import ClusterError
+
+        if not isinstance(exc, ClusterError):
+            raise
+        print(f"elastic-zero: error: {exc}", file=sys.stderr)
+        return 1
     return 2
 
 

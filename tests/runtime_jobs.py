@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from elastic_zero.api import run_job
+from elastic_zero.api import RunConfig, run_job
 from elastic_zero.spec import spec_from_dict
 
 
@@ -24,7 +24,7 @@ def job(tmp_path, name, faults=(), **sections):
         data[section] = {**data.get(section, {}), **values}
     run_dir = tmp_path / name
     weights = tmp_path / f"{name}.pt"
-    code = run_job(spec_from_dict(data), str(run_dir), final_weights=str(weights))
+    code = run_job(spec_from_dict(data), RunConfig(run_dir=str(run_dir), progress=False), final_weights=str(weights))
     summary = json.loads((run_dir / "summary.json").read_text())
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     return code, summary, events, (torch.load(weights, weights_only=True) if code == 0 else None)

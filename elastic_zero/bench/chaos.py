@@ -47,13 +47,13 @@ def _relative(a: dict, b: dict) -> float:
 
 
 def _run(data: dict, run_dir: str) -> tuple[int, dict, list, dict | None]:
-    from elastic_zero.api import run_job
+    from elastic_zero.api import RunConfig, run_job
     from elastic_zero.spec import spec_from_dict
 
     weights = os.path.join(run_dir, "final.pt")
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "run.log"), "w") as log, contextlib.redirect_stdout(log):
-        code = run_job(spec_from_dict(data), run_dir, final_weights=weights)  # its "done" line is not the report
+        code = run_job(spec_from_dict(data), RunConfig(run_dir=run_dir, progress=False), final_weights=weights)  # its "done" line is not the report
     with open(os.path.join(run_dir, "summary.json")) as fh:
         summary = json.load(fh)
     with open(os.path.join(run_dir, "events.jsonl")) as fh:

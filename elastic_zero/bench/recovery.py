@@ -22,7 +22,7 @@ from elastic_zero.plan.batches import loss_weight, micro_batch_count, micro_batc
 
 
 def _elastic_zero(preset, workers, steps, kill_step, micro_batch, work_dir) -> dict:
-    from elastic_zero.api import run_job
+    from elastic_zero.api import RunConfig, run_job
     from elastic_zero.spec import spec_from_dict
 
     spec = spec_from_dict({
@@ -34,7 +34,7 @@ def _elastic_zero(preset, workers, steps, kill_step, micro_batch, work_dir) -> d
         "faults": [{"at_step": kill_step, "action": "kill", "rank": 1}],
     })
     run_dir = os.path.join(work_dir, "elastic_zero")
-    if run_job(spec, run_dir) != 0:
+    if run_job(spec, RunConfig(run_dir=run_dir, progress=False)) != 0:
         raise RuntimeError("the elastic_zero run failed; see " + run_dir)
     with open(os.path.join(run_dir, "summary.json")) as fh:
         summary = json.load(fh)

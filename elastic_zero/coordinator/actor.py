@@ -1,15 +1,21 @@
 """The coordinator actor: hosts the rendezvous store, spawns workers, starts generations.
 
-It feeds events (workers ready, generations ended, scale requests, preemption notices, ticks)
-to the pure state machine and carries out the commands it returns. It is the only owner of
+It feeds events (workers ready, generations ended, scale and stop requests, preemption notices,
+ticks) to the pure state machine and carries out the commands it returns. It is the only owner of
 membership. Workers never wait on it on the training path: they report when a generation ends,
-and rank 0 sends one fire-and-forget note when a generation completes its first step.
+and rank 0 sends fire-and-forget notes of its progress.
+
+Its loop runs on a thread of its own from the start, so the job goes on whoever waits for it (or
+nobody: on a cluster it is a detached actor, and its driver may die). Ray restarts it if its process
+dies; the new one resumes from the latest checkpoint (its workers died with it). What the outside
+sees of it (status, progress, stop) is in face.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import queue
 import threading
 import time
@@ -17,16 +23,21 @@ import time
 import ray
 
 from elastic_zero.coordinator.books import Books
+from elastic_zero.coordinator.face import CoordinatorFace
 from elastic_zero.coordinator.state import (
-    CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint, Retire,
-    ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, WorkerStartFailed, decide,
+    CoordinatorState, Fail, Finish, GenerationEnded, RequestSafePoint, Retire, Spawn, Start, StartGeneration, Stop, Tick,
+    WorkersReady, WorkerStartFailed, decide,
 )
+from elastic_zero.observe.event_log import EventLog
+from elastic_zero.observe.live import LiveProgress
+from elastic_zero.observe.metrics import JobMetrics
 from elastic_zero.protocol import Outcome, Report
 from elastic_zero.rendezvous import RendezvousServer, new_secret
 from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.actor import TrainingWorker
 
 NAMESPACE = "elastic_zero"
+LINGER_S = 120.0  # a finished coordinator nobody collected from goes after this long
 
 
 def coordinator_name(job: str) -> str:
@@ -43,10 +54,17 @@ def _start_error(exc: Exception) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
-class Coordinator:
-    def __init__(self, spec: dict, started_at: float) -> None:
-        self.spec_dict = spec
+class Coordinator(CoordinatorFace):
+    def __init__(self, spec: dict, job_id: str, run_dir: str, started_at: float) -> None:
+        self.job_id, self.run_dir, self.started_at = job_id, run_dir, started_at
+        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.spec = spec_from_dict(spec)
+        if self.restarted and self.spec.checkpoint.uri and self.spec.checkpoint.every:
+            # the workers died with the previous coordinator: resume from the latest checkpoint
+            # (none committed yet: a fresh start, which loses nothing that counted)
+            spec = {**spec, "checkpoint": {**spec["checkpoint"], "resume": "latest"}}
+            self.spec = spec_from_dict(spec)
+        self.spec_dict = spec
         e = self.spec.elastic
         self.host = ray.util.get_node_ip_address()
         # the store listens on loopback; workers reach it through a relay on the node's cluster
@@ -58,14 +76,19 @@ class Coordinator:
         self.state = CoordinatorState(min_workers=e.min_workers, max_workers=e.max_workers, target=e.workers,
                                       min_wait_s=e.min_wait_s, checkpoints=bool(c.uri and c.every))
         self.books = Books(self.spec.train.global_batch, self.spec.train.steps, started_at)
-        self.events: list[dict] = []
+        self.events = EventLog(run_dir, go_on=self.restarted)
+        self.live = LiveProgress(self.spec.train.global_batch, self.spec.train.steps)
+        self.metrics = JobMetrics(job_id)
+        self.restarts = self.events.count("coordinator_restarted") + (1 if self.restarted else 0)
+        self._done = threading.Event()
+        self._collected = threading.Event()  # the driver took the result
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._workers: dict[str, object] = {}
         self._ready_refs: dict = {}
         self._train_refs: dict = {}
         self._results: dict[str, Report] = {}
-        self._plan = None
+        self._plan = self._last_plan = None
         self._spawned = 0
         self._result: dict | None = None
         self._last_end: dict[str, Report] = {}
@@ -73,32 +96,31 @@ class Coordinator:
         self._candidate_logs: list = []  # (directory, sample records) of a checkpoint generation's candidates
         self._failure_seen_at: float | None = None  # a participant of the current generation failed
         self._worker_cls = ray.remote(TrainingWorker)
-
-    # ---- calls from outside (CLI, workers' fault drills) ---------------------------------------
-
-    def scale(self, workers: int) -> str:
-        self._inbox.put(ScaleRequested(int(workers)))
-        return f"scale to {workers} requested"
-
-    def preemption_notice(self, actor_id: str, deadline_s: float | None = None) -> None:
-        self._log("preemption_notice", actor_id=actor_id, deadline_s=deadline_s)
-        self._inbox.put(PreemptionNotice(actor_id))
-
-    def generation_stepped(self, number: int) -> None:
-        self._inbox.put(GenerationStepped(number))
-
-    def status(self) -> dict:
-        with self._lock:
-            gen = self.state.generation
-            return {"generation": gen.number if gen else None,
-                    "workers": [m.actor_id for m in gen.members] if gen else [],
-                    "target": self.state.target, "done": self.state.done,
-                    "steps_done": len(self.books.step_log), "steps": self.spec.train.steps}
+        threading.Thread(target=self._main, daemon=True, name="coordinator-loop").start()
 
     # ---- the main loop -------------------------------------------------------------------------
 
-    def run(self) -> dict:
-        self._log("job_start", name=self.spec.name, workers=self.spec.elastic.workers)
+    def _main(self) -> None:
+        try:
+            self._drive()
+        except Exception as exc:  # noqa: BLE001 - a bug here must end the job with its reason, not hang it
+            self._carry_out(Fail(f"the coordinator failed: {type(exc).__name__}: {exc}"[:400]))
+        self._write_summary()
+        self._publish_final_status()
+        self._done.set()
+        # on a cluster nobody may be left to collect the result: go after a while (the driver kills it sooner)
+        if not self._collected.wait(LINGER_S):
+            ray.actor.exit_actor()
+
+    def _drive(self) -> None:
+        if self.restarted:
+            self._log("coordinator_restarted", restarts=self.restarts,
+                      resume="latest checkpoint" if self.spec.checkpoint.resume else None)
+            if not self.spec.checkpoint.resume:
+                self._carry_out(Fail("the coordinator was lost (its workers with it) and the job saves no "
+                                     "checkpoints to resume from"))
+                return
+        self._log("job_start", name=self.spec.name, workers=self.spec.elastic.workers, job_id=self.job_id)
         c = self.spec.checkpoint
         if c.uri and c.every:  # where the job runs (the CLI checked where it was launched)
             from elastic_zero.checkpoint import probe_writable
@@ -107,7 +129,7 @@ class Coordinator:
                 probe_writable(c.uri)
             except ValueError as exc:
                 self._carry_out(Fail(str(exc)))
-                return self._result
+                return
         self._apply(Start())
         last_tick = time.monotonic()
         while self._result is None:
@@ -125,7 +147,6 @@ class Coordinator:
             if time.monotonic() - last_tick > 0.5:
                 last_tick = time.monotonic()
                 self._apply(Tick())
-        return self._result
 
     def _collect(self, ref) -> None:
         if ref in self._ready_refs:
@@ -191,7 +212,9 @@ class Coordinator:
                 self._log("checkpoint_committed", generation=plan.number, directory=directory)
             for error in r.checkpoint_errors:
                 self._log("checkpoint_failed", generation=plan.number, actor_id=r.outcome.actor_id, error=error)
+        changes_before = len(self.books.recoveries), len(self.books.reconfigurations)
         self.books.add_generation_results(plan.number, [r for a, r in results.items() if a in members])
+        self._count_metrics(results.values(), changes_before)
         # the leavers' outcomes too: after a failed handover they still hold shards of the previous layout
         outcomes = tuple(r.outcome for r in results.values() if r.outcome.kind != "dead")
         alive = sum(1 for o in outcomes if o.actor_id in members)
@@ -222,7 +245,7 @@ class Coordinator:
                 self._spawned += 1
                 handle = self._worker_cls.options(max_concurrency=4, **opts).remote(
                     self.spec_dict, actor_id, self.host, self.rendezvous.port, self._secret,
-                    coordinator_name(self.spec.name), NAMESPACE, joiner)
+                    coordinator_name(self.job_id), NAMESPACE, joiner)
                 self._workers[actor_id] = handle
                 self._ready_refs[handle.hello.remote()] = actor_id
             self._log("spawn", count=command.count)
@@ -242,11 +265,12 @@ class Coordinator:
             self._retire(command.actor_ids, "retired")
         elif isinstance(command, Finish):
             self._finish()
+        elif isinstance(command, Stop):
+            self._stop(command)
         elif isinstance(command, Fail):
             self._log("job_failed", message=command.message)
             self._retire(tuple(self._workers), "job failed")
-            self._result = {"ok": False, "error": command.message, "summary": self.books.summary(None),
-                            "events": self.events}
+            self._result = {"ok": False, "error": command.message, "summary": self.books.summary(None)}
 
     def _start(self, plan) -> None:
         now = time.time()
@@ -266,7 +290,7 @@ class Coordinator:
         self._log("generation_start", generation=plan.number, step=plan.step, source=plan.source,
                   checkpoint=plan.checkpoints[0] if plan.checkpoints else None,
                   workers=[m.actor_id for m in plan.generation.members], leaving=list(plan.leaving))
-        self._plan = plan
+        self._plan = self._last_plan = plan
         self._failure_seen_at = None
         for actor_id in plan.participants:
             self._train_refs[self._workers[actor_id].train.remote(plan)] = actor_id
@@ -306,8 +330,37 @@ class Coordinator:
         states = ray.get([self._workers[a].final_state.remote(True) for a in members])
         memory = ray.get(self._workers[members[0]].memory_report.remote())
         self._log("job_finished", steps=self.spec.train.steps)
-        self._result = {"ok": True, "summary": self.books.summary(memory.get("param_count")), "events": self.events,
-                        "final_state": states[0]}
+        self._result = {"ok": True, "summary": self.books.summary(memory.get("param_count")), "final_state": states[0]}
+
+    def _stop(self, command: Stop) -> None:
+        """A stop on request, at the safe point every member reached: a final checkpoint there if
+        asked (and the job saves checkpoints), then the weights, as at the end of training."""
+        members = [m.actor_id for m in self.state.generation.members]
+        plan = self._last_plan
+        if command.checkpoint and self.spec.checkpoint.uri:
+            reports = ray.get([self._workers[a].checkpoint_now.remote(plan) for a in members])
+            for r in reports:
+                for directory in r["checkpoints"]:
+                    self._log("checkpoint_committed", generation=plan.number, directory=directory)
+                for error in r["checkpoint_errors"]:
+                    self._log("checkpoint_failed", generation=plan.number, error=error)
+        states = ray.get([self._workers[a].final_state.remote(True) for a in members])
+        memory = ray.get(self._workers[members[0]].memory_report.remote())
+        self._log("job_stopped", step=command.step, checkpoint=command.checkpoint)
+        summary = {**self.books.summary(memory.get("param_count"), end_step=command.step), "stopped_at_step": command.step}
+        self._result = {"ok": True, "summary": summary, "final_state": states[0]}
+
+    def _write_summary(self) -> None:
+        r = self._result
+        summary = {**r["summary"], "ok": r["ok"], "error": r.get("error"), "job_id": self.job_id,
+                   "coordinator_restarts": self.restarts}
+        r["summary"] = summary
+        committed = [e["directory"] for e in self.events.records if e.get("event") == "checkpoint_committed"]
+        r["checkpoint"] = committed[-1] if committed else None
+        path = os.path.join(self.run_dir, "summary.json")
+        with open(path + ".tmp", "w") as fh:
+            json.dump(summary, fh, indent=1)
+        os.replace(path + ".tmp", path)  # whole or not at all
 
     def _retire(self, actor_ids, why: str) -> None:
         for actor_id in actor_ids:
@@ -318,9 +371,7 @@ class Coordinator:
             self._log("retire", actor_ids=list(actor_ids), why=why)
 
     def _log(self, kind: str, **fields) -> None:
-        record = {"t": round(time.time(), 4), "event": kind, **fields}
-        json.dumps(record)  # every record must be plain data
-        self.events.append(record)
+        self.events.add(kind, **fields)
 
 
 def _last_step(reports) -> dict:

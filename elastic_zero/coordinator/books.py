@@ -95,12 +95,13 @@ class Books:
     def begin_change(self, kind: str, since: float, **fields) -> None:
         self.pending_change = {"_kind": kind, "_since": since, **fields}
 
-    def summary(self, param_count: int | None) -> dict:
+    def summary(self, param_count: int | None, end_step: int | None = None) -> dict:
+        """`end_step`: the job ended there (stopped on request) rather than at `steps`."""
         positions = [p for _, entries in self.step_log.values() for start, count in entries.values()
                      for p in range(start, start + count)]
         distinct = set(positions)
         first = min(self.step_log) if self.step_log else 0  # a resumed job starts at its checkpoint
-        expected = set(range(first * self.global_batch, self.steps * self.global_batch))
+        expected = set(range(first * self.global_batch, (self.steps if end_step is None else end_step) * self.global_batch))
         return {
             "steps": len(self.step_log),
             "resumed_from_step": first,

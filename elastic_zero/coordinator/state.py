@@ -7,90 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
+from elastic_zero.coordinator.events import (  # noqa: F401 - the events and commands are part of this module's API
+    Event, Fail, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint, Retire, ScaleRequested,
+    Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, WorkerStartFailed,
+)
 from elastic_zero.plan.membership import Generation, Member, next_generation
 from elastic_zero.plan.recovery import lost_ranks, restore_point
-from elastic_zero.protocol import GenerationPlan, Outcome
-
-# ---- events and commands ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Start:
-    pass
-
-
-@dataclass(frozen=True)
-class WorkersReady:
-    members: tuple[Member, ...]
-
-
-@dataclass(frozen=True)
-class WorkerStartFailed:
-    actor_id: str
-    error: str
-
-
-@dataclass(frozen=True)
-class ScaleRequested:
-    workers: int
-
-
-@dataclass(frozen=True)
-class PreemptionNotice:
-    actor_id: str
-
-
-@dataclass(frozen=True)
-class GenerationEnded:
-    outcomes: tuple[Outcome, ...]
-
-
-@dataclass(frozen=True)
-class GenerationStepped:
-    """The generation completed its first step (rank 0 reports it once per generation)."""
-
-    number: int
-
-
-@dataclass(frozen=True)
-class Tick:
-    pass
-
-
-Event = Union[Start, WorkersReady, WorkerStartFailed, ScaleRequested, PreemptionNotice, GenerationEnded,
-              GenerationStepped, Tick]
-
-
-@dataclass(frozen=True)
-class Spawn:
-    count: int
-
-
-@dataclass(frozen=True)
-class RequestSafePoint:
-    pass
-
-
-@dataclass(frozen=True)
-class StartGeneration:
-    plan: GenerationPlan
-
-
-@dataclass(frozen=True)
-class Retire:
-    actor_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Finish:
-    pass
-
-
-@dataclass(frozen=True)
-class Fail:
-    message: str
+from elastic_zero.protocol import GenerationPlan
 
 
 @dataclass(frozen=True)
@@ -141,6 +66,8 @@ class CoordinatorState:
     # errors that were not faults (a worker's own exception; a worker that could not start): the
     # same one twice means a bug or a bad input, which replacing workers never mends
     errors_seen: frozenset = frozenset()
+    stop_requested: bool = False  # a graceful stop: the job ends at the next safe point
+    stop_checkpoint: bool = False  # ... with a final checkpoint there
 
     @property
     def phase(self) -> "Phase":
@@ -159,7 +86,11 @@ class CoordinatorState:
 
 def decide(state: CoordinatorState, event: Event, now: float) -> Decision:
     """The next state, the commands to carry out, and why."""
-    return Decision(*_decide(state, event, now))
+    state, commands, reason = _decide(state, event, now)
+    if state.stop_requested and state.running and not state.safe_point_requested and not state.done:
+        # a stop asked for while no generation ran (or before a recovery) is asked again of the next
+        state, commands = replace(state, safe_point_requested=True), tuple(commands) + (RequestSafePoint(),)
+    return Decision(state, tuple(commands), reason)
 
 
 def _decide(state: CoordinatorState, event: Event, now: float):
@@ -175,6 +106,12 @@ def _decide(state: CoordinatorState, event: Event, now: float):
         return _on_scale(state, event.workers)
     if isinstance(event, PreemptionNotice):
         return _on_preemption(state, event.actor_id)
+    if isinstance(event, StopRequested):
+        if state.generation is None:
+            return (replace(state, done=True), (Fail("stopped on request before training started"),),
+                    "stop requested before the first generation")
+        state = replace(state, stop_requested=True, stop_checkpoint=state.stop_checkpoint or event.checkpoint)
+        return state, (), "stop requested: the job ends at the next safe point"
     if isinstance(event, GenerationEnded):
         return _on_generation_end(state, event.outcomes, now)
     if isinstance(event, GenerationStepped):
@@ -293,6 +230,10 @@ def _on_generation_end(state, outcomes, now):
         return _on_failure(state, by_id, dead, dead_leavers, now)
     # every member reached the safe point: a planned change
     step = max(by_id[a].step for a in members)
+    if state.stop_requested:
+        everyone = members + tuple(m.actor_id for m in state.ready)
+        return replace(state, done=True), (Stop(step, state.stop_checkpoint), Retire(everyone)), \
+            f"stopped on request at step {step}"
     staying = [m for m in state.generation.members if m.actor_id not in state.leaving]
     joiners = list(state.ready[: max(0, state.target - len(staying))])
     postponed = ()

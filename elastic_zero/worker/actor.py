@@ -35,6 +35,8 @@ from elastic_zero.worker.replica import LayoutReplicas, exchange
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine, new_process_group
 from elastic_zero.zero.abortable import GroupAborted
 
+PROGRESS_EVERY_S = 0.5  # how often rank 0 tells the coordinator its step and loss
+
 
 class TrainingWorker(GenerationEntry):
     def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int, store_secret: bytes,
@@ -76,6 +78,7 @@ class TrainingWorker(GenerationEntry):
         self._unsaved_log: list[tuple] = []  # (generation, step, rank, start, count) not yet in a checkpoint
         self._saved_through = -1  # the index of the last step whose sample records went into a checkpoint
         self._coordinator, self._namespace = coordinator, namespace
+        self._progress_told_at = 0.0
         self.store = connect(store_host, store_port, store_secret, self.spec.elastic.collective_timeout_s)
         c = self.spec.checkpoint
         self.writer = (AsyncCheckpointWriter(c.uri, self.store, c.keep, self.spec.zero.stage,
@@ -179,10 +182,12 @@ class TrainingWorker(GenerationEntry):
             self._pg = outcome["pg"]
         return self._pg
 
-    def _save_checkpoint(self, plan: GenerationPlan, report: dict) -> None:
+    def _save_checkpoint(self, plan: GenerationPlan, report: dict, now: bool = False) -> None:
         step = self.engine.step_count
         every = self.spec.checkpoint.every
-        if self.writer is None or (step % every and step != self.spec.train.steps):
+        if self.writer is None or (step % every and step != self.spec.train.steps and not now):
+            return
+        if now and self._saved_through == step - 1:  # saved at this step already
             return
         snapshot = self.replicas.current.own.get(step) or self._host_snapshot()
         extra = {"cursor": step * self.spec.train.global_batch, "seed": self.spec.train.seed,
@@ -251,8 +256,8 @@ class TrainingWorker(GenerationEntry):
                 self._commit(plan, report)
             self._save_checkpoint(plan, report)
             report["step_times"].append(time.time() - started)
-            if rank == 0 and len(report["step_times"]) == 1 and self._coordinator:
-                _coordinator(self._coordinator, self._namespace).generation_stepped.remote(plan.number)
+            if rank == 0 and self._coordinator:
+                self._tell_progress(plan, report)
             if stopping:
                 self._keep_uncommitted(plan, report)  # a planned change keeps the live state
                 return "safe_point"
@@ -260,6 +265,30 @@ class TrainingWorker(GenerationEntry):
             self.writer.wait()  # the final checkpoint is committed before the job reports success
             self._take_checkpoint_news(report)
         return "finished"
+
+    def _tell_progress(self, plan: GenerationPlan, report: dict) -> None:
+        """Rank 0 tells the coordinator (fire and forget) that the generation stepped, once, and
+        its step and loss at most every PROGRESS_EVERY_S: the live view, the progress line, the metrics."""
+        coordinator = _coordinator(self._coordinator, self._namespace)
+        if len(report["step_times"]) == 1:
+            coordinator.generation_stepped.remote(plan.number)
+        now = time.time()
+        if now - self._progress_told_at >= PROGRESS_EVERY_S or self.engine.step_count == self.spec.train.steps:
+            self._progress_told_at = now
+            coordinator.progress_note.remote(plan.number, self.engine.step_count, report["last_loss"],
+                                             report["step_times"][-1], now,
+                                             report["checkpoints"][-1] if report["checkpoints"] else None)
+
+    def checkpoint_now(self, plan: GenerationPlan) -> dict:
+        """The job stops on request at the safe point `plan` reached: save that step (every rank;
+        rank 0 commits) and wait for the commit. Returns the commits and errors of this rank."""
+        report = {"uncommitted": [], "checkpoint_stall_s": [], "checkpoint_errors": [], "checkpoints": []}
+        if self.writer is None:
+            return report
+        self._save_checkpoint(plan, report, now=True)
+        self.writer.wait()
+        self._take_checkpoint_news(report)
+        return report
 
     def _train_step(self, positions: range, world: int, rank: int, comm: TorchComm, step: int) -> tuple[float, float, dict]:
         """Forward and backward of this rank's share of the step, then the update. Each micro batch's

@@ -1,0 +1,100 @@
+"""What the coordinator's state machine takes (events) and gives (commands): plain frozen records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from elastic_zero.plan.membership import Member
+from elastic_zero.protocol import GenerationPlan, Outcome
+
+@dataclass(frozen=True)
+class Start:
+    pass
+
+
+@dataclass(frozen=True)
+class WorkersReady:
+    members: tuple[Member, ...]
+
+
+@dataclass(frozen=True)
+class WorkerStartFailed:
+    actor_id: str
+    error: str
+
+
+@dataclass(frozen=True)
+class ScaleRequested:
+    workers: int
+
+
+@dataclass(frozen=True)
+class PreemptionNotice:
+    actor_id: str
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """A graceful stop: end the job at the next safe point (with a final checkpoint if asked)."""
+
+    checkpoint: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationEnded:
+    outcomes: tuple[Outcome, ...]
+
+
+@dataclass(frozen=True)
+class GenerationStepped:
+    """The generation completed its first step (rank 0 reports it once per generation)."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+Event = Union[Start, WorkersReady, WorkerStartFailed, ScaleRequested, PreemptionNotice, StopRequested, GenerationEnded,
+              GenerationStepped, Tick]
+
+
+@dataclass(frozen=True)
+class Spawn:
+    count: int
+
+
+@dataclass(frozen=True)
+class RequestSafePoint:
+    pass
+
+
+@dataclass(frozen=True)
+class StartGeneration:
+    plan: GenerationPlan
+
+
+@dataclass(frozen=True)
+class Retire:
+    actor_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Finish:
+    pass
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the job at the safe point it reached (`step` steps done), saving a checkpoint there if asked."""
+
+    step: int
+    checkpoint: bool
+
+
+@dataclass(frozen=True)
+class Fail:
+    message: str

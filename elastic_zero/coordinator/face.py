@@ -1,0 +1,139 @@
+"""What the outside sees of the coordinator and asks of it: its status (the `status --json`
+record), its progress for a driver's progress line, its result, scale and stop requests,
+preemption notices; and the notes rank 0 sends it. Mixed into the Coordinator actor; these calls
+run on the actor's other threads while its loop drives the job."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ray
+
+from elastic_zero.coordinator.events import GenerationStepped, PreemptionNotice, ScaleRequested, StopRequested
+from elastic_zero.observe.live import final_status_key, last_events, status_record
+
+NAMESPACE_KV = "elastic_zero"
+
+
+class CoordinatorFace:
+    # ---- requests --------------------------------------------------------------------------------
+
+    def scale(self, workers: int) -> str:
+        e = self.spec.elastic
+        if not e.min_workers <= int(workers) <= e.max_workers:
+            raise ValueError(f"scale to {workers}: outside [min_workers, max_workers] = [{e.min_workers}, {e.max_workers}]")
+        if self._done.is_set():
+            raise ValueError(f"job {self.job_id} is over: {self._state_name()}")
+        self._log("scale_requested", workers=int(workers))
+        self._inbox.put(ScaleRequested(int(workers)))
+        return f"scale to {workers} requested"
+
+    def stop(self, checkpoint: bool = False) -> str:
+        if checkpoint and not self.spec.checkpoint.uri:
+            raise ValueError(f"stop --checkpoint: job {self.job_id} has no checkpoint.uri to save to")
+        if self._done.is_set():
+            raise ValueError(f"job {self.job_id} is over: {self._state_name()}")
+        self._log("stop_requested", checkpoint=bool(checkpoint))
+        self._inbox.put(StopRequested(bool(checkpoint)))
+        return "stop requested: the job ends at the next safe point" + (" with a checkpoint" if checkpoint else "")
+
+    def preemption_notice(self, actor_id: str, deadline_s: float | None = None) -> None:
+        self._log("preemption_notice", actor_id=actor_id, deadline_s=deadline_s)
+        self._inbox.put(PreemptionNotice(actor_id))
+
+    # ---- notes from rank 0 -----------------------------------------------------------------------
+
+    def generation_stepped(self, number: int) -> None:
+        self._inbox.put(GenerationStepped(number))
+
+    def progress_note(self, generation: int, step: int, loss: float | None, step_seconds: float, at: float,
+                      checkpoint: str | None = None) -> None:
+        self.live.note(step, loss, step_seconds, at)
+        if checkpoint:  # the newest commit rank 0 knows of (the events learn of it at the generation's end)
+            self.live.checkpoint = checkpoint
+        self.metrics.set("elastic_zero_step", step)
+        self.metrics.set("elastic_zero_loss", loss)
+        self.metrics.set("elastic_zero_step_seconds", step_seconds)
+        self.metrics.set("elastic_zero_samples_per_second", self.live.samples_per_s())
+        # Ray exports a gauge only if it was set since the last export: the generation's figures too, each time
+        gen = self.state.generation
+        if gen is not None:
+            self.metrics.set("elastic_zero_world_size", gen.world_size)
+            self.metrics.set("elastic_zero_generation", gen.number)
+
+    def _count_metrics(self, reports, before: tuple[int, int]) -> None:
+        """The books' new recoveries and reconfigurations (counted `before` this generation's
+        results) and the reports' checkpoint figures go into the metrics."""
+        recoveries, reconfigurations = self.books.recoveries[before[0]:], self.books.reconfigurations[before[1]:]
+        self.metrics.add("elastic_zero_recoveries", len(recoveries))
+        self.metrics.add("elastic_zero_reconfigurations", len(reconfigurations))
+        for change in recoveries + reconfigurations:
+            self.metrics.add("elastic_zero_stall_seconds", change.get("stall_s") or 0.0)
+        for r in reports:
+            self.metrics.add("elastic_zero_checkpoint_stall_seconds", sum(r.checkpoint_stall_s))
+            self.metrics.add("elastic_zero_checkpoints", len(r.checkpoints))
+
+    # ---- views -----------------------------------------------------------------------------------
+
+    def _state_name(self) -> str:
+        r = self._result
+        if r is not None:
+            if not r["ok"]:
+                return "failed"
+            return "stopped" if "stopped_at_step" in r["summary"] else "finished"
+        st = self.state
+        if st.stop_requested:
+            return "stopping"
+        return {"starting": "starting", "running": "running", "waiting": "waiting"}.get(st.phase.value, st.phase.value)
+
+    def status(self) -> dict:
+        with self._lock:
+            st = self.state
+            gen = st.generation
+            members = [{"actor_id": m.actor_id, "rank": gen.members.index(m), "node": m.node} for m in gen.members] \
+                if gen else []
+        committed = [r["directory"] for r in self.events.records if r.get("event") == "checkpoint_committed"]
+        newest = self.live.checkpoint or (committed[-1] if committed else None)
+        e = self.spec.elastic
+        return status_record(
+            job_id=self.job_id, name=self.spec.name, state=self._state_name(),
+            generation=gen.number if gen else None, world_size=len(members), target_workers=st.target,
+            min_workers=e.min_workers, max_workers=e.max_workers, members=members,
+            step=self.live.step, steps=self.spec.train.steps, loss=self.live.loss,
+            samples_per_s=_round(self.live.samples_per_s()), eta_s=_round(self.live.eta_s()),
+            world_size_history=list(self.books.world_size_history), recoveries=len(self.books.recoveries),
+            reconfigurations=len(self.books.reconfigurations), restarts=self.restarts,
+            checkpoint=newest, run_dir=self.run_dir,
+            coordinator={"pid": os.getpid(), "node_ip": ray.util.get_node_ip_address()},
+            error=(self._result or {}).get("error"), last_events=last_events(self.events.records))
+
+    def progress(self, cursor: int) -> dict:
+        """For a driver's progress line: the live figures, the events since `cursor`, and whether
+        the job is over (then result() has its outcome)."""
+        return {"step": self.live.step, "steps": self.spec.train.steps, "loss": self.live.loss,
+                "samples_per_s": self.live.samples_per_s(), "eta_s": self.live.eta_s(),
+                "world_size": len(self.state.generation.members) if self.state.generation else 0,
+                "events": self.events.since(cursor), "cursor": len(self.events.records), "done": self._done.is_set()}
+
+    def _publish_final_status(self) -> None:
+        """The last status record goes into the cluster's key-value store: `status` answers from it
+        once this actor is gone."""
+        try:
+            from ray.experimental.internal_kv import _internal_kv_put
+
+            _internal_kv_put(final_status_key(self.job_id), json.dumps(self.status()), namespace=NAMESPACE_KV)
+        except Exception:  # noqa: BLE001 - status then falls back to what the Ray job says
+            pass
+
+    def result(self, timeout_s: float | None = None) -> dict | None:
+        """The job's outcome once it is over (None if still running after `timeout_s`): ok, error,
+        summary (as written to summary.json) and, on success, the final weights."""
+        if not self._done.wait(timeout_s):
+            return None
+        self._collected.set()
+        return self._result
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -1,0 +1,144 @@
+"""The driver of a job: starts its coordinator actor and follows it to the end.
+
+On a cluster (an address given) the coordinator is a detached named actor: the job goes on if
+this driver dies, and status/scale/stop reach it by name. A driver that is told to stop (SIGTERM,
+as `ray job stop` sends, or Ctrl-C) takes the job down with it. If the coordinator's process dies,
+Ray restarts it and it resumes from the latest checkpoint by itself; the driver waits for it and
+follows the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from elastic_zero.observe.progress import ProgressView
+from elastic_zero.observe.ray_noise import quiet_worker_deaths
+from elastic_zero.spec import JobSpec, SpecError
+
+COORDINATOR_RESTARTS = 3
+POLL_S = 0.5
+REATTACH_S = 120.0  # how long a restarting coordinator may take to answer again
+
+
+def drive(job: JobSpec, job_id: str, run_dir: str, run_config, started_at: float) -> dict:
+    """The job's outcome: {"ok", "error", "summary", "checkpoint", "final_state"}."""
+    import ray
+
+    from elastic_zero.coordinator.actor import NAMESPACE
+
+    if not run_config.worker_logs:
+        quiet_worker_deaths()
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        common = dict(namespace=NAMESPACE, logging_level="ERROR", log_to_driver=run_config.worker_logs)
+        if run_config.address:
+            ray.init(address=run_config.address, **common)
+        else:  # an embedded local Ray: logical CPUs for every worker the job may have
+            cpus = max(os.cpu_count() or 1, job.elastic.max_workers + 1)
+            ray.init(num_cpus=cpus, include_dashboard=False, **common)
+    view = ProgressView() if run_config.progress else None
+    restore = _stop_on_sigterm()
+    try:
+        actor = _start_coordinator(job, job_id, run_dir, started_at, detached=bool(run_config.address))
+        try:
+            return _follow(actor, job_id, view)
+        finally:  # collected, or this driver was stopped: either way the coordinator goes
+            ray.kill(actor, no_restart=True)
+    finally:
+        restore()
+        if view is not None:
+            view.close()
+        if own_ray:
+            ray.shutdown()
+
+
+def _start_coordinator(job: JobSpec, job_id: str, run_dir: str, started_at: float, detached: bool):
+    import ray
+
+    from elastic_zero.coordinator.actor import NAMESPACE, Coordinator, coordinator_name
+
+    name = coordinator_name(job_id)
+    _clear_finished(name, job_id)
+    options = dict(name=name, namespace=NAMESPACE, num_cpus=0, max_concurrency=16, max_restarts=COORDINATOR_RESTARTS)
+    if detached:
+        options["lifetime"] = "detached"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return ray.remote(Coordinator).options(**options).remote(job.to_dict(), job_id, run_dir, started_at)
+        except ValueError:  # the name of a coordinator just killed is released a moment later
+            if time.monotonic() > deadline:
+                raise SpecError(f"a job with id {job_id!r} is already running on this Ray cluster") from None
+            time.sleep(0.2)
+
+
+def _clear_finished(name: str, job_id: str) -> None:
+    """A coordinator of a job that is over may linger under the name: it goes. One that runs stays,
+    and this job may not start."""
+    import ray
+
+    from elastic_zero.coordinator.actor import NAMESPACE
+
+    try:
+        existing = ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return
+    try:
+        state = ray.get(existing.status.remote(), timeout=10)["state"]
+    except (ray.exceptions.RayError, KeyError):
+        state = "gone"
+    if state not in ("finished", "failed", "stopped", "gone"):
+        raise SpecError(f"a job with id {job_id!r} is already running on this Ray cluster ({state}); "
+                        f"stop it, or give this one another name")
+    ray.kill(existing, no_restart=True)
+
+
+def _follow(actor, job_id: str, view: ProgressView | None) -> dict:
+    import ray
+
+    from elastic_zero.coordinator.actor import NAMESPACE, coordinator_name
+
+    cursor, lost_since = 0, None
+    while True:
+        try:
+            p = ray.get(actor.progress.remote(cursor), timeout=60)
+            lost_since = None
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            # the coordinator died: Ray restarts it and it resumes by itself; wait for it
+            lost_since = lost_since or time.monotonic()
+            if time.monotonic() - lost_since > REATTACH_S:
+                return _lost(f"the coordinator did not come back within {REATTACH_S:.0f} s")
+            time.sleep(1.0)
+            try:
+                actor = ray.get_actor(coordinator_name(job_id), namespace=NAMESPACE)
+            except ValueError:
+                return _lost(f"the coordinator died and was not restarted ({COORDINATOR_RESTARTS} restarts at most)")
+            continue
+        if view is not None:
+            for record in p["events"]:
+                view.event(record)
+            view.update(p)
+        cursor = p["cursor"]
+        if p["done"]:
+            return ray.get(actor.result.remote(0))
+        time.sleep(POLL_S)
+
+
+def _lost(why: str) -> dict:
+    return {"ok": False, "error": why, "summary": {"ok": False, "error": why}}
+
+
+def _stop_on_sigterm():
+    """SIGTERM (`ray job stop`, a pod's deletion) ends this driver as Ctrl-C does: through its
+    `finally`, which takes the coordinator down. Returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    return lambda: signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,42 @@
+"""The job's events: kept in memory for the live view and appended to RUN_DIR/events.jsonl as they
+happen, so the file is whole even when the coordinator dies, and a restarted coordinator goes on
+from what its predecessor wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+
+class EventLog:
+    def __init__(self, run_dir: str, go_on: bool = False) -> None:
+        """`go_on`: a restarted coordinator's log, which keeps its predecessor's records first."""
+        os.makedirs(run_dir, exist_ok=True)
+        self.path = os.path.join(run_dir, "events.jsonl")
+        self.records: list[dict] = []
+        if go_on and os.path.exists(self.path):
+            with open(self.path) as fh:
+                for line in fh:
+                    try:
+                        self.records.append(json.loads(line))
+                    except ValueError:  # a line cut short by the predecessor's death
+                        pass
+        self._fh = open(self.path, "w")  # rewritten whole: a torn last line goes away
+        for record in self.records:
+            self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()
+
+    def add(self, kind: str, **fields) -> dict:
+        record = {"t": round(time.time(), 4), "event": kind, **fields}
+        line = json.dumps(record)  # every record must be plain data
+        self.records.append(record)
+        self._fh.write(line + "\n")
+        self._fh.flush()
+        return record
+
+    def since(self, cursor: int) -> list[dict]:
+        return self.records[cursor:]
+
+    def count(self, kind: str) -> int:
+        return sum(1 for r in self.records if r.get("event") == kind)

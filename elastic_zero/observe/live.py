@@ -1,0 +1,67 @@
+"""A running job's live figures and the `status --json` record (schema 1, docs/service.md).
+
+Rank 0 tells the coordinator its step and loss every half second; the rate is taken over the
+notes of the last RATE_WINDOW_S seconds, recoveries and resizes included (it is what the job does).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+RATE_WINDOW_S = 10.0
+STATUS_SCHEMA = 1
+# every status record has exactly these keys (None where unknown), in this order
+STATUS_KEYS = ("schema", "job_id", "name", "state", "ray_job_status", "generation", "world_size", "target_workers",
+               "min_workers", "max_workers", "members", "step", "steps", "loss", "samples_per_s", "eta_s",
+               "world_size_history", "recoveries", "reconfigurations", "restarts", "checkpoint", "run_dir",
+               "coordinator", "error", "last_events")
+QUIET_EVENTS = frozenset({"decision", "spawn", "worker_ready", "retire"})  # left out of last_events
+
+
+@dataclass
+class LiveProgress:
+    global_batch: int
+    steps: int
+    step: int = 0
+    loss: float | None = None
+    step_seconds: float | None = None
+    checkpoint: str | None = None  # the newest commit rank 0 told of
+    _notes: deque = field(default_factory=deque)  # (time, step)
+
+    def note(self, step: int, loss: float | None, step_seconds: float | None, at: float) -> None:
+        if self._notes and step < self._notes[-1][1]:  # a recovery went back to an earlier step
+            self._notes.clear()
+        self.step, self.loss, self.step_seconds = step, loss, step_seconds
+        self._notes.append((at, step))
+        while len(self._notes) > 2 and at - self._notes[0][0] > RATE_WINDOW_S:
+            self._notes.popleft()
+
+    def samples_per_s(self) -> float | None:
+        if len(self._notes) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._notes[0], self._notes[-1]
+        return (s1 - s0) * self.global_batch / (t1 - t0) if t1 > t0 else None
+
+    def eta_s(self) -> float | None:
+        rate = self.samples_per_s()
+        return (self.steps - self.step) * self.global_batch / rate if rate else None
+
+
+def final_status_key(job_id: str) -> str:
+    """Where a job's last status record stays in the cluster's key-value store once it is over."""
+    return f"elastic_zero/final_status/{job_id}"
+
+
+def status_record(**values) -> dict:
+    """The status record: STATUS_KEYS, each from `values` or None; unknown keys are a bug."""
+    unknown = set(values) - set(STATUS_KEYS)
+    if unknown:
+        raise KeyError(f"not in the status schema: {sorted(unknown)}")
+    record = {key: values.get(key) for key in STATUS_KEYS}
+    record["schema"] = STATUS_SCHEMA
+    return record
+
+
+def last_events(records: list[dict], count: int = 10) -> list[dict]:
+    return [r for r in records if r.get("event") not in QUIET_EVENTS][-count:]

@@ -1,0 +1,119 @@
+"""The progress line of a job being driven (`run`, `logs --follow` shows what it printed).
+
+On a terminal: a tqdm bar (step/total, loss, samples/s, world size, ETA) with one line per event
+above it. Elsewhere (a file, a Ray job's log): the same event lines, and a plain progress line
+every PLAIN_EVERY_S seconds. Only what a user acts on is an event line: losses, recoveries,
+resizes, preemptions, checkpoints, the end; a worker killed by a drill is one such line, not Ray's
+error text.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+PLAIN_EVERY_S = 10.0
+
+
+def describe(record: dict) -> str | None:
+    """One line for an event the user should see, None for the others."""
+    kind, r = record.get("event"), record
+    if kind == "worker_lost":
+        return f"worker {r['actor_id']} lost"
+    if kind == "generation_start":
+        workers = len(r.get("workers", ()))
+        if r.get("source") == "init":
+            return f"generation {r['generation']}: training on {workers} workers"
+        if r.get("source") == "snapshot":
+            return f"recovery: generation {r['generation']} goes on from step {r['step']} on {workers} workers (from memory)"
+        if r.get("source") == "checkpoint":
+            return f"recovery: generation {r['generation']} restores {r.get('checkpoint')} on {workers} workers"
+        leaving = f", {', '.join(r['leaving'])} leaving" if r.get("leaving") else ""
+        return f"resize: generation {r['generation']} has {workers} workers at step {r['step']}{leaving}"
+    if kind == "worker_start_failed":
+        return f"worker {r['actor_id']} could not start: {r['error']}"
+    if kind == "preemption_notice":
+        deadline = f" (deadline {r['deadline_s']:g} s)" if r.get("deadline_s") is not None else ""
+        return f"preemption notice for {r['actor_id']}{deadline}"
+    if kind == "scale_requested":
+        return f"scale to {r['workers']} workers requested"
+    if kind == "stop_requested":
+        return "stop requested" + (" with a final checkpoint" if r.get("checkpoint") else "")
+    if kind == "checkpoint_committed":
+        return f"checkpoint committed: {r['directory']}"
+    if kind == "checkpoint_failed":
+        return f"checkpoint failed: {r['error']}"
+    if kind == "checkpoint_restored":
+        return f"restored {r['directory']}"
+    if kind == "coordinator_restarted":
+        return f"the coordinator was restarted ({r['restarts']}); resuming from the {r.get('resume') or 'start'}"
+    if kind == "warning":
+        return f"warning: {r['message']}"
+    if kind == "job_failed":
+        return f"job failed: {r['message']}"
+    if kind == "job_stopped":
+        return f"stopped at step {r['step']}"
+    return None
+
+
+def progress_text(p: dict) -> str:
+    loss = f"loss {p['loss']:.4f}" if p.get("loss") is not None else "loss -"
+    rate = f"{p['samples_per_s']:.1f} samples/s" if p.get("samples_per_s") else "- samples/s"
+    eta = f"ETA {_clock(p['eta_s'])}" if p.get("eta_s") is not None else "ETA -"
+    return f"step {p['step']}/{p['steps']}  {loss}  {rate}  world {p['world_size']}  {eta}"
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class ProgressView:
+    def __init__(self, stream=None, tty: bool | None = None, clock=time.monotonic) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.clock = clock
+        self._bar = None
+        self._plain_at = None
+        self._plain_step = None
+        self._last_event = ""
+
+    def event(self, record: dict) -> None:
+        line = describe(record)
+        if line is None:
+            return
+        self._last_event = line
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.get("t", time.time())))
+        if self._bar is not None:
+            self._bar.write(f"{stamp} {line}", file=self.stream)
+        else:
+            print(f"{stamp} {line}", file=self.stream, flush=True)
+
+    def update(self, p: dict) -> None:
+        if self.tty:
+            self._draw_bar(p)
+            return
+        now = self.clock()
+        last = p["step"] >= p["steps"] and self._plain_step != p["step"]
+        if self._plain_at is None or now - self._plain_at >= PLAIN_EVERY_S or last:
+            self._plain_at, self._plain_step = now, p["step"]
+            print(f"{time.strftime('%H:%M:%S')} {progress_text(p)}", file=self.stream, flush=True)
+
+    def _draw_bar(self, p: dict) -> None:
+        from tqdm import tqdm
+
+        if self._bar is None:
+            self._bar = tqdm(total=p["steps"], unit="step", file=self.stream, dynamic_ncols=True,
+                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} {postfix}")
+        self._bar.n = p["step"]
+        loss = f"{p['loss']:.4f}" if p.get("loss") is not None else "-"
+        rate = f"{p['samples_per_s']:.1f}" if p.get("samples_per_s") else "-"
+        eta = _clock(p["eta_s"]) if p.get("eta_s") is not None else "-"
+        last = f" | {self._last_event[:50]}" if self._last_event else ""
+        self._bar.set_postfix_str(f"loss {loss}, {rate} samples/s, world {p['world_size']}, ETA {eta}{last}", refresh=False)
+        self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

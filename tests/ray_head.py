@@ -1,0 +1,123 @@
+"""A real Ray head on loopback for a test: `ray start --head --block` with its own ports, temp dir
+and HOME, stopped by the test that started it, by its own process ids (never `ray stop`)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+PORT_NAMES = ("port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+              "runtime-env-agent-port", "node-manager-port", "object-manager-port", "ray-client-server-port")
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+class RayHead:
+    def __init__(self, auth: bool, num_cpus: int = 6) -> None:
+        self.dir = tempfile.mkdtemp(prefix="ezhead", dir="/tmp")  # short: Ray's socket paths have a length limit
+        self.home = os.path.join(self.dir, "home")
+        os.makedirs(self.home)
+        self.token = secrets.token_hex(16) if auth else None
+        self.token_path = os.path.join(self.dir, "token")
+        if auth:
+            with open(self.token_path, "w") as fh:
+                fh.write(self.token)
+        low = 20000 + os.getpid() % 100 * 100  # the workers' ports: a range the others keep out of
+        picked = [p for p in free_ports(len(PORT_NAMES) + 10) if not low <= p < low + 200][:len(PORT_NAMES)]
+        ports = dict(zip(PORT_NAMES, picked))
+        self.gcs_port, self.dashboard_port, self.metrics_port = ports["port"], ports["dashboard-port"], ports["metrics-export-port"]
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+        self.gcs_address = f"127.0.0.1:{self.gcs_port}"
+        env = self.client_env()
+        env["RAY_AUTH_MODE"] = "token" if auth else "disabled"
+        env["RAY_metrics_report_interval_ms"] = "1000"
+        # the jobs' entrypoints run `python` from the head's PATH: this interpreter's
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        args = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
+                "--node-ip-address", "127.0.0.1", "--temp-dir", os.path.join(self.dir, "ray"),
+                "--num-cpus", str(num_cpus), "--disable-usage-stats", "--include-dashboard", "true",
+                "--dashboard-host", "127.0.0.1", "--min-worker-port", str(low), "--max-worker-port", str(low + 99)]
+        args += [f"--{name}={port}" for name, port in ports.items()]
+        self.log = open(os.path.join(self.dir, "head.log"), "w")
+        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_ready()
+
+    def client_env(self, **extra) -> dict:
+        """The environment of a client of this head: its own HOME (no ~/.ray/auth_token of the
+        machine's) and the token's file as Ray's CLI would find it, RAY_AUTH_MODE left unset."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env["HOME"] = self.home
+        if self.token:
+            env["RAY_AUTH_TOKEN_PATH"] = self.token_path
+        env.update(extra)
+        return env
+
+    def _wait_ready(self, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        request = urllib.request.Request(f"{self.address}/api/jobs/")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray start exited {self.proc.returncode}: {open(self.log.name).read()[-2000:]}")
+            try:
+                urllib.request.urlopen(request, timeout=2).read()
+                return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"the Ray head at {self.address} did not come up in {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        """SIGTERM to `ray start --block` (which stops the processes it started, one by one), and
+        after a few seconds SIGKILL to it and to whatever is left of its descendants."""
+        pids = descendants(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pids += descendants(self.proc.pid)
+                self.proc.kill()
+                self.proc.wait()
+        for pid in pids + descendants(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.log.close()

@@ -1,0 +1,230 @@
+"""Jobs on a real Ray head started here with `ray start` (token auth on, then off), driven through
+the CLI and the Python Client as a user would: submit, status (the JSON schema), scale up and down,
+metrics, logs, a killed coordinator that resumes from its checkpoint, a killed driver the job
+outlives, a graceful stop with a final checkpoint, and the bad inputs (one line, non-zero exit).
+
+The oracles: the status record's schema; the world size the coordinator reports after each
+request; the samples each step consumed (exactly once from the resumed checkpoint on); the
+checkpoint the stop wrote, listed by `checkpoint ls` at the step the summary names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+
+import pytest
+
+from elastic_zero.observe.live import STATUS_KEYS
+from ray_head import RayHead
+
+pytestmark = [pytest.mark.runtime, pytest.mark.slow]
+
+FACTORY = '''
+from elastic_zero.models import build_preset
+
+
+def build(width=32):
+    return build_preset("gpt-tiny", seed=0)
+'''
+
+
+def _spec(steps: int, checkpoint_uri: str | None = None) -> str:
+    ckpt = f'[checkpoint]\nuri = "{checkpoint_uri}"\nevery = 10\nkeep = 3\n' if checkpoint_uri else ""
+    return textwrap.dedent(f"""\
+        name = "svc"
+        [model]
+        factory = "mymodels:build"
+        [data]
+        source = "synthetic"
+        [train]
+        steps = {steps}
+        global_batch = 8
+        micro_batch = 4
+        [optimizer]
+        name = "adamw"
+        lr = 1e-3
+        [zero]
+        stage = 2
+        [elastic]
+        workers = 2
+        min_workers = 1
+        max_workers = 4
+        """) + ckpt
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """The user's project: a spec and the module its factory lives in, uploaded with the job."""
+    (tmp_path / "mymodels.py").write_text(FACTORY)
+    return tmp_path
+
+
+def _cli(head, cwd, *args, timeout=240, **env):
+    return subprocess.run([sys.executable, "-m", "elastic_zero.cli", *args], cwd=cwd, env=head.client_env(**env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _ok(result) -> str:
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def _one_line_error(result, code: int, *words: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr[-2000:])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("elastic-zero: error:"), result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def _status(head, cwd, job_id) -> dict:
+    """Through a direct connection to the cluster (quicker than a control job; both are tested)."""
+    return json.loads(_ok(_cli(head, cwd, "status", job_id, "--json", "--address", head.gcs_address)))
+
+
+def _until(head, cwd, job_id, what, check, timeout_s=180.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record = _status(head, cwd, job_id)
+        if check(record):
+            return record
+        assert record["state"] not in ("failed", "finished", "stopped"), record
+        assert time.monotonic() < deadline, f"not {what} after {timeout_s:.0f} s: {record}"
+        time.sleep(1.0)
+
+
+def _driver_pid(job_id: str) -> int:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"elastic_zero.cli" in cmdline and b"run" in cmdline and job_id.encode() in cmdline:
+                return int(entry)
+    raise AssertionError(f"no driver process of {job_id}")
+
+
+def _metric(head, name: str, job_id: str) -> float | None:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{head.metrics_port}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'job="{job_id}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+@pytest.fixture(scope="module")
+def auth_head():
+    head = RayHead(auth=True)
+    yield head
+    head.stop()
+
+
+@pytest.fixture(scope="module")
+def open_head():
+    head = RayHead(auth=False)
+    yield head
+    head.stop()
+
+
+def test_job_on_a_token_auth_head(auth_head, workdir):
+    head, cwd = auth_head, workdir
+    (cwd / "job.toml").write_text(_spec(100000, str(cwd / "ckpt")))
+    (cwd / "bad.toml").write_text(_spec(100).replace("workers = 2", "workers = 9"))
+    run_dir = str(cwd / "out")
+
+    # a bad spec: exit 2 before anything reaches the cluster
+    _one_line_error(_cli(head, cwd, "submit", "bad.toml", "--address", head.address), 2, "elastic.workers")
+    # no token, a wrong token: one line saying what to set
+    no_token = {k: v for k, v in head.client_env().items() if k != "RAY_AUTH_TOKEN_PATH"}
+    r = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "list", "--address", head.address], cwd=cwd,
+                       env=no_token, capture_output=True, text=True, timeout=120)
+    _one_line_error(r, 1, "requires a token", "RAY_AUTH_MODE=token")
+    _one_line_error(_cli(head, cwd, "list", "--address", head.address, RAY_AUTH_TOKEN="0" * 32), 1,
+                    "rejected the token")
+
+    # submit: the token is found as Ray's CLI finds it (RAY_AUTH_TOKEN_PATH, RAY_AUTH_MODE unset)
+    job_id = _ok(_cli(head, cwd, "submit", "job.toml", "--address", head.address, "--run-dir", run_dir)).strip()
+    assert job_id.startswith("svc-")
+    _one_line_error(_cli(head, cwd, "status", "nope", "--address", head.address), 1, "no job 'nope'")
+    _until(head, cwd, job_id, "training", lambda r: r["state"] == "running" and r["step"] >= 3)
+
+    # status through the Jobs API (a control job): the documented schema
+    record = json.loads(_ok(_cli(head, cwd, "status", job_id, "--json", "--address", head.address)))
+    assert list(record) == list(STATUS_KEYS) and record["schema"] == 1
+    assert record["ray_job_status"] == "RUNNING" and record["world_size"] == 2 and record["name"] == "svc"
+    assert [m["rank"] for m in record["members"]] == [0, 1] and all(m["node"] for m in record["members"])
+    assert "generation" in _ok(_cli(head, cwd, "status", job_id, "--address", head.address))
+
+    # scale: outside [min, max] is refused in one line; 2 -> 4 by the CLI, 4 -> 2 by the Python Client
+    _one_line_error(_cli(head, cwd, "scale", job_id, "9", "--address", head.address), 1, "outside", "[1, 4]")
+    _ok(_cli(head, cwd, "scale", job_id, "4", "--address", head.address))
+    _until(head, cwd, job_id, "at 4 workers", lambda r: r["world_size"] == 4)
+    client = f"import elastic_zero as ez; print(ez.Client({head.address!r}).scale({job_id!r}, 2))"
+    _ok(subprocess.run([sys.executable, "-c", client], cwd=cwd, env=head.client_env(), capture_output=True,
+                       text=True, timeout=240))
+    record = _until(head, cwd, job_id, "back at 2 workers", lambda r: r["world_size"] == 2 and r["checkpoint"])
+    sizes = [n for _, n in record["world_size_history"]]
+    assert sizes[0] == 2 and sizes[-1] == 2 and 4 in sizes, sizes  # joiners come as they are ready
+
+    # Prometheus metrics through Ray's metrics agent
+    deadline = time.monotonic() + 60
+    while _metric(head, "ray_elastic_zero_world_size", job_id) != 2.0:
+        assert time.monotonic() < deadline, "no elastic_zero metrics exported"
+        time.sleep(1)
+    assert _metric(head, "ray_elastic_zero_reconfigurations_total", job_id) >= 2
+
+    # the coordinator dies (its workers with it): Ray restarts it and it resumes from the checkpoint
+    os.kill(record["coordinator"]["pid"], signal.SIGKILL)
+    resumed = _until(head, cwd, job_id, "resumed", lambda r: r["restarts"] == 1 and r["state"] == "running"
+                     and r["step"] > 0 and r["generation"] is not None)
+    assert resumed["coordinator"]["pid"] != record["coordinator"]["pid"]
+    deadline = time.monotonic() + 60
+    while "the coordinator was restarted" not in (logs := _ok(_cli(head, cwd, "logs", job_id, "--address", head.address))):
+        assert time.monotonic() < deadline, logs[-2000:]
+        time.sleep(2)
+    assert "resize: generation" in logs and "worker died" not in logs.lower()
+
+    # a graceful stop with a final checkpoint: exit 0, the Ray job SUCCEEDED
+    assert "stop requested" in _ok(_cli(head, cwd, "stop", job_id, "--checkpoint", "--address", head.address))
+    final = json.loads(_ok(_cli(head, cwd, "wait", job_id, "--json", "--address", head.address)))
+    assert final["state"] == "stopped" and final["ray_job_status"] == "SUCCEEDED", final
+    summary = json.loads(open(os.path.join(run_dir, "summary.json")).read())
+    assert summary["ok"] and summary["coordinator_restarts"] == 1
+    assert summary["duplicate_samples"] == 0 and summary["skipped_samples"] == 0
+    assert summary["resumed_from_step"] > 0  # the resumed coordinator started from a checkpoint
+    listed = _ok(_cli(head, cwd, "checkpoint", "ls", str(cwd / "ckpt")))
+    assert f"step {summary['stopped_at_step']:>8}" in listed, listed
+    assert any(r["job_id"] == job_id for r in json.loads(_ok(_cli(head, cwd, "list", "--json", "--address", head.address))))
+
+
+def test_job_on_an_open_head_outlives_its_driver(open_head, workdir):
+    head, cwd = open_head, workdir
+    (cwd / "job.toml").write_text(_spec(150))
+    run_dir = str(cwd / "out")
+    submit = (f"import elastic_zero as ez; print(ez.Client({head.address!r}).submit(ez.spec.load_spec('job.toml'), "
+              f"run_dir={run_dir!r}))")
+    job_id = _ok(subprocess.run([sys.executable, "-c", submit], cwd=cwd, env=head.client_env(), capture_output=True,
+                                text=True, timeout=240)).strip()
+    _until(head, cwd, job_id, "training", lambda r: r["state"] == "running" and r["step"] >= 1)
+    os.kill(_driver_pid(job_id), signal.SIGKILL)  # the detached coordinator goes on without it
+    final = json.loads(_ok(_cli(head, cwd, "wait", job_id, "--json", "--address", head.address)))
+    assert final["state"] == "finished" and final["step"] == 150, final
+    assert final["ray_job_status"] == "FAILED"  # Ray saw its driver die; the training did not
+    summary = json.loads(open(os.path.join(run_dir, "summary.json")).read())
+    assert summary["ok"] and summary["steps"] == 150 and summary["duplicate_samples"] == 0
+    _one_line_error(_cli(head, cwd, "scale", job_id, "3", "--address", head.address), 1, job_id)
+
+
+def test_unreachable_cluster_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "status", "x", "--address", "http://127.0.0.1:9"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "HOME": str(tmp_path)})
+    _one_line_error(r, 1, "cannot reach the Ray dashboard at http://127.0.0.1:9")
