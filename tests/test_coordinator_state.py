@@ -1,10 +1,11 @@
 """The coordinator's state machine, driven by events alone: no Ray, no clock."""
 
 from elastic_zero.coordinator.state import (
-    CoordinatorState, Fail, Finish, GenerationEnded, Outcome, PreemptionNotice, RequestSafePoint, Retire,
-    GenerationStepped, ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
+    CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint, Retire,
+    ScaleRequested, Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, decide,
 )
 from elastic_zero.plan.membership import Member
+from elastic_zero.protocol import Outcome
 
 
 def _members(*ids):
@@ -266,3 +267,38 @@ def test_the_phases_of_a_job_and_the_decision_object():
     s, cmds, reason = decide(s, Tick(), 100.0)
     assert s.phase is Phase.DONE and isinstance(_cmd(cmds, Fail), Fail) and reason == "gave up waiting for workers"
     assert decide(s, Tick(), 101.0).reason == "the job is over"
+
+
+def test_a_stop_ends_the_job_at_the_next_safe_point_with_its_checkpoint():
+    # before any generation: nothing to save, the job ends at once
+    s = CoordinatorState(min_workers=1, max_workers=4, target=2)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, cmds, _ = decide(s, StopRequested(checkpoint=True), 0.5)
+    assert isinstance(_cmd(cmds, Fail), Fail) and s.done
+
+    s, plan = _started(3)
+    s, cmds, reason = decide(s, StopRequested(checkpoint=True), 2.0)
+    assert cmds == (RequestSafePoint(),) and "next safe point" in reason
+    assert decide(s, StopRequested(checkpoint=False), 2.1)[1] == ()  # asked once; the checkpoint wish stays
+    # a scale request meanwhile changes nothing: the stop wins at the safe point
+    s, _, _ = decide(s, ScaleRequested(4), 2.2)
+    s, cmds, reason = _end(s, plan)
+    assert _cmd(cmds, Stop) == Stop(5, True) and _cmd(cmds, StartGeneration) is None and s.done
+    assert set(_cmd(cmds, Retire).actor_ids) >= {"w0", "w1", "w2"}
+    assert "stopped on request at step 5" in reason
+
+
+def test_a_stop_asked_during_a_failure_is_asked_again_of_the_recovered_generation():
+    s, plan = _started(3)
+    s, _, _ = decide(s, StopRequested(), 2.0)
+    s, cmds, _ = _end(s, plan, w1="dead")  # the safe point never came: a worker was lost first
+    recovered = _cmd(cmds, StartGeneration).plan
+    assert recovered.source == "snapshot" and _cmd(cmds, RequestSafePoint) == RequestSafePoint()
+    assert cmds.index(_cmd(cmds, RequestSafePoint)) > cmds.index(_cmd(cmds, StartGeneration))
+    s, cmds, _ = _end(s, recovered)
+    assert _cmd(cmds, Stop) == Stop(5, False) and s.done
+    # a generation that finished training meanwhile simply finishes
+    s, plan = _started(2)
+    s, _, _ = decide(s, StopRequested(), 2.0)
+    s, cmds, _ = _end(s, plan, w0="finished", w1="finished")
+    assert _cmd(cmds, Finish) == Finish() and _cmd(cmds, Stop) is None

@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elastic_zero.coordinator.state import (
-    CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, Outcome, PreemptionNotice, Retire,
+    CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, Retire,
     ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
 )
 from elastic_zero.plan.membership import Member
+from elastic_zero.protocol import Outcome
 
 
 class _World:
