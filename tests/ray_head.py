@@ -48,7 +48,7 @@ def descendants(pid: int) -> list[int]:
 
 
 class RayHead:
-    def __init__(self, auth: bool, num_cpus: int = 6) -> None:
+    def __init__(self, auth: bool, num_cpus: int = 6, env: dict | None = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="ezhead", dir="/tmp")  # short: Ray's socket paths have a length limit
         self.home = os.path.join(self.dir, "home")
         os.makedirs(self.home)
@@ -63,7 +63,8 @@ class RayHead:
         self.gcs_port, self.dashboard_port, self.metrics_port = ports["port"], ports["dashboard-port"], ports["metrics-export-port"]
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
         self.gcs_address = f"127.0.0.1:{self.gcs_port}"
-        env = self.client_env()
+        extra = dict(env or {})
+        env = self.client_env(**extra)
         env["RAY_AUTH_MODE"] = "token" if auth else "disabled"
         env["RAY_metrics_report_interval_ms"] = "1000"
         # the jobs' entrypoints run `python` from the head's PATH: this interpreter's

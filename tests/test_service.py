@@ -129,7 +129,7 @@ def auth_head():
 
 @pytest.fixture(scope="module")
 def open_head():
-    head = RayHead(auth=False)
+    head = RayHead(auth=False, env={"ELASTIC_ZERO_LINGER_S": "3"})  # a finished coordinator nobody collects from goes soon
     yield head
     head.stop()
 
@@ -207,20 +207,43 @@ def test_job_on_a_token_auth_head(auth_head, workdir):
 
 def test_job_on_an_open_head_outlives_its_driver(open_head, workdir):
     head, cwd = open_head, workdir
-    (cwd / "job.toml").write_text(_spec(150))
+    (cwd / "job.toml").write_text(_spec(400) + '[[faults]]\nat_step = 5\naction = "kill"\nrank = 1\n')
     run_dir = str(cwd / "out")
     submit = (f"import elastic_zero as ez; print(ez.Client({head.address!r}).submit(ez.spec.load_spec('job.toml'), "
               f"run_dir={run_dir!r}))")
     job_id = _ok(subprocess.run([sys.executable, "-c", submit], cwd=cwd, env=head.client_env(), capture_output=True,
                                 text=True, timeout=240)).strip()
-    _until(head, cwd, job_id, "training", lambda r: r["state"] == "running" and r["step"] >= 1)
+    _until(head, cwd, job_id, "recovered", lambda r: r["recoveries"] == 1 and r["step"] >= 8)
+    # the driver's console: the kill is an event line, not Ray's error text
+    logs = _ok(_cli(head, cwd, "logs", job_id, "--address", head.address))
+    assert "worker w1 lost" in logs and "recovery: generation 1 goes on from step" in logs, logs[-2000:]
+    assert "A worker died" not in logs
     os.kill(_driver_pid(job_id), signal.SIGKILL)  # the detached coordinator goes on without it
     final = json.loads(_ok(_cli(head, cwd, "wait", job_id, "--json", "--address", head.address)))
-    assert final["state"] == "finished" and final["step"] == 150, final
+    assert final["state"] == "finished" and final["step"] == 400, final
     assert final["ray_job_status"] == "FAILED"  # Ray saw its driver die; the training did not
     summary = json.loads(open(os.path.join(run_dir, "summary.json")).read())
-    assert summary["ok"] and summary["steps"] == 150 and summary["duplicate_samples"] == 0
-    _one_line_error(_cli(head, cwd, "scale", job_id, "3", "--address", head.address), 1, job_id)
+    assert summary["ok"] and summary["steps"] == 400 and summary["duplicate_samples"] == 0
+    assert summary["skipped_samples"] == 0
+    # nobody collects its result: the coordinator goes by itself, and its last status stays
+    deadline = time.monotonic() + 60
+    while os.path.exists(f"/proc/{final['coordinator']['pid']}"):
+        assert time.monotonic() < deadline, "the finished coordinator did not go"
+        time.sleep(1)
+    assert _status(head, cwd, job_id)["state"] == "finished"
+    _one_line_error(_cli(head, cwd, "scale", job_id, "3", "--address", head.address), 1, job_id, "finished")
+    assert "worker w1 lost" in _ok(_cli(head, cwd, "logs", job_id, "--follow", "--address", head.address))
+
+
+def test_a_lost_coordinator_without_checkpoints_fails_with_the_reason(open_head, workdir):
+    head, cwd = open_head, workdir
+    (cwd / "job.toml").write_text(_spec(100000))
+    job_id = _ok(_cli(head, cwd, "submit", "job.toml", "--address", head.address, "--run-dir", str(cwd / "out"))).strip()
+    record = _until(head, cwd, job_id, "training", lambda r: r["state"] == "running" and r["step"] >= 1)
+    os.kill(record["coordinator"]["pid"], signal.SIGKILL)
+    final = json.loads(_ok(_cli(head, cwd, "wait", job_id, "--json", "--address", head.address)))
+    assert final["state"] == "failed" and "saves no checkpoints" in final["error"], final
+    assert final["ray_job_status"] == "FAILED" and final["restarts"] == 1
 
 
 def test_unreachable_cluster_is_one_line(tmp_path):

@@ -37,7 +37,7 @@ from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.actor import TrainingWorker
 
 NAMESPACE = "elastic_zero"
-LINGER_S = 120.0  # a finished coordinator nobody collected from goes after this long
+LINGER_S = 120.0  # a finished coordinator nobody collected from goes after this long (ELASTIC_ZERO_LINGER_S)
 
 
 def coordinator_name(job: str) -> str:
@@ -108,9 +108,10 @@ class Coordinator(CoordinatorFace):
         self._write_summary()
         self._publish_final_status()
         self._done.set()
-        # on a cluster nobody may be left to collect the result: go after a while (the driver kills it sooner)
-        if not self._collected.wait(LINGER_S):
-            ray.actor.exit_actor()
+        # on a cluster nobody may be left to collect the result: go after a while (the driver kills it
+        # sooner); by its own handle, so that Ray does not restart it
+        if not self._collected.wait(float(os.environ.get("ELASTIC_ZERO_LINGER_S", LINGER_S))):
+            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     def _drive(self) -> None:
         if self.restarted:

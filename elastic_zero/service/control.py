@@ -38,7 +38,13 @@ def call(op: str, job_id: str, address: str | None = "auto", **args):
                         + (f" (it is {final['state']})" if final else "")) from None
     try:
         if op == "status":
-            return ray.get(actor.status.remote(), timeout=30)
+            try:
+                return ray.get(actor.status.remote(), timeout=30)
+            except ray.exceptions.RayActorError:  # it went (a finished one lingers a while) as we asked
+                final = _final_status(job_id)
+                if final is None:
+                    raise NoSuchJob(f"the coordinator of {job_id!r} is gone and left no status") from None
+                return final
         if op == "scale":
             return ray.get(actor.scale.remote(int(args["workers"])), timeout=30)
         return ray.get(actor.stop.remote(bool(args.get("checkpoint"))), timeout=30)
