@@ -186,26 +186,26 @@ def _service(args) -> int:
 
 
 def format_status(r: dict) -> str:
+    from elastic_zero.observe.progress import describe, hms
+
     def num(value, fmt):
         return format(value, fmt) if value is not None else "-"
 
     lines = [f"job {r['job_id']} ({r['name'] or '-'}): {r['state']}"
              + (f" (Ray job {r['ray_job_status']})" if r.get("ray_job_status") else "")]
     if r["generation"] is not None:
-        eta = f", ETA {r['eta_s'] / 60:.1f} min" if r["eta_s"] is not None else ""
+        eta = f", ETA {hms(r['eta_s'])}" if r["eta_s"] is not None else ""
         lines.append(f"generation {r['generation']}, {r['world_size']} workers (target {r['target_workers']}, "
                      f"[{r['min_workers']}, {r['max_workers']}]), step {r['step']}/{r['steps']}, loss {num(r['loss'], '.4f')}, "
                      f"{num(r['samples_per_s'], '.1f')} samples/s{eta}")
         lines.append("workers: " + ", ".join(f"{m['actor_id']} (rank {m['rank']}, node {m['node'][:12]})" for m in r["members"]))
-        lines.append("world size: " + " -> ".join(f"{n} at step {s}" for s, n in r["world_size_history"]))
+        lines.append("world size: " + " -> ".join(f"{n} at step {'?' if s is None else s}" for s, n in r["world_size_history"]))
         lines.append(f"recoveries {r['recoveries']}, reconfigurations {r['reconfigurations']}, "
                      f"coordinator restarts {r['restarts']}, latest checkpoint {r['checkpoint'] or '-'}")
     if r.get("run_dir"):
         lines.append(f"outputs: {r['run_dir']}")
     if r.get("error"):
         lines.append(f"error: {r['error']}")
-    from elastic_zero.observe.progress import describe
-
     for e in r.get("last_events") or []:
         text = describe(e)
         if text:

@@ -80,6 +80,8 @@ class Coordinator(CoordinatorFace):
         self.live = LiveProgress(self.spec.train.global_batch, self.spec.train.steps)
         self.metrics = JobMetrics(job_id)
         self.restarts = self.events.count("coordinator_restarted") + (1 if self.restarted else 0)
+        numbers = [r["generation"] for r in self.events.records if r.get("event") == "generation_start"]
+        self.state = dataclasses.replace(self.state, first_generation=max(numbers) + 1 if numbers else 0)
         self._done = threading.Event()
         self._collected = threading.Event()  # the driver took the result
         self._inbox: queue.Queue = queue.Queue()
@@ -211,6 +213,7 @@ class Coordinator(CoordinatorFace):
         for r in results.values():
             for directory in r.checkpoints:
                 self._log("checkpoint_committed", generation=plan.number, directory=directory)
+                self.live.checkpoint = directory
             for error in r.checkpoint_errors:
                 self._log("checkpoint_failed", generation=plan.number, actor_id=r.outcome.actor_id, error=error)
         changes_before = len(self.books.recoveries), len(self.books.reconfigurations)
@@ -288,7 +291,8 @@ class Coordinator(CoordinatorFace):
             self.books.begin_change("reconfiguration", since, step=plan.step, **{
                 "from": plan.previous.world_size, "to": plan.generation.world_size}, cause=plan.cause)
         self.books.world_size_history.append([plan.step, plan.generation.world_size])
-        self._log("generation_start", generation=plan.number, step=plan.step, source=plan.source,
+        resume = {"resume": self.spec.checkpoint.resume} if plan.source == "init" and self.spec.checkpoint.resume else {}
+        self._log("generation_start", generation=plan.number, step=plan.step, source=plan.source, **resume,
                   checkpoint=plan.checkpoints[0] if plan.checkpoints else None,
                   workers=[m.actor_id for m in plan.generation.members], leaving=list(plan.leaving))
         self._plan = self._last_plan = plan
@@ -343,6 +347,7 @@ class Coordinator(CoordinatorFace):
             for r in reports:
                 for directory in r["checkpoints"]:
                     self._log("checkpoint_committed", generation=plan.number, directory=directory)
+                    self.live.checkpoint = directory
                 for error in r["checkpoint_errors"]:
                     self._log("checkpoint_failed", generation=plan.number, error=error)
         states = ray.get([self._workers[a].final_state.remote(True) for a in members])

@@ -116,7 +116,9 @@ class Books:
             "samples_consumed": len(distinct),
             "duplicate_samples": len(positions) - len(distinct),
             "skipped_samples": len(expected - distinct),
-            "world_size_history": self.world_size_history,
+            # a resumed job's first generation starts at its checkpoint, known once it was read
+            "world_size_history": [[first, n] if i == 0 and s == 0 else [s, n]
+                                   for i, (s, n) in enumerate(self.world_size_history)],
             "recoveries": self.recoveries,
             "reconfigurations": self.reconfigurations,
             "step_time_s_median": statistics.median(self.step_times) if self.step_times else None,

@@ -93,8 +93,10 @@ class CoordinatorFace:
             gen = st.generation
             members = [{"actor_id": m.actor_id, "rank": gen.members.index(m), "node": m.node} for m in gen.members] \
                 if gen else []
-        committed = [r["directory"] for r in self.events.records if r.get("event") == "checkpoint_committed"]
-        newest = self.live.checkpoint or (committed[-1] if committed else None)
+        records = list(self.events.records)  # a restarted coordinator's include its predecessors'
+        committed = [r["directory"] for r in records if r.get("event") == "checkpoint_committed"]
+        starts = [r for r in records if r.get("event") == "generation_start"]
+        newest = self.live.checkpoint or (committed[-1] if committed else None)  # live: the later of notes and events
         e = self.spec.elastic
         return status_record(
             job_id=self.job_id, name=self.spec.name, state=self._state_name(),
@@ -102,11 +104,13 @@ class CoordinatorFace:
             min_workers=e.min_workers, max_workers=e.max_workers, members=members,
             step=self.live.step, steps=self.spec.train.steps, loss=self.live.loss,
             samples_per_s=_round(self.live.samples_per_s()), eta_s=_round(self.live.eta_s()),
-            world_size_history=list(self.books.world_size_history), recoveries=len(self.books.recoveries),
-            reconfigurations=len(self.books.reconfigurations), restarts=self.restarts,
+            # from the events: counted as each change starts, and across coordinator restarts
+            world_size_history=[[r["step"] if r["step"] >= 0 else None, len(r["workers"])] for r in starts],
+            recoveries=sum(r["source"] in ("snapshot", "checkpoint") for r in starts),
+            reconfigurations=sum(r["source"] == "live" for r in starts), restarts=self.restarts,
             checkpoint=newest, run_dir=self.run_dir,
             coordinator={"pid": os.getpid(), "node_ip": ray.util.get_node_ip_address()},
-            error=(self._result or {}).get("error"), last_events=last_events(self.events.records))
+            error=(self._result or {}).get("error"), last_events=last_events(records))
 
     def progress(self, cursor: int) -> dict:
         """For a driver's progress line: the live figures, the events since `cursor`, and whether

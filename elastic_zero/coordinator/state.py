@@ -48,6 +48,7 @@ class CoordinatorState:
     target: int
     min_wait_s: float = 60.0
     checkpoints: bool = False  # the job saves checkpoints it can fall back to
+    first_generation: int = 0  # a restarted coordinator numbers on after its predecessor's generations
     generation: Generation | None = None
     previous: Generation | None = None  # the layout the running generation was built from
     handover_leavers: tuple[str, ...] = ()  # the running generation's leavers (they hand over, then exit)
@@ -140,9 +141,9 @@ def _on_ready(state, members, now):
     if state.generation is None:
         if len(state.ready) < state.target:
             return state, (), f"{len(state.ready)} of {state.target} workers ready"
-        gen = next_generation(None, state.ready[: state.target])
+        gen = replace(next_generation(None, state.ready[: state.target]), number=state.first_generation)
         plan = GenerationPlan(gen, None, tuple(m.actor_id for m in gen.members), (), "init", 0, (), "start")
-        return _begin(state, plan, state.target), (StartGeneration(plan),), f"generation 0 with {gen.world_size} workers"
+        return _begin(state, plan, state.target), (StartGeneration(plan),), f"generation {gen.number} with {gen.world_size} workers"
     if state.recovery is not None:
         return _try_recover(state, now)
     return _ask_for_safe_point_if_needed(state, "workers ready to join")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 
@@ -15,6 +16,7 @@ class EventLog:
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "events.jsonl")
         self.records: list[dict] = []
+        self._lock = threading.Lock()  # the coordinator's loop and its callers' threads both log
         if go_on and os.path.exists(self.path):
             with open(self.path) as fh:
                 for line in fh:
@@ -30,9 +32,10 @@ class EventLog:
     def add(self, kind: str, **fields) -> dict:
         record = {"t": round(time.time(), 4), "event": kind, **fields}
         line = json.dumps(record)  # every record must be plain data
-        self.records.append(record)
-        self._fh.write(line + "\n")
-        self._fh.flush()
+        with self._lock:  # the same order in memory and in the file
+            self.records.append(record)
+            self._fh.write(line + "\n")
+            self._fh.flush()
         return record
 
     def since(self, cursor: int) -> list[dict]:

@@ -26,7 +26,7 @@ class LiveProgress:
     step: int = 0
     loss: float | None = None
     step_seconds: float | None = None
-    checkpoint: str | None = None  # the newest commit rank 0 told of
+    checkpoint: str | None = None  # the newest commit known: from rank 0's notes or a generation's reports
     _notes: deque = field(default_factory=deque)  # (time, step)
 
     def note(self, step: int, loss: float | None, step_seconds: float | None, at: float) -> None:

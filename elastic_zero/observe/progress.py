@@ -22,6 +22,8 @@ def describe(record: dict) -> str | None:
         return f"worker {r['actor_id']} lost"
     if kind == "generation_start":
         workers = len(r.get("workers", ()))
+        if r.get("source") == "init" and r.get("resume"):
+            return f"generation {r['generation']}: {workers} workers resume from the {r['resume']} checkpoint"
         if r.get("source") == "init":
             return f"generation {r['generation']}: training on {workers} workers"
         if r.get("source") == "snapshot":
@@ -59,11 +61,11 @@ def describe(record: dict) -> str | None:
 def progress_text(p: dict) -> str:
     loss = f"loss {p['loss']:.4f}" if p.get("loss") is not None else "loss -"
     rate = f"{p['samples_per_s']:.1f} samples/s" if p.get("samples_per_s") else "- samples/s"
-    eta = f"ETA {_clock(p['eta_s'])}" if p.get("eta_s") is not None else "ETA -"
+    eta = f"ETA {hms(p['eta_s'])}" if p.get("eta_s") is not None else "ETA -"
     return f"step {p['step']}/{p['steps']}  {loss}  {rate}  world {p['world_size']}  {eta}"
 
 
-def _clock(seconds: float) -> str:
+def hms(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else f"{seconds // 60}:{seconds % 60:02d}"
 
@@ -90,6 +92,8 @@ class ProgressView:
             print(f"{stamp} {line}", file=self.stream, flush=True)
 
     def update(self, p: dict) -> None:
+        if not p["world_size"]:  # no generation yet: nothing to show but zeros
+            return
         if self.tty:
             self._draw_bar(p)
             return
@@ -108,7 +112,7 @@ class ProgressView:
         self._bar.n = p["step"]
         loss = f"{p['loss']:.4f}" if p.get("loss") is not None else "-"
         rate = f"{p['samples_per_s']:.1f}" if p.get("samples_per_s") else "-"
-        eta = _clock(p["eta_s"]) if p.get("eta_s") is not None else "-"
+        eta = hms(p["eta_s"]) if p.get("eta_s") is not None else "-"
         last = f" | {self._last_event[:50]}" if self._last_event else ""
         self._bar.set_postfix_str(f"loss {loss}, {rate} samples/s, world {p['world_size']}, ETA {eta}{last}", refresh=False)
         self._bar.refresh()
