@@ -296,6 +296,8 @@ class Coordinator(CoordinatorFace):
                   checkpoint=plan.checkpoints[0] if plan.checkpoints else None,
                   workers=[m.actor_id for m in plan.generation.members], leaving=list(plan.leaving))
         self._plan = self._last_plan = plan
+        if plan.source != "init":  # counted as they start, as status counts them
+            self.metrics.add("elastic_zero_reconfigurations" if plan.source == "live" else "elastic_zero_recoveries")
         self._failure_seen_at = None
         for actor_id in plan.participants:
             self._train_refs[self._workers[actor_id].train.remote(plan)] = actor_id
