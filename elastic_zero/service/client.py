@@ -29,7 +29,8 @@ from elastic_zero.service.submission import (
 )
 from elastic_zero.spec import JobSpec, SpecError
 
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")  # the Ray job's
+OVER = ("finished", "stopped", "failed")  # the elastic-zero job's
 CONTROL_TIMEOUT_S = 120.0
 
 
@@ -126,14 +127,19 @@ class Client:
         return self._ask("stop", job_id, checkpoint=bool(checkpoint))
 
     def wait(self, job_id: str, timeout_s: float | None = None, poll_s: float = 2.0) -> dict:
-        """Wait until the Ray job is over; returns its last status record."""
+        """Wait until the job is over (finished, stopped or failed); returns its last status record.
+        While the Ray job runs, its driver is alive and the job is not over; once the Ray job ended,
+        the coordinator may still train (its driver died): then its own state decides."""
         self._need_http("wait")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while str(self._info(job_id).status.value) not in TERMINAL:
+        while True:
+            if str(self._info(job_id).status.value) in TERMINAL:
+                record = self.status(job_id)
+                if record["state"] in OVER:
+                    return record
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still running after {timeout_s:.0f} s")
             time.sleep(poll_s)
-        return self.status(job_id)
 
     # ---- plumbing -----------------------------------------------------------------------------------
 
