@@ -296,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # SpecError included: one line, exit 2
         print(f"elastic-zero: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM to a driver: the job was taken down with it
-        print("elastic-zero: interrupted; the job was stopped", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM to a driver (`run`: the job was taken down with it)
+        print("elastic-zero: interrupted" + ("; the job was stopped" if args.command == "run" else ""), file=sys.stderr)
         return 130
     except RuntimeError as exc:  # the cluster: unreachable, a token refused, no such job, a refused request
         from elastic_zero.service.client import ClusterError

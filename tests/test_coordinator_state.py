@@ -274,7 +274,13 @@ def test_a_stop_ends_the_job_at_the_next_safe_point_with_its_checkpoint():
     s = CoordinatorState(min_workers=1, max_workers=4, target=2)
     s, _, _ = decide(s, Start(), 0.0)
     s, cmds, _ = decide(s, StopRequested(checkpoint=True), 0.5)
-    assert isinstance(_cmd(cmds, Fail), Fail) and s.done
+    assert _cmd(cmds, Stop) == Stop(-1, False) and s.done
+    # waiting for workers below min_workers: no safe point will come, the job ends as it is
+    s, plan = _started(2, min_workers=2)
+    s, cmds, _ = _end(s, plan, w1="dead")
+    assert s.phase.value == "waiting"
+    s, cmds, _ = decide(s, StopRequested(), 12.0)
+    assert _cmd(cmds, Stop) == Stop(-1, False) and "w0" in _cmd(cmds, Retire).actor_ids and s.done
 
     s, plan = _started(3)
     s, cmds, reason = decide(s, StopRequested(checkpoint=True), 2.0)

@@ -106,10 +106,16 @@ class Coordinator(CoordinatorFace):
         try:
             self._drive()
         except Exception as exc:  # noqa: BLE001 - a bug here must end the job with its reason, not hang it
-            self._carry_out(Fail(f"the coordinator failed: {type(exc).__name__}: {exc}"[:400]))
-        self._write_summary()
-        self._publish_final_status()
-        self._done.set()
+            self._result = self._result or {"ok": False, "error": f"the coordinator failed: {type(exc).__name__}: "
+                                                                  f"{exc}"[:400], "summary": self.books.summary(None)}
+        finally:
+            self._retire(tuple(self._workers), "the job is over")  # spawned ones that never joined too
+            self._result = self._result or {"ok": False, "error": "the coordinator ended without a result", "summary": {}}
+            try:
+                self._write_summary()
+                self._publish_final_status()
+            finally:
+                self._done.set()
         # on a cluster nobody may be left to collect the result: go after a while (the driver kills it
         # sooner); by its own handle, so that Ray does not restart it
         if not self._collected.wait(float(os.environ.get("ELASTIC_ZERO_LINGER_S", LINGER_S))):
@@ -117,9 +123,17 @@ class Coordinator(CoordinatorFace):
 
     def _drive(self) -> None:
         if self.restarted:
+            final = self._final_status()
+            if final is not None:  # it died while lingering: the job is over, and stays so
+                self._log("coordinator_restarted", restarts=self.restarts, resume=None)
+                path = os.path.join(self.run_dir, "summary.json")
+                summary = json.load(open(path)) if os.path.exists(path) else {}
+                self._result = {"ok": final["state"] != "failed", "error": final["error"], "summary": summary}
+                return
+            c = self.spec.checkpoint
             self._log("coordinator_restarted", restarts=self.restarts,
-                      resume="latest checkpoint" if self.spec.checkpoint.resume else None)
-            if not self.spec.checkpoint.resume:
+                      resume="latest checkpoint" if c.uri and c.every else None)
+            if not (c.uri and c.every):
                 self._carry_out(Fail("the coordinator was lost (its workers with it) and the job saves no "
                                      "checkpoints to resume from"))
                 return
@@ -342,6 +356,11 @@ class Coordinator(CoordinatorFace):
     def _stop(self, command: Stop) -> None:
         """A stop on request, at the safe point every member reached: a final checkpoint there if
         asked (and the job saves checkpoints), then the weights, as at the end of training."""
+        if command.step < 0:  # asked before training started, or while waiting for workers: nothing to save
+            self._log("job_stopped", step=None, checkpoint=False)
+            self._result = {"ok": True, "summary": {**self.books.summary(None, end_step=self._steps_done()),
+                                                    "stopped_at_step": None}}
+            return
         members = [m.actor_id for m in self.state.generation.members]
         plan = self._last_plan
         if command.checkpoint and self.spec.checkpoint.uri:
@@ -357,6 +376,9 @@ class Coordinator(CoordinatorFace):
         self._log("job_stopped", step=command.step, checkpoint=command.checkpoint)
         summary = {**self.books.summary(memory.get("param_count"), end_step=command.step), "stopped_at_step": command.step}
         self._result = {"ok": True, "summary": summary, "final_state": states[0]}
+
+    def _steps_done(self) -> int:
+        return max(self.books.step_log) + 1 if self.books.step_log else 0
 
     def _write_summary(self) -> None:
         r = self._result

@@ -89,7 +89,8 @@ class Finish:
 
 @dataclass(frozen=True)
 class Stop:
-    """End the job at the safe point it reached (`step` steps done), saving a checkpoint there if asked."""
+    """End the job at the safe point it reached (`step` steps done), saving a checkpoint there if asked;
+    `step` -1: no generation runs (starting, or waiting for workers): end it as it is."""
 
     step: int
     checkpoint: bool

@@ -23,16 +23,19 @@ class CoordinatorFace:
         e = self.spec.elastic
         if not e.min_workers <= int(workers) <= e.max_workers:
             raise ValueError(f"scale to {workers}: outside [min_workers, max_workers] = [{e.min_workers}, {e.max_workers}]")
-        if self._done.is_set():
+        if self._result is not None:
             raise ValueError(f"job {self.job_id} is over: {self._state_name()}")
+        if self.state.stop_requested:
+            raise ValueError(f"job {self.job_id} is stopping")
         self._log("scale_requested", workers=int(workers))
         self._inbox.put(ScaleRequested(int(workers)))
         return f"scale to {workers} requested"
 
     def stop(self, checkpoint: bool = False) -> str:
-        if checkpoint and not self.spec.checkpoint.uri:
-            raise ValueError(f"stop --checkpoint: job {self.job_id} has no checkpoint.uri to save to")
-        if self._done.is_set():
+        if checkpoint and not (self.spec.checkpoint.uri and self.spec.checkpoint.every):
+            raise ValueError(f"stop --checkpoint: job {self.job_id} saves no checkpoints (checkpoint.uri and "
+                             f"checkpoint.every are not both set)")
+        if self._result is not None:
             raise ValueError(f"job {self.job_id} is over: {self._state_name()}")
         self._log("stop_requested", checkpoint=bool(checkpoint))
         self._inbox.put(StopRequested(bool(checkpoint)))
@@ -112,10 +115,24 @@ class CoordinatorFace:
     def progress(self, cursor: int) -> dict:
         """For a driver's progress line: the live figures, the events since `cursor`, and whether
         the job is over (then result() has its outcome)."""
+        done = self._done.is_set()  # first: every event of a job that is over is in what follows
+        if cursor > len(self.events.records):  # a restarted coordinator that found no log of its predecessor's
+            cursor = 0
+        events = self.events.since(cursor)
         return {"step": self.live.step, "steps": self.spec.train.steps, "loss": self.live.loss,
                 "samples_per_s": self.live.samples_per_s(), "eta_s": self.live.eta_s(),
                 "world_size": len(self.state.generation.members) if self.state.generation else 0,
-                "events": self.events.since(cursor), "cursor": len(self.events.records), "done": self._done.is_set()}
+                "events": events, "cursor": cursor + len(events), "done": done}
+
+    def _final_status(self) -> dict | None:
+        """The last status record of this job, if an earlier coordinator of it ended it."""
+        try:
+            from ray.experimental.internal_kv import _internal_kv_get
+
+            value = _internal_kv_get(final_status_key(self.job_id), namespace=NAMESPACE_KV)
+        except Exception:  # noqa: BLE001
+            return None
+        return json.loads(value) if value else None
 
     def _publish_final_status(self) -> None:
         """The last status record goes into the cluster's key-value store: `status` answers from it

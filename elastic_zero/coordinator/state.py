@@ -108,9 +108,9 @@ def _decide(state: CoordinatorState, event: Event, now: float):
     if isinstance(event, PreemptionNotice):
         return _on_preemption(state, event.actor_id)
     if isinstance(event, StopRequested):
-        if state.generation is None:
-            return (replace(state, done=True), (Fail("stopped on request before training started"),),
-                    "stop requested before the first generation")
+        if state.phase in (Phase.STARTING, Phase.WAITING):  # no safe point to wait for: stop now
+            return (replace(state, done=True), (Stop(-1, False), Retire(state.members() + tuple(m.actor_id for m in state.ready))),
+                    f"stopped on request while {state.phase.value}")
         state = replace(state, stop_requested=True, stop_checkpoint=state.stop_checkpoint or event.checkpoint)
         return state, (), "stop requested: the job ends at the next safe point"
     if isinstance(event, GenerationEnded):

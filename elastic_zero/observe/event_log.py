@@ -24,10 +24,10 @@ class EventLog:
                         self.records.append(json.loads(line))
                     except ValueError:  # a line cut short by the predecessor's death
                         pass
-        self._fh = open(self.path, "w")  # rewritten whole: a torn last line goes away
-        for record in self.records:
-            self._fh.write(json.dumps(record) + "\n")
-        self._fh.flush()
+        with open(self.path + ".tmp", "w") as fh:  # rewritten whole (a torn last line goes away), then swapped in
+            fh.writelines(json.dumps(record) + "\n" for record in self.records)
+        os.replace(self.path + ".tmp", self.path)
+        self._fh = open(self.path, "a")
 
     def add(self, kind: str, **fields) -> dict:
         record = {"t": round(time.time(), 4), "event": kind, **fields}

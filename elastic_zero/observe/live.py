@@ -6,6 +6,7 @@ notes of the last RATE_WINDOW_S seconds, recoveries and resizes included (it is 
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -28,19 +29,25 @@ class LiveProgress:
     step_seconds: float | None = None
     checkpoint: str | None = None  # the newest commit known: from rank 0's notes or a generation's reports
     _notes: deque = field(default_factory=deque)  # (time, step)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def note(self, step: int, loss: float | None, step_seconds: float | None, at: float) -> None:
-        if self._notes and step < self._notes[-1][1]:  # a recovery went back to an earlier step
-            self._notes.clear()
-        self.step, self.loss, self.step_seconds = step, loss, step_seconds
-        self._notes.append((at, step))
-        while len(self._notes) > 2 and at - self._notes[0][0] > RATE_WINDOW_S:
-            self._notes.popleft()
+        """Notes may arrive out of order (the coordinator serves them on several threads): an older one is dropped."""
+        with self._lock:
+            if self._notes and at <= self._notes[-1][0]:
+                return
+            if self._notes and step < self._notes[-1][1]:  # a recovery went back to an earlier step
+                self._notes.clear()
+            self.step, self.loss, self.step_seconds = step, loss, step_seconds
+            self._notes.append((at, step))
+            while len(self._notes) > 2 and at - self._notes[0][0] > RATE_WINDOW_S:
+                self._notes.popleft()
 
     def samples_per_s(self) -> float | None:
-        if len(self._notes) < 2:
+        notes = tuple(self._notes)
+        if len(notes) < 2:
             return None
-        (t0, s0), (t1, s1) = self._notes[0], self._notes[-1]
+        (t0, s0), (t1, s1) = notes[0], notes[-1]
         return (s1 - s0) * self.global_batch / (t1 - t0) if t1 > t0 else None
 
     def eta_s(self) -> float | None:

@@ -97,9 +97,12 @@ class Client:
         try:
             while True:
                 try:
-                    yield loop.run_until_complete(agen.__anext__())
+                    chunk = loop.run_until_complete(agen.__anext__())
                 except StopAsyncIteration:
                     return
+                except Exception as exc:  # noqa: BLE001 - the network or the token, mid-stream: one line
+                    raise ClusterError(explain(exc, self.address)) from None
+                yield chunk
         finally:
             loop.close()
 
@@ -111,6 +114,8 @@ class Client:
         answer = self._control("status", job_id)
         if answer["ok"]:
             record = answer["value"]
+        elif answer.get("missing") and info is None:  # a direct connection: nothing else to ask
+            raise ClusterError(answer["error"])
         elif answer.get("missing"):
             record = status_record(job_id=job_id, name=(info.metadata or {}).get("name") if info else None,
                                    state=_ray_state(info), error=info.message if info and info.status.value == "FAILED" else None)
@@ -159,6 +164,8 @@ class Client:
                 return {"ok": False, "error": str(exc), "missing": True}
             except ValueError as exc:
                 return {"ok": False, "error": str(exc)}
+            except Exception as exc:  # noqa: BLE001 - no cluster there, a token refused, the coordinator gone
+                raise ClusterError(explain(exc, self.address)) from None
         control_id = self._guard(lambda: self._jobs.submit_job(
             entrypoint=control_entrypoint(op, job_id, **args), metadata={"elastic_zero": CONTROL_KIND, "job": job_id},
             entrypoint_num_cpus=0))

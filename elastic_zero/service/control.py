@@ -40,6 +40,8 @@ def call(op: str, job_id: str, address: str | None = "auto", **args):
         if op == "status":
             try:
                 return ray.get(actor.status.remote(), timeout=30)
+            except ray.exceptions.ActorUnavailableError:
+                raise ValueError(f"the coordinator of {job_id!r} is restarting; ask again in a few seconds") from None
             except ray.exceptions.RayActorError:  # it went (a finished one lingers a while) as we asked
                 final = _final_status(job_id)
                 if final is None:
@@ -51,6 +53,9 @@ def call(op: str, job_id: str, address: str | None = "auto", **args):
     except ray.exceptions.RayTaskError as exc:  # the coordinator refused: its ValueError's one line
         cause = exc.cause if getattr(exc, "cause", None) is not None else exc
         raise ValueError(str(cause).strip().splitlines()[-1]) from None
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        raise ValueError(f"the coordinator of {job_id!r} did not answer (it is restarting or gone); "
+                         f"ask again in a few seconds") from None
 
 
 def _final_status(job_id: str) -> dict | None:

@@ -24,7 +24,8 @@ def new_job_id(name: str, token: str | None = None) -> str:
 
 
 def job_entrypoint(job_id: str, run_dir: str | None) -> str:
-    """`elastic-zero run` on the cluster, from the module (it may come in the working dir, not installed)."""
+    """`elastic-zero run` on the cluster, as a module: it runs with the Python the cluster's PATH
+    names, where elastic_zero is installed (the control jobs need it there too)."""
     out = run_dir or f"{DEFAULT_RUNS}/{job_id}"
     # "~" is left for the cluster's shell to expand; anything else is quoted
     out = out if re.fullmatch(r"~?[A-Za-z0-9_./-]+", out) else shlex.quote(out)
