@@ -84,18 +84,22 @@ def _one_line_error(result, code: int, *words: str) -> None:
         assert word in lines[0], lines[0]
 
 
-def _status(head, cwd, job_id) -> dict:
-    """Through a direct connection to the cluster (quicker than a control job; both are tested)."""
-    return json.loads(_ok(_cli(head, cwd, "status", job_id, "--json", "--address", head.gcs_address)))
+def _status(head, cwd, job_id, starting: bool = False) -> dict | None:
+    """Through a direct connection to the cluster (quicker than a control job; both are tested).
+    `starting`: None while the job has no coordinator yet."""
+    result = _cli(head, cwd, "status", job_id, "--json", "--address", head.gcs_address)
+    if starting and result.returncode == 1 and "no running elastic-zero job" in result.stderr:
+        return None
+    return json.loads(_ok(result))
 
 
 def _until(head, cwd, job_id, what, check, timeout_s=180.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
-        record = _status(head, cwd, job_id)
-        if check(record):
+        record = _status(head, cwd, job_id, starting=True)
+        if record is not None and check(record):
             return record
-        assert record["state"] not in ("failed", "finished", "stopped"), record
+        assert record is None or record["state"] not in ("failed", "finished", "stopped"), record
         assert time.monotonic() < deadline, f"not {what} after {timeout_s:.0f} s: {record}"
         time.sleep(1.0)
 
