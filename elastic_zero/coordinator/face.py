@@ -105,7 +105,9 @@ class CoordinatorFace:
             step=self.live.step, steps=self.spec.train.steps, loss=self.live.loss,
             samples_per_s=_round(self.live.samples_per_s()), eta_s=_round(self.live.eta_s()),
             # from the events: counted as each change starts, and across coordinator restarts
-            world_size_history=[[r["step"] if r["step"] >= 0 else None, len(r["workers"])] for r in starts],
+            # (a generation that restores a checkpoint knows its step once it has read it)
+            world_size_history=[[r["step"] if r["step"] >= 0 and not r.get("resume") else None, len(r["workers"])]
+                                for r in starts],
             recoveries=sum(r["source"] in ("snapshot", "checkpoint") for r in starts),
             reconfigurations=sum(r["source"] == "live" for r in starts), restarts=self.restarts,
             checkpoint=newest, run_dir=self.run_dir,

@@ -92,7 +92,7 @@ class ProgressView:
             print(f"{stamp} {line}", file=self.stream, flush=True)
 
     def update(self, p: dict) -> None:
-        if not p["world_size"]:  # no generation yet: nothing to show but zeros
+        if not p["world_size"] or p.get("loss") is None:  # no step done yet: nothing to show but dashes
             return
         if self.tty:
             self._draw_bar(p)
@@ -108,7 +108,7 @@ class ProgressView:
 
         if self._bar is None:
             self._bar = tqdm(total=p["steps"], unit="step", file=self.stream, dynamic_ncols=True,
-                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} {postfix}")
+                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}")
         self._bar.n = p["step"]
         loss = f"{p['loss']:.4f}" if p.get("loss") is not None else "-"
         rate = f"{p['samples_per_s']:.1f}" if p.get("samples_per_s") else "-"
