@@ -106,8 +106,9 @@ class Coordinator(CoordinatorFace):
         try:
             self._drive()
         except Exception as exc:  # noqa: BLE001 - a bug here must end the job with its reason, not hang it
-            self._result = self._result or {"ok": False, "error": f"the coordinator failed: {type(exc).__name__}: "
-                                                                  f"{exc}"[:400], "summary": self.books.summary(None)}
+            message = f"the coordinator failed: {type(exc).__name__}: {exc}"[:400]
+            self._log("job_failed", message=message)
+            self._result = self._result or {"ok": False, "error": message, "summary": self.books.summary(None)}
         finally:
             self._retire(tuple(self._workers), "the job is over")  # spawned ones that never joined too
             self._result = self._result or {"ok": False, "error": "the coordinator ended without a result", "summary": {}}
@@ -376,21 +377,6 @@ class Coordinator(CoordinatorFace):
         self._log("job_stopped", step=command.step, checkpoint=command.checkpoint)
         summary = {**self.books.summary(memory.get("param_count"), end_step=command.step), "stopped_at_step": command.step}
         self._result = {"ok": True, "summary": summary, "final_state": states[0]}
-
-    def _steps_done(self) -> int:
-        return max(self.books.step_log) + 1 if self.books.step_log else 0
-
-    def _write_summary(self) -> None:
-        r = self._result
-        summary = {**r["summary"], "ok": r["ok"], "error": r.get("error"), "job_id": self.job_id,
-                   "coordinator_restarts": self.restarts}
-        r["summary"] = summary
-        committed = [e["directory"] for e in self.events.records if e.get("event") == "checkpoint_committed"]
-        r["checkpoint"] = committed[-1] if committed else None
-        path = os.path.join(self.run_dir, "summary.json")
-        with open(path + ".tmp", "w") as fh:
-            json.dump(summary, fh, indent=1)
-        os.replace(path + ".tmp", path)  # whole or not at all
 
     def _retire(self, actor_ids, why: str) -> None:
         for actor_id in actor_ids:

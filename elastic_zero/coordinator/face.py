@@ -1,5 +1,5 @@
 """What the outside sees of the coordinator and asks of it: its status (the `status --json`
-record), its progress for a driver's progress line, its result, scale and stop requests,
+record), its progress for a driver's progress line, its result and summary, scale and stop requests,
 preemption notices; and the notes rank 0 sends it. Mixed into the Coordinator actor; these calls
 run on the actor's other threads while its loop drives the job."""
 
@@ -125,6 +125,21 @@ class CoordinatorFace:
                 "samples_per_s": self.live.samples_per_s(), "eta_s": self.live.eta_s(),
                 "world_size": len(self.state.generation.members) if self.state.generation else 0,
                 "events": events, "cursor": cursor + len(events), "done": done}
+
+    def _steps_done(self) -> int:
+        return max(self.books.step_log) + 1 if self.books.step_log else 0
+
+    def _write_summary(self) -> None:
+        r = self._result
+        summary = {**r["summary"], "ok": r["ok"], "error": r.get("error"), "job_id": self.job_id,
+                   "coordinator_restarts": self.restarts}
+        r["summary"] = summary
+        committed = [e["directory"] for e in self.events.records if e.get("event") == "checkpoint_committed"]
+        r["checkpoint"] = committed[-1] if committed else None
+        path = os.path.join(self.run_dir, "summary.json")
+        with open(path + ".tmp", "w") as fh:
+            json.dump(summary, fh, indent=1)
+        os.replace(path + ".tmp", path)  # whole or not at all
 
     def _final_status(self) -> dict | None:
         """The last status record of this job, if an earlier coordinator of it ended it."""
