@@ -100,6 +100,16 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--micro-batch", type=int, default=8)
     rec.add_argument("--checkpoint-every", type=int, default=5)
     rec.add_argument("--json", action="store_true", help="print one JSON object")
+    nl = bench_sub.add_parser("node-loss", help="freeze a whole node of a local multi-node cluster, with and "
+                                                "without heartbeats")
+    nl.add_argument("--preset", default="gpt-small")
+    nl.add_argument("--trials", type=int, default=3)
+    nl.add_argument("--steps", type=int, default=400)
+    nl.add_argument("--freeze-after", type=int, default=10, help="freeze once the job passed this step")
+    nl.add_argument("--collective-timeout", type=float, default=30.0)
+    nl.add_argument("--seed", type=int, default=0)
+    nl.add_argument("--heartbeats-only", action="store_true", help="skip the runs without heartbeats")
+    nl.add_argument("--json", action="store_true", help="print one JSON object")
     chaos = bench_sub.add_parser("chaos", help="the chaos drill: seeded faults, checked against a fault-free run")
     chaos.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
     chaos.add_argument("--steps", type=int, default=300)
@@ -272,6 +282,13 @@ def main(argv: list[str] | None = None) -> int:
             report = run_recovery_bench(args.preset, args.workers, args.steps, args.kill_step, args.micro_batch,
                                         args.checkpoint_every)
             print(json.dumps(report) if args.json else format_recovery(report))
+            return 0
+        if args.command == "bench" and args.bench == "node-loss":
+            from elastic_zero.bench.node_loss import format_node_loss, run_node_loss_bench
+
+            report = run_node_loss_bench(args.preset, args.trials, args.steps, args.freeze_after,
+                                         args.collective_timeout, args.seed, not args.heartbeats_only)
+            print(json.dumps(report) if args.json else format_node_loss(report))
             return 0
         if args.command == "bench" and args.bench == "chaos":
             from elastic_zero.bench.chaos import format_chaos, run_chaos

@@ -18,6 +18,7 @@ from elastic_zero.observe.progress import ProgressView
 from elastic_zero.observe.ray_noise import quiet_worker_deaths
 from elastic_zero.spec import JobSpec, SpecError
 
+HEAD_RESOURCE = "node:__internal_head__"
 COORDINATOR_RESTARTS = 3
 POLL_S = 0.5
 REATTACH_S = 120.0  # how long a restarting coordinator may take to answer again
@@ -63,6 +64,9 @@ def _start_coordinator(job: JobSpec, job_id: str, run_dir: str, started_at: floa
     name = coordinator_name(job_id)
     _clear_finished(name, job_id)
     options = dict(name=name, namespace=NAMESPACE, num_cpus=0, max_concurrency=16, max_restarts=COORDINATOR_RESTARTS)
+    # on the head node (where a submitted job's driver runs too; the cluster ends with it anyway),
+    # not on a worker node that may be preempted or lost: Ray's documented way to pin to the head
+    options["resources"] = {HEAD_RESOURCE: 0.001}
     if detached:
         options["lifetime"] = "detached"
     deadline = time.monotonic() + 10

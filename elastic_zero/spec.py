@@ -160,6 +160,9 @@ class ZeroSpec:
         _choice("zero.compute_dtype", self.compute_dtype, ["float32", "bfloat16", "float16"])
 
 
+HEARTBEAT_EVERY_S = 0.1  # how often a worker tells the coordinator it is alive
+
+
 @dataclass(frozen=True)
 class ElasticSpec:
     workers: int = 2
@@ -169,6 +172,7 @@ class ElasticSpec:
     use_gpu: bool = False
     collective_timeout_s: float = 30.0
     min_wait_s: float = 60.0  # how long to wait for workers while below min_workers
+    heartbeat_timeout_s: float = 1.0  # a member silent this long, while others are heard, is lost (0: off)
 
     def validate(self) -> None:
         _at_least("elastic.min_workers", self.min_workers, 1)
@@ -179,6 +183,10 @@ class ElasticSpec:
         if self.collective_timeout_s <= 0:
             _fail("elastic.collective_timeout_s", f"must be > 0, got {self.collective_timeout_s!r}")
         _at_least("elastic.min_wait_s", self.min_wait_s, 0.0)
+        _at_least("elastic.heartbeat_timeout_s", self.heartbeat_timeout_s, 0.0)
+        if 0 < self.heartbeat_timeout_s < 4 * HEARTBEAT_EVERY_S:
+            _fail("elastic.heartbeat_timeout_s", f"must be 0 (off) or >= {4 * HEARTBEAT_EVERY_S:g} (4 heartbeats), "
+                                                 f"got {self.heartbeat_timeout_s!r}")
 
 
 @dataclass(frozen=True)
@@ -195,6 +203,34 @@ class CheckpointSpec:
             _fail("checkpoint.uri", "is required when 'every' or 'resume' is set")
         if self.resume is not None and not re.fullmatch(r"latest|\d+|step-\d{10}(-\d+)?", self.resume):
             _fail("checkpoint.resume", f"must be 'latest', a step number or a step directory name, got {self.resume!r}")
+
+
+WATCH_SOURCES = ("sigterm", "ray-drain", "aws", "gcp", "azure")
+
+
+@dataclass(frozen=True)
+class PreemptionSpec:
+    watch: list = field(default_factory=lambda: list(WATCH_SOURCES))  # the clouds among them: found out per node
+    poll_s: float = 1.0  # how often the metadata servers and Ray's drains are asked
+    sigterm_grace_s: float = 30.0  # a SIGTERM'd worker goes this long after (ELASTIC_ZERO_TERMINATION_GRACE_S)
+    aws_endpoint: str = "http://169.254.169.254"
+    gcp_endpoint: str = "http://metadata.google.internal"
+    azure_endpoint: str = "http://169.254.169.254"
+
+    def validate(self) -> None:
+        if not isinstance(self.watch, list):
+            _fail("preemption.watch", f"must be a list, got {self.watch!r}")
+        for i, source in enumerate(self.watch):
+            _choice(f"preemption.watch[{i}]", source, WATCH_SOURCES)
+        if self.poll_s <= 0:
+            _fail("preemption.poll_s", f"must be > 0, got {self.poll_s!r}")
+        _at_least("preemption.sigterm_grace_s", self.sigterm_grace_s, 0.0)
+        for name in ("aws_endpoint", "gcp_endpoint", "azure_endpoint"):
+            if not re.fullmatch(r"https?://[^\s/]+", getattr(self, name)):
+                _fail(f"preemption.{name}", f"must be http(s)://HOST[:PORT], got {getattr(self, name)!r}")
+
+    def endpoints(self) -> dict:
+        return {"aws": self.aws_endpoint, "gcp": self.gcp_endpoint, "azure": self.azure_endpoint}
 
 
 KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover")  # the worker's process exits
@@ -230,6 +266,7 @@ class JobSpec:
     zero: ZeroSpec = field(default_factory=ZeroSpec)
     elastic: ElasticSpec = field(default_factory=ElasticSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    preemption: PreemptionSpec = field(default_factory=PreemptionSpec)
     faults: tuple = ()
 
     def __post_init__(self) -> None:
@@ -257,7 +294,7 @@ class JobSpec:
     def validate(self) -> "JobSpec":
         if not self.name or any(c in self.name for c in "/\\ "):
             _fail("name", f"must be non-empty without spaces or slashes, got {self.name!r}")
-        for section in ("model", "data", "train", "optimizer", "zero", "elastic", "checkpoint"):
+        for section in _SECTIONS:
             getattr(self, section).validate()
         if self.elastic.max_workers > self.train.global_batch:
             _fail("elastic.max_workers", f"must be <= train.global_batch ({self.train.global_batch}): every "
@@ -294,7 +331,7 @@ def _table(section) -> dict:
 
 _SECTIONS = {
     "model": ModelSpec, "data": DataSpec, "train": TrainSpec, "optimizer": OptimizerSpec,
-    "zero": ZeroSpec, "elastic": ElasticSpec, "checkpoint": CheckpointSpec,
+    "zero": ZeroSpec, "elastic": ElasticSpec, "checkpoint": CheckpointSpec, "preemption": PreemptionSpec,
 }
 
 

@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 
 from elastic_zero.observe.live import STATUS_KEYS
-from ray_head import RayHead
+from elastic_zero.bench.local_cluster import RayHead
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 

@@ -123,6 +123,15 @@ def test_event_lines_and_progress_lines():
                                      "workers": ["a"], "leaving": ["w2"]})
     assert describe({"event": "preemption_notice", "actor_id": "w0", "deadline_s": 30}) == \
         "preemption notice for w0 (deadline 30 s)"
+    assert describe({"event": "preemption_notice", "actor_id": "w3", "deadline_s": 25.5, "source": "sigterm"}) == \
+        "preemption notice from sigterm for w3 (deadline 25.5 s)"
+    assert describe({"event": "preemption_notice", "node": "6bb0bd6116f5aa01", "source": "ray-drain", "deadline_s": None,
+                     "detail": "", "actor_ids": ["w1", "w2"]}) == \
+        "preemption notice from ray-drain for node 6bb0bd6116f5: w1, w2 leave"
+    assert describe({"event": "worker_lost", "actor_id": "w1", "silent_s": 1.04}) == "worker w1 lost (silent for 1.0 s)"
+    assert describe({"event": "watcher", "node": "ab" * 20, "message": "no metadata server", "problem": False}) is None
+    assert describe({"event": "watcher", "node": "ab" * 20, "message": "a GCP preempted value of 'x'",
+                     "problem": True}) == "preemption watcher on node abababababab: a GCP preempted value of 'x'"
     p = {"step": 5, "steps": 10, "loss": 1.23456, "samples_per_s": 40.0, "world_size": 3, "eta_s": 75.0}
     assert progress_text(p) == "step 5/10  loss 1.2346  40.0 samples/s  world 3  ETA 1:15"
     clock = iter([0.0, 1.0, 11.0, 12.0]).__next__

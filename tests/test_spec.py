@@ -45,6 +45,8 @@ def test_example_spec_loads_and_overrides_apply():
         ({"train": {"steps": 5, "epochs": 2}}, "train.epochs: give one of 'steps' and 'epochs', not both"),
         ({"data": {"collate": "a.b:c"}}, "data.collate: applies to Arrow/Parquet data"),
         ({"data": {"source": "x.parquet", "columns": []}}, "data.columns: must be a non-empty list"),
+        ({"elastic": {"heartbeat_timeout_s": 0.1}}, "elastic.heartbeat_timeout_s: must be 0 (off) or >= 0.4"),
+        ({"elastic": {"heartbeat_timeout_s": -1}}, "elastic.heartbeat_timeout_s: must be >= 0.0"),
     ],
 )
 def test_every_bad_field_is_named(data, message):

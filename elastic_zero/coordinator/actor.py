@@ -23,7 +23,9 @@ import time
 import ray
 
 from elastic_zero.coordinator.books import Books
+from elastic_zero.coordinator.events import NodeNotice
 from elastic_zero.coordinator.face import CoordinatorFace
+from elastic_zero.coordinator.node_watch import NodeWatch
 from elastic_zero.coordinator.state import (
     CoordinatorState, Fail, Finish, GenerationEnded, RequestSafePoint, Retire, Spawn, Start, StartGeneration, Stop, Tick,
     WorkersReady, WorkerStartFailed, decide,
@@ -31,6 +33,7 @@ from elastic_zero.coordinator.state import (
 from elastic_zero.observe.event_log import EventLog
 from elastic_zero.observe.live import LiveProgress
 from elastic_zero.observe.metrics import JobMetrics
+from elastic_zero.plan.liveness import silent_members
 from elastic_zero.protocol import Outcome, Report
 from elastic_zero.rendezvous import RendezvousServer, new_secret
 from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
@@ -54,7 +57,7 @@ def _start_error(exc: Exception) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
-class Coordinator(CoordinatorFace):
+class Coordinator(CoordinatorFace, NodeWatch):
     def __init__(self, spec: dict, job_id: str, run_dir: str, started_at: float) -> None:
         self.job_id, self.run_dir, self.started_at = job_id, run_dir, started_at
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
@@ -97,7 +100,9 @@ class Coordinator(CoordinatorFace):
         self._timed_faults: set[str] = set()
         self._candidate_logs: list = []  # (directory, sample records) of a checkpoint generation's candidates
         self._failure_seen_at: float | None = None  # a participant of the current generation failed
+        self._heard: dict[str, float] = {}  # actor id -> when its last heartbeat came (monotonic)
         self._worker_cls = ray.remote(TrainingWorker)
+        self._start_node_watch()
         threading.Thread(target=self._main, daemon=True, name="coordinator-loop").start()
 
     # ---- the main loop -------------------------------------------------------------------------
@@ -110,6 +115,7 @@ class Coordinator(CoordinatorFace):
             self._log("job_failed", message=message)
             self._result = self._result or {"ok": False, "error": message, "summary": self.books.summary(None)}
         finally:
+            self._drain_stop.set()
             self._retire(tuple(self._workers), "the job is over")  # spawned ones that never joined too
             self._result = self._result or {"ok": False, "error": "the coordinator ended without a result", "summary": {}}
             try:
@@ -152,7 +158,8 @@ class Coordinator(CoordinatorFace):
         last_tick = time.monotonic()
         while self._result is None:
             while not self._inbox.empty():
-                self._apply(self._inbox.get_nowait())
+                item = self._inbox.get_nowait()
+                self._on_node_notice(item) if isinstance(item, NodeNotice) else self._apply(item)
             refs = list(self._ready_refs) + list(self._train_refs)
             done, _ = ray.wait(refs, num_returns=1, timeout=0.05) if refs else ([], [])
             if not refs:
@@ -160,6 +167,7 @@ class Coordinator(CoordinatorFace):
             for ref in done:
                 self._collect(ref)
             self._kill_unresponsive()
+            self._notice_silent_workers()
             if self._plan is not None and not self._train_refs:
                 self._end_generation()
             if time.monotonic() - last_tick > 0.5:
@@ -177,6 +185,7 @@ class Coordinator(CoordinatorFace):
                 self._apply(WorkerStartFailed(actor_id, error))
                 return
             self._log("worker_ready", actor_id=actor_id, node=hello.member.node)
+            self._worker_at(actor_id, hello.member.node)
             if hello.warning:
                 self._log("warning", actor_id=actor_id, message=hello.warning)
                 self.books.warnings.append(hello.warning)
@@ -201,6 +210,29 @@ class Coordinator(CoordinatorFace):
             self._failure_seen_at = time.monotonic()
         for other in self._train_refs.values():
             self._workers[other].abort_generation.remote(self._plan.number)
+
+    def _notice_silent_workers(self) -> None:
+        """A participant whose heartbeats stopped is lost (its node vanished; see plan/liveness.py):
+        its report will come, if ever, only when Ray's health checks give up on its node, so it is
+        counted dead now, with its last sign of life as the time of the failure."""
+        timeout_s = self.spec.elastic.heartbeat_timeout_s
+        if not timeout_s or self._plan is None or not self._train_refs:
+            return
+        now = time.monotonic()
+        lost, reason = silent_members(self._heard, self._train_refs.values(), now, timeout_s,
+                                      witnesses=[a for a in self._workers if a in self._heard])
+        if not lost:
+            return
+        for ref, actor_id in list(self._train_refs.items()):
+            if actor_id in lost:
+                del self._train_refs[ref]
+                last_seen = time.time() - (now - self._heard[actor_id])
+                self._results[actor_id] = Report(Outcome(actor_id, "dead", error=reason), ended_at=last_seen)
+        self._log("decision", on="Silence", reason=reason)
+        for actor_id in lost:
+            self._log("worker_lost", actor_id=actor_id, silent_s=round(now - self._heard[actor_id], 2))
+        self._retire(lost, "silent: presumed lost with its node")
+        self._generation_failed()
 
     def _kill_unresponsive(self) -> None:
         """A participant still silent a collective timeout after the generation failed is hung (alive
@@ -262,7 +294,7 @@ class Coordinator(CoordinatorFace):
             for _ in range(command.count):
                 actor_id = f"w{self._spawned}"
                 self._spawned += 1
-                handle = self._worker_cls.options(max_concurrency=4, **opts).remote(
+                handle = self._worker_cls.options(max_concurrency=4, **opts, **self._spawn_options()).remote(
                     self.spec_dict, actor_id, self.host, self.rendezvous.port, self._secret,
                     coordinator_name(self.job_id), NAMESPACE, joiner)
                 self._workers[actor_id] = handle
@@ -314,6 +346,8 @@ class Coordinator(CoordinatorFace):
         if plan.source != "init":  # counted as they start, as status counts them
             self.metrics.add("elastic_zero_reconfigurations" if plan.source == "live" else "elastic_zero_recoveries")
         self._failure_seen_at = None
+        started = time.monotonic()  # silence counts from now at the earliest
+        self._heard.update({a: max(self._heard.get(a, started), started) for a in plan.participants})
         for actor_id in plan.participants:
             self._train_refs[self._workers[actor_id].train.remote(plan)] = actor_id
 
@@ -382,6 +416,7 @@ class Coordinator(CoordinatorFace):
         for actor_id in actor_ids:
             handle = self._workers.pop(actor_id, None)
             if handle is not None:
+                self._leaving_worker_retired(actor_id, handle)
                 ray.kill(handle, no_restart=True)
         if actor_ids:
             self._log("retire", actor_ids=list(actor_ids), why=why)

@@ -48,6 +48,7 @@ class Books:
                 if change["step"] is not None:
                     change["lost_steps"] = max(0, reached - change["step"])
                     change["recomputed_steps"] = change["lost_steps"] + 1
+            change["failed_at"] = round(since, 4)  # the failure (or the safe point), epoch seconds
             change["stall_s"] = round(min(firsts) - since, 4)  # to the next step starting
             done = [r.first_step_at + r.step_times[0] for r in results if r.step_times]
             if done:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from elastic_zero.plan.membership import Member
+from elastic_zero.preemption.notices import Notice
 from elastic_zero.protocol import GenerationPlan, Outcome
 
 @dataclass(frozen=True)
@@ -32,6 +33,14 @@ class ScaleRequested:
 @dataclass(frozen=True)
 class PreemptionNotice:
     actor_id: str
+
+
+@dataclass(frozen=True)
+class NodeNotice:
+    """A node is to go (a cloud's notice, Ray draining it): the actor turns it into a
+    PreemptionNotice for each of the job's workers there; decide() never sees it."""
+    node: str
+    notice: Notice
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import ray
 
@@ -41,11 +42,15 @@ class CoordinatorFace:
         self._inbox.put(StopRequested(bool(checkpoint)))
         return "stop requested: the job ends at the next safe point" + (" with a checkpoint" if checkpoint else "")
 
-    def preemption_notice(self, actor_id: str, deadline_s: float | None = None) -> None:
-        self._log("preemption_notice", actor_id=actor_id, deadline_s=deadline_s)
+    def preemption_notice(self, actor_id: str, deadline_s: float | None = None, source: str = "drill") -> None:
+        """Worker `actor_id` goes in `deadline_s` (a SIGTERM it caught, a drill)."""
+        self._log("preemption_notice", actor_id=actor_id, deadline_s=deadline_s, source=source)
         self._inbox.put(PreemptionNotice(actor_id))
 
-    # ---- notes from rank 0 -----------------------------------------------------------------------
+    # ---- notes from the workers -------------------------------------------------------------------
+
+    def heartbeat(self, actor_id: str) -> None:
+        self._heard[actor_id] = time.monotonic()
 
     def generation_stepped(self, number: int) -> None:
         self._inbox.put(GenerationStepped(number))
@@ -111,7 +116,8 @@ class CoordinatorFace:
             recoveries=sum(r["source"] in ("snapshot", "checkpoint") for r in starts),
             reconfigurations=sum(r["source"] == "live" for r in starts), restarts=self.restarts,
             checkpoint=newest, run_dir=self.run_dir,
-            coordinator={"pid": os.getpid(), "node_ip": ray.util.get_node_ip_address()},
+            coordinator={"pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
+                         "node": ray.get_runtime_context().get_node_id()},
             error=(self._result or {}).get("error"), last_events=last_events(records))
 
     def progress(self, cursor: int) -> dict:

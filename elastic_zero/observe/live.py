@@ -71,4 +71,4 @@ def status_record(**values) -> dict:
 
 
 def last_events(records: list[dict], count: int = 10) -> list[dict]:
-    return [r for r in records if r.get("event") not in QUIET_EVENTS][-count:]
+    return [r for r in records if r.get("event") not in QUIET_EVENTS and r.get("problem", True)][-count:]

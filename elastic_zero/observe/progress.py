@@ -19,7 +19,7 @@ def describe(record: dict) -> str | None:
     """One line for an event the user should see, None for the others."""
     kind, r = record.get("event"), record
     if kind == "worker_lost":
-        return f"worker {r['actor_id']} lost"
+        return f"worker {r['actor_id']} lost" + (f" (silent for {r['silent_s']:.1f} s)" if r.get("silent_s") else "")
     if kind == "generation_start":
         workers = len(r.get("workers", ()))
         if r.get("source") == "init" and r.get("resume"):
@@ -36,7 +36,15 @@ def describe(record: dict) -> str | None:
         return f"worker {r['actor_id']} could not start: {r['error']}"
     if kind == "preemption_notice":
         deadline = f" (deadline {r['deadline_s']:g} s)" if r.get("deadline_s") is not None else ""
-        return f"preemption notice for {r['actor_id']}{deadline}"
+        source = f" from {r['source']}" if r.get("source") not in (None, "drill") else ""
+        if r.get("node"):  # a node's notice: every worker of the job there leaves
+            return (f"preemption notice{source} for node {r['node'][:12]}{deadline}: "
+                    f"{', '.join(r['actor_ids']) or 'no worker of this job'} leave")
+        return f"preemption notice{source} for {r['actor_id']}{deadline}"
+    if kind == "watcher":
+        if not r.get("problem", True):
+            return None
+        return f"preemption watcher{' on node ' + r['node'][:12] if r.get('node') else ''}: {r['message']}"
     if kind == "scale_requested":
         return f"scale to {r['workers']} workers requested"
     if kind == "stop_requested":

@@ -25,9 +25,11 @@ from elastic_zero.job import build_loss, build_model, build_optimizer, build_sou
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.membership import Member
+from elastic_zero.preemption.cloud_watcher import CloudWatcher
+from elastic_zero.preemption.sigterm import catch_sigterm, termination_grace_s
 from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report
 from elastic_zero.rendezvous import connect
-from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
+from elastic_zero.spec import HEARTBEAT_EVERY_S, KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.drills import due_drills
 from elastic_zero.worker.entry import GenerationEntry, committed_key
 from elastic_zero.worker.faults import WorkerStartError, is_communication_failure, named, ray_node_id
@@ -83,6 +85,41 @@ class TrainingWorker(GenerationEntry):
         c = self.spec.checkpoint
         self.writer = (AsyncCheckpointWriter(c.uri, self.store, c.keep, self.spec.zero.stage,
                                              self.spec.elastic.collective_timeout_s) if c.uri and c.every else None)
+        if coordinator and self.spec.elastic.heartbeat_timeout_s:
+            threading.Thread(target=self._beat, daemon=True, name="heartbeat").start()
+        self._cloud_watcher: CloudWatcher | None = None
+        if coordinator and "sigterm" in self.spec.preemption.watch:
+            catch_sigterm(self._on_sigterm, termination_grace_s(self.spec.preemption.sigterm_grace_s))
+
+    def _on_sigterm(self, grace_s: float) -> None:
+        """SIGTERM (a pod deleted, a node's agent stopping it): a preemption notice of this worker,
+        which hands its shard over at the next safe point; it goes at the grace period's end anyway."""
+        _coordinator(self._coordinator, self._namespace).preemption_notice.remote(self.actor_id, grace_s, "sigterm")
+
+    def watch_node(self, node: str) -> None:
+        """Watch this node's cloud metadata server for the job (the coordinator picks one worker per node)."""
+        p = self.spec.preemption
+        clouds = [c for c in p.watch if c in ("aws", "gcp", "azure")]
+        if self._cloud_watcher is not None or not clouds:
+            return
+        coordinator = _coordinator(self._coordinator, self._namespace)
+        self._cloud_watcher = CloudWatcher(
+            clouds, p.endpoints(), p.poll_s,
+            tell=lambda n: coordinator.node_notice.remote(node, n.source, n.deadline_at, n.detail, n.ack),
+            log=lambda message, problem: coordinator.watcher_note.remote(node, message, problem))
+        threading.Thread(target=self._cloud_watcher.run, daemon=True, name="cloud-watcher").start()
+
+    def acknowledge_notice(self, ack: tuple) -> None:
+        if self._cloud_watcher is not None:
+            self._cloud_watcher.acknowledge(tuple(ack))
+
+    def _beat(self) -> None:
+        """Tell the coordinator this worker lives, every HEARTBEAT_EVERY_S, whatever the training
+        thread is doing: a node that vanishes goes silent (see plan/liveness.py)."""
+        coordinator = _coordinator(self._coordinator, self._namespace)
+        while True:
+            coordinator.heartbeat.remote(self.actor_id)
+            time.sleep(HEARTBEAT_EVERY_S)
 
     # ---- control, called concurrently with train() ----------------------------------------
 

@@ -1,8 +1,11 @@
-"""A real Ray head on loopback for a test: `ray start --head --block` with its own ports, temp dir
-and HOME, stopped by the test that started it, by its own process ids (never `ray stop`)."""
+"""A real Ray cluster on loopback for a test or a benchmark: a head (`ray start --head --block`) and worker nodes
+(`ray start --address HEAD --block`), each a raylet with its own ports, temp dir and HOME, stopped by
+whoever started them, by their own process ids (never `ray stop`). A worker node can be
+frozen (SIGSTOP to all its processes): a machine that vanished, which resets no connections."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -63,12 +66,14 @@ class RayHead:
         self.gcs_port, self.dashboard_port, self.metrics_port = ports["port"], ports["dashboard-port"], ports["metrics-export-port"]
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
         self.gcs_address = f"127.0.0.1:{self.gcs_port}"
+        self.worker_ports = (low, low + 200)
         extra = dict(env or {})
         env = self.client_env(**extra)
         env["RAY_AUTH_MODE"] = "token" if auth else "disabled"
         env["RAY_metrics_report_interval_ms"] = "1000"
         # the jobs' entrypoints run `python` from the head's PATH: this interpreter's
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        self.server_env = env  # worker nodes start with it too
         args = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
                 "--node-ip-address", "127.0.0.1", "--temp-dir", os.path.join(self.dir, "ray"),
                 "--num-cpus", str(num_cpus), "--disable-usage-stats", "--include-dashboard", "true",
@@ -121,4 +126,66 @@ class RayHead:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        self.log.close()
+
+    def alive_nodes(self) -> list[dict]:
+        """The nodes the head's state API reports alive."""
+        request = urllib.request.Request(f"{self.address}/api/v0/nodes?limit=100&detail=1")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        reply = json.loads(urllib.request.urlopen(request, timeout=10).read())
+        return [n for n in reply["data"]["result"]["result"] if n["state"] == "ALIVE"]
+
+
+class RayNode:
+    """A worker node of `head` on this machine, told apart by a resource of its own (`name`)."""
+
+    def __init__(self, head: RayHead, name: str, num_cpus: int, index: int) -> None:
+        self.head, self.name = head, name
+        self.dir = tempfile.mkdtemp(prefix=f"ez{name}", dir="/tmp")
+        names = ("node-manager-port", "object-manager-port", "runtime-env-agent-port", "metrics-export-port",
+                 "dashboard-agent-listen-port", "dashboard-agent-grpc-port")
+        low = head.worker_ports[0] + 100 + 25 * index  # the head's range goes on: [low, low + 24]
+        picked = [p for p in free_ports(len(names) + 10) if not head.worker_ports[0] <= p < head.worker_ports[1]]
+        env = dict(head.server_env)
+        args = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--block", "--address", head.gcs_address,
+                "--node-ip-address", "127.0.0.1", "--temp-dir", os.path.join(self.dir, "ray"),
+                "--num-cpus", str(num_cpus), "--resources", json.dumps({name: 1}), "--disable-usage-stats",
+                "--min-worker-port", str(low), "--max-worker-port", str(low + 24)]
+        args += [f"--{n}={port}" for n, port in zip(names, picked)]
+        self.log = open(os.path.join(self.dir, "node.log"), "w")
+        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.node_id = self._wait_registered()
+
+    def _wait_registered(self, timeout_s: float = 90.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray start exited {self.proc.returncode}: {open(self.log.name).read()[-2000:]}")
+            for node in self.head.alive_nodes():
+                if self.name in node.get("resources_total", {}):
+                    return node["node_id"]
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"node {self.name} did not join the cluster in {timeout_s:.0f} s")
+
+    def processes(self) -> list[int]:
+        return [self.proc.pid] + descendants(self.proc.pid)
+
+    def freeze(self) -> None:
+        """Every process of the node stops where it is: its connections stay open and say nothing."""
+        for pid in self.processes():
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> None:
+        """SIGKILL to the node's processes (a frozen node cannot stop itself)."""
+        for pid in self.processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
         self.log.close()

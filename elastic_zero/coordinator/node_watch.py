@@ -1,0 +1,102 @@
+"""The coordinator's side of preemption, per node: one worker on each node watches its cloud's
+metadata server (no extra process); Ray's drains are read here for the whole cluster; a notice for
+a node becomes a preemption notice for each of the job's workers there (they hand their shards over
+at the next safe point), keeps new workers off that node, and, once the node's workers are gone,
+is acknowledged where the cloud wants it (Azure). Mixed into the Coordinator actor."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import ray
+
+from elastic_zero.coordinator.events import NodeNotice, PreemptionNotice
+from elastic_zero.preemption.notices import Notice
+from elastic_zero.preemption.ray_drain import RayDrains
+
+NODE_ID_LABEL = "ray.io/node-id"
+ACK_TIMEOUT_S = 5.0
+
+
+class NodeWatch:
+    def _start_node_watch(self) -> None:
+        self._worker_nodes: dict[str, str] = {}  # actor id -> its node
+        self._watchers: dict[str, str] = {}  # node -> the worker that watches its metadata server
+        self._noticed: dict[str, Notice] = {}  # node -> the first notice for it
+        self._drain_stop = threading.Event()
+        p = self.spec.preemption
+        self._clouds = [c for c in p.watch if c in ("aws", "gcp", "azure")]
+        if "ray-drain" in p.watch:
+            threading.Thread(target=self._watch_ray_drains, daemon=True, name="ray-drains").start()
+
+    # ---- sources --------------------------------------------------------------------------------
+
+    def node_notice(self, node: str, source: str, deadline_at: float | None, detail: str, ack: tuple = ()) -> None:
+        """A watcher says `node` goes by `deadline_at` (epoch seconds; None: unknown, soon)."""
+        self._inbox.put(NodeNotice(node, Notice(source, deadline_at, detail, tuple(ack))))
+
+    def watcher_note(self, node: str, message: str, problem: bool = True) -> None:
+        """What a node's watcher could not read or reach (it says each thing once), or that the node
+        has no cloud metadata server (problem False: kept in the log, not shown)."""
+        self._log("watcher", node=node, message=message, problem=problem)
+
+    def _watch_ray_drains(self) -> None:
+        drains = RayDrains()
+        while not self._drain_stop.wait(self.spec.preemption.poll_s):
+            for node, notice in drains.draining().items():
+                if node in self._worker_nodes.values() and node not in self._noticed:
+                    self._inbox.put(NodeNotice(node, notice))
+            if drains.problem:
+                self._log("watcher", node=None, message=drains.problem, problem=True)
+                return
+
+    # ---- the coordinator's side -------------------------------------------------------------------
+
+    def _worker_at(self, actor_id: str, node: str) -> None:
+        """A worker said hello from `node`: the node gets a watcher if it has none."""
+        self._worker_nodes[actor_id] = node
+        if self._clouds and node not in self._watchers and not node.startswith("unknown-"):
+            self._watchers[node] = actor_id
+            self._workers[actor_id].watch_node.remote(node)
+
+    def _on_node_notice(self, item: NodeNotice) -> None:
+        node, notice = item.node, item.notice
+        if node in self._noticed:
+            return  # the first source to tell is acted on; the others say the same
+        self._noticed[node] = notice
+        staying = {m.actor_id for m in self.state.generation.members} if self.state.generation else set()
+        here = sorted(a for a, n in self._worker_nodes.items() if n == node and a in self._workers)
+        deadline_s = round(notice.deadline_at - time.time(), 1) if notice.deadline_at is not None else None
+        self._log("preemption_notice", node=node, source=notice.source, deadline_s=deadline_s, detail=notice.detail,
+                  actor_ids=here)
+        idle = tuple(a for a in here if a not in staying)  # spawned here, not yet training: just go
+        if idle:
+            self._retire(idle, f"its node is to be preempted ({notice.source})")
+        for actor_id in here:
+            if actor_id in staying:
+                self._apply(PreemptionNotice(actor_id))
+
+    def _spawn_options(self) -> dict:
+        """Keep new workers off the nodes that are to go."""
+        if not self._noticed:
+            return {}
+        return {"label_selector": {NODE_ID_LABEL: f"!in({','.join(sorted(self._noticed))})"}}
+
+    def _leaving_worker_retired(self, actor_id: str, handle) -> None:
+        """Before a worker goes: if it watched a node, another of the node's workers takes over, or,
+        when it was the last one there, the node's notice is acknowledged through it."""
+        node = self._worker_nodes.pop(actor_id, None)
+        if node is None or self._watchers.get(node) != actor_id:
+            return
+        del self._watchers[node]
+        others = sorted(a for a, n in self._worker_nodes.items() if n == node and a in self._workers)
+        if others and self._result is None:
+            self._watchers[node] = others[0]
+            self._workers[others[0]].watch_node.remote(node)
+        elif not others and node in self._noticed and self._noticed[node].ack:
+            try:
+                ray.get(handle.acknowledge_notice.remote(self._noticed[node].ack), timeout=ACK_TIMEOUT_S)
+                self._log("notice_acknowledged", node=node, ack=list(self._noticed[node].ack))
+            except Exception as exc:  # noqa: BLE001 - the node may go first; nothing is lost by that
+                self._log("watcher", node=node, message=f"the acknowledgement failed: {type(exc).__name__}", problem=True)

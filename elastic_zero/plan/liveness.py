@@ -1,0 +1,35 @@
+"""Which workers of a generation have gone silent: a node that vanishes (power, network, a frozen
+machine) resets no connections, so its peers would learn of it only at the collective timeout and
+Ray only after its health checks give up. Every worker sends a heartbeat a few times a second; a
+member silent for longer than the timeout, while others are heard, is lost. Pure: the clock is an
+argument.
+
+Silence is read against the witnesses (every worker of the job, in the generation or not): when
+none was heard lately, the listener itself was likely starved (a busy machine, a paused process),
+and nobody is declared lost; then Ray's own death notices and the collective timeout still end
+the generation.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+
+def silent_members(last_heard: Mapping[str, float], watched: Iterable[str], now: float, timeout_s: float,
+                   witnesses: Iterable[str] = ()) -> tuple[tuple[str, ...], str]:
+    """(the watched members silent for more than `timeout_s`, why), or ((), why not). Someone
+    among the watched and the witnesses must have been heard within half the timeout.
+
+    last_heard[a]: when a was last heard of (a heartbeat, or being watched from then on); a member
+    never heard of counts from `now`, that is, not yet silent."""
+    watched = sorted(set(watched))
+    silence = {a: now - last_heard.get(a, now) for a in sorted(set(watched) | set(witnesses))}
+    silent = tuple(a for a in watched if silence[a] > timeout_s)
+    if not silent:
+        return (), "every member was heard within the timeout"
+    heard = [a for a in silence if silence[a] <= timeout_s / 2]
+    if not heard:
+        return (), f"nobody was heard for {min(silence.values()):.1f} s: the listener, not every member, may be stalled"
+    worst = max(silent, key=lambda a: silence[a])
+    return silent, (f"no heartbeat from {', '.join(silent)} for {silence[worst]:.1f} s (timeout {timeout_s:g} s) "
+                    f"while {', '.join(heard)} were heard")

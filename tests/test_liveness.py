@@ -1,0 +1,63 @@
+"""Which silent workers are lost: the pure rule of plan/liveness.py."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elastic_zero.plan.liveness import silent_members
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_member_silent_past_the_timeout_while_others_are_heard_is_lost():
+    lost, reason = silent_members({"w0": 9.9, "w1": 8.5, "w2": 9.8}, ["w0", "w1", "w2"], now=10.0, timeout_s=1.0)
+    assert lost == ("w1",)
+    assert reason.startswith("no heartbeat from w1 for 1.5 s (timeout 1 s) while w0, w2 were heard")
+
+
+def test_members_within_the_timeout_are_not_lost():
+    assert silent_members({"w0": 9.9, "w1": 9.1}, ["w0", "w1"], now=10.0, timeout_s=1.0)[0] == ()
+
+
+def test_nobody_is_lost_when_nobody_was_heard_lately():
+    """The listener was starved (or every member went at once): Ray's death notices decide then."""
+    lost, reason = silent_members({"w0": 5.0, "w1": 5.5}, ["w0", "w1"], now=10.0, timeout_s=1.0)
+    assert lost == () and "listener" in reason
+
+
+def test_the_others_must_have_been_heard_within_half_the_timeout():
+    heard_at = {"w0": 8.0, "w1": 9.3}  # w1: 0.7 s ago, more than half the timeout
+    assert silent_members(heard_at, ["w0", "w1"], now=10.0, timeout_s=1.0)[0] == ()
+    heard_at["w1"] = 9.6
+    assert silent_members(heard_at, ["w0", "w1"], now=10.0, timeout_s=1.0)[0] == ("w0",)
+
+
+def test_witnesses_outside_the_generation_count_as_heard():
+    """The first of a node's workers to be declared lost has left the generation; its node-mate,
+    now the only one watched, is read against the others, who finished their part and still beat."""
+    heard_at = {"w1": 8.9, "w0": 9.9, "w2": 9.95}
+    assert silent_members(heard_at, ["w1"], now=10.0, timeout_s=1.0)[0] == ()
+    assert silent_members(heard_at, ["w1"], now=10.0, timeout_s=1.0, witnesses=["w0", "w2"])[0] == ("w1",)
+    assert silent_members({"w1": 8.9, "w0": 9.0}, ["w1"], now=10.0, timeout_s=1.0, witnesses=["w0"])[0] == ()
+
+
+def test_a_member_never_heard_of_is_not_yet_silent_and_the_unwatched_are_ignored():
+    lost, _ = silent_members({"w0": 9.9, "old": 0.0}, ["w0", "w9"], now=10.0, timeout_s=1.0)
+    assert lost == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from([f"w{i}" for i in range(6)]), st.floats(0, 20), min_size=1),
+       st.floats(0.2, 5))
+def test_the_lost_are_watched_silent_members_and_someone_was_heard(heard_at, timeout_s):
+    now = 20.0
+    watched = sorted(heard_at)
+    lost, reason = silent_members(heard_at, watched, now, timeout_s)
+    assert set(lost) <= set(watched)
+    assert all(now - heard_at[a] > timeout_s for a in lost)
+    if lost:
+        assert any(now - heard_at[a] <= timeout_s / 2 for a in watched)
+    else:
+        silent = [a for a in watched if now - heard_at[a] > timeout_s]
+        assert not silent or all(now - heard_at[a] > timeout_s / 2 for a in watched)
+    assert reason

@@ -1,0 +1,173 @@
+"""Whole nodes on a real multi-node Ray cluster on this machine: a head with no CPUs (the driver
+and the coordinator) and two worker nodes of two CPUs, four workers, two per node, each shard's
+replica on the other node.
+
+- Lost without warning: one node is frozen (SIGSTOP to all its processes: a machine that vanished
+  resets no connections, so its peers would learn of it only at the collective timeout, and Ray
+  only when its health checks give up). Oracles: both of its workers are lost in one generation,
+  by their silence (not by the collective timeout, set far away); training goes on from the
+  replicas in memory at the step reached (no step lost beyond the one in flight).
+- Told before it goes: a worker gets SIGTERM, then `ray drain-node` drains the other node.
+  Oracles: each is a preemption notice and a hand-off at a safe point (no recovery, no step
+  recomputed), and no new worker is placed on the drained node.
+
+In both, every sample of every step is counted exactly once and the job finishes at its last step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from elastic_zero.bench.local_cluster import RayHead, RayNode
+
+pytestmark = [pytest.mark.runtime, pytest.mark.slow]
+
+STEPS = 120
+
+
+def _spec(steps: int = STEPS) -> str:
+    return textwrap.dedent(f"""\
+        name = "nodes"
+        [model]
+        preset = "gpt-tiny"
+        [train]
+        steps = {steps}
+        global_batch = 16
+        micro_batch = 4
+        [zero]
+        stage = 2
+        [elastic]
+        workers = 4
+        min_workers = 1
+        max_workers = 4
+        collective_timeout_s = 120
+        """)
+
+
+@pytest.fixture
+def cluster():
+    head = RayHead(auth=False, num_cpus=0)
+    nodes = []
+    try:
+        nodes = [RayNode(head, f"ez_node_{i}", num_cpus=2, index=i) for i in range(2)]
+        yield head, nodes
+    finally:
+        for node in nodes:
+            node.stop()
+        head.stop()
+
+
+def _status(head, cwd, job_id) -> dict | None:
+    result = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "status", job_id, "--json", "--address",
+                             head.gcs_address], cwd=cwd, env=head.client_env(), capture_output=True, text=True,
+                            timeout=120)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def _start(head, tmp_path, job_id: str, steps: int = STEPS) -> subprocess.Popen:
+    (tmp_path / "job.toml").write_text(_spec(steps))
+    with open(tmp_path / "driver.log", "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "elastic_zero.cli", "run", "job.toml", "--address",
+                                 head.gcs_address, "--job-id", job_id, "--run-dir", str(tmp_path / "out"),
+                                 "--no-progress"], cwd=tmp_path, env=head.client_env(), stdout=log,
+                                stderr=subprocess.STDOUT)
+
+
+def _until(head, tmp_path, driver, job_id: str, what: str, check, timeout_s: float = 240) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record = _status(head, tmp_path, job_id)
+        if record and check(record):
+            return record
+        assert driver.poll() is None, open(tmp_path / "driver.log").read()[-3000:]
+        assert time.monotonic() < deadline, f"not {what}: {record}"
+        time.sleep(1)
+
+
+def _on_nodes(record: dict, nodes) -> dict:
+    """{node id: its workers}, checked: two on each worker node, the coordinator on the head."""
+    on_node = {n.node_id: sorted(m["actor_id"] for m in record["members"] if m["node"] == n.node_id) for n in nodes}
+    assert sorted(len(a) for a in on_node.values()) == [2, 2], record["members"]
+    assert record["coordinator"]["node"] not in on_node  # beside the driver, on the head
+    return on_node
+
+
+def _finished(driver, tmp_path, steps: int = STEPS) -> tuple[list[dict], dict]:
+    """The job's events and summary, once it finished with every sample counted exactly once."""
+    try:
+        assert driver.wait(timeout=300) == 0, open(tmp_path / "driver.log").read()[-3000:]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    events = [json.loads(line) for line in open(tmp_path / "out" / "events.jsonl")]
+    summary = json.load(open(tmp_path / "out" / "summary.json"))
+    assert summary["ok"] and summary["steps"] == steps, summary
+    assert summary["duplicate_samples"] == 0 and summary["skipped_samples"] == 0, summary
+    return events, summary
+
+
+def test_a_frozen_node_is_lost_at_once_and_training_goes_on_from_its_replicas(cluster, tmp_path):
+    head, nodes = cluster
+    driver = _start(head, tmp_path, "nodeloss")
+    record = _until(head, tmp_path, driver, "nodeloss", "training on 4 workers",
+                    lambda r: r["world_size"] == 4 and (r["step"] or 0) >= 3)
+    on_node = _on_nodes(record, nodes)
+    frozen = nodes[0]
+    frozen.freeze()
+    events, summary = _finished(driver, tmp_path)
+    lost = [e for e in events if e["event"] == "worker_lost"]
+    assert sorted(e["actor_id"] for e in lost) == on_node[frozen.node_id], lost
+    assert all(e.get("silent_s") for e in lost), lost  # by their silence, not the collective timeout
+    assert not [e for e in events if e["event"] == "worker_unresponsive"]
+    starts = [e for e in events if e["event"] == "generation_start"]
+    recovery = [e for e in starts if e["source"] == "snapshot"]
+    assert len(recovery) == 1 and sorted(recovery[0]["workers"]) == on_node[nodes[1].node_id], starts
+    (change,) = summary["recoveries"]
+    assert change["lost_steps"] <= 1, change  # the step in flight, at most
+
+
+def _worker_pids(node) -> list[int]:
+    pids = []
+    for pid in node.processes():
+        try:
+            if open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"ray::TrainingWorker"):
+                pids.append(pid)
+        except OSError:
+            pass
+    return pids
+
+
+def test_a_sigterm_and_a_ray_drain_are_handed_over_at_a_safe_point(cluster, tmp_path):
+    head, nodes = cluster
+    driver = _start(head, tmp_path, "drain", steps=500)
+    record = _until(head, tmp_path, driver, "drain", "training on 4 workers",
+                    lambda r: r["world_size"] == 4 and (r["step"] or 0) >= 3)
+    on_node = _on_nodes(record, nodes)
+    (pid, *_) = _worker_pids(nodes[0])
+    os.kill(pid, signal.SIGTERM)  # a pod deleted: it goes after the grace period
+    _until(head, tmp_path, driver, "drain", "grown back to 4 after the SIGTERM",
+           lambda r: r["reconfigurations"] >= 2 and r["world_size"] == 4)
+    drained = nodes[1]
+    drain = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "drain-node", "--address",
+                            head.gcs_address, "--node-id", drained.node_id, "--reason", "DRAIN_NODE_REASON_PREEMPTION",
+                            "--reason-message", "spot instance reclaimed", "--deadline-remaining-seconds", "120"],
+                           env=head.server_env, capture_output=True, text=True, timeout=60)
+    assert drain.returncode == 0, drain.stderr[-2000:]
+    events, summary = _finished(driver, tmp_path, steps=500)
+    notices = [e for e in events if e["event"] == "preemption_notice"]
+    assert [n["source"] for n in notices] == ["sigterm", "ray-drain"], notices
+    assert notices[0]["actor_id"] in on_node[nodes[0].node_id]
+    assert notices[1]["node"] == drained.node_id and sorted(notices[1]["actor_ids"]) == on_node[drained.node_id]
+    assert not [e for e in events if e["event"] == "worker_lost"] and summary["recoveries"] == [], summary
+    drained_at = events.index(notices[1])
+    assert all(e["node"] != drained.node_id for e in events[drained_at:] if e["event"] == "worker_ready")
+    leaves = [c for c in summary["reconfigurations"] if c.get("cause") == "leave"]
+    assert len(leaves) == 2, summary["reconfigurations"]
