@@ -1,6 +1,8 @@
 """A cloud's metadata server on loopback, for the preemption watchers' tests: real HTTP, the paths,
 headers and answers of AWS IMDSv2, GCP and Azure Scheduled Events, and the bad answers a watcher
-must survive (set `answer` to bytes to say those, `hang_s` to say nothing for a while)."""
+must survive (set `answer` to bytes to say those, `hang_s` to say nothing for a while). Several
+nodes on one machine share it; for AWS each watcher gets its own session token, and a notice may
+be meant for one token's holder only (`only_token`): one node's instance action."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ class FakeMetadata:
         self.answer: bytes | None = None  # said instead of the notice (a bad answer)
         self.hang_s = 0.0
         self.acks: list = []
+        self.tokens: list[str] = []  # AWS session tokens given, one per PUT: one per watcher (node)
+        self.only_token: str | None = None  # AWS: the notice is for the holder of this token only
         self.requests: list[tuple[str, str, dict]] = []
         self.changed = threading.Condition()
         fake = self
@@ -39,7 +43,8 @@ class FakeMetadata:
                 fake.requests.append(("PUT", self.path, {k.lower(): v for k, v in self.headers.items()}))
                 if fake.cloud == "aws" and self.path == "/latest/api/token" and \
                         self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-                    return self._reply(200, b"token-123")
+                    fake.tokens.append(f"token-{len(fake.tokens) + 1}")
+                    return self._reply(200, fake.tokens[-1].encode())
                 self._reply(404, b"")
 
             def do_POST(self):
@@ -57,12 +62,15 @@ class FakeMetadata:
                 if fake.hang_s:
                     time.sleep(fake.hang_s)
                 if fake.cloud == "aws":
-                    if self.headers.get("X-aws-ec2-metadata-token") != "token-123":
+                    token = self.headers.get("X-aws-ec2-metadata-token")
+                    if token not in fake.tokens:
                         return self._reply(401, b"")
                     if url.path == "/latest/meta-data/spot/instance-action":
                         if fake.answer is not None:
                             return self._reply(200, fake.answer)
-                        return self._reply(200, json.dumps(fake.notice).encode()) if fake.notice else self._reply(404, b"")
+                        ours = fake.only_token is None or token == fake.only_token
+                        return self._reply(200, json.dumps(fake.notice).encode()) if fake.notice and ours \
+                            else self._reply(404, b"")
                     if url.path == "/latest/meta-data/events/recommendations/rebalance":
                         return self._reply(200, json.dumps(fake.rebalance).encode()) if fake.rebalance else self._reply(404, b"")
                 if fake.cloud == "gcp" and self.headers.get("Metadata-Flavor") == "Google":

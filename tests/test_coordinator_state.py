@@ -237,6 +237,25 @@ def test_a_replacement_that_cannot_start_is_retried_once_then_ends_the_job():
     assert isinstance(_cmd(cmds, Fail), Fail) and "w4 failed to start: MemoryError" in cmds[0].message
 
 
+def test_replacements_lost_while_they_start_are_asked_for_again_a_few_times_in_a_row():
+    """A replacement placed on a node that then vanished dies in Ray's hands, not by its own
+    start: that is no bug of the job, so it never ends a running job (seen: two replacements on a
+    frozen node ended the job as 'cannot start')."""
+    from elastic_zero.coordinator.state import MAX_START_LOSSES, WorkerStartFailed
+
+    s, plan = _started(3)
+    s, cmds, _ = _end(s, plan, w1="dead")
+    s, cmds, _ = decide(s, GenerationStepped(s.generation.number), 11.0)
+    died = "The actor died unexpectedly before finishing this task."
+    for i in range(MAX_START_LOSSES):
+        s, cmds, reason = decide(s, WorkerStartFailed(f"w{3 + i}", died, lost=True), 12.0 + i)
+        assert cmds == (Spawn(1),) and not s.done and "another is asked for" in reason
+    s, cmds, reason = decide(s, WorkerStartFailed("w9", died, lost=True), 20.0)
+    assert cmds == () and not s.done and "no replacement for now" in reason
+    s, _, _ = decide(s, WorkersReady((Member("w10", "n1"),)), 21.0)  # one made it: the count starts again
+    assert s.start_losses == 0
+
+
 def test_the_same_error_on_two_generations_ends_the_job():
     """A worker's own exception (not a lost peer) that comes back after a recovery is a bug:
     replacing workers forever would never mend it."""

@@ -7,9 +7,10 @@ replica on the other node.
   only when its health checks give up). Oracles: both of its workers are lost in one generation,
   by their silence (not by the collective timeout, set far away); training goes on from the
   replicas in memory at the step reached (no step lost beyond the one in flight).
-- Told before it goes: a worker gets SIGTERM, then `ray drain-node` drains the other node.
-  Oracles: each is a preemption notice and a hand-off at a safe point (no recovery, no step
-  recomputed), and no new worker is placed on the drained node.
+- Told before it goes: a worker gets SIGTERM, one node an AWS spot notice (from a fake metadata
+  server on loopback), the other `ray drain-node`. Oracles: each is a preemption notice and a
+  hand-off at a safe point (no recovery, no step recomputed), and no new worker is placed on a node
+  that was told it goes.
 
 In both, every sample of every step is counted exactly once and the job finishes at its last step.
 """
@@ -27,13 +28,14 @@ import time
 import pytest
 
 from elastic_zero.bench.local_cluster import RayHead, RayNode
+from fake_metadata import FakeMetadata
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
 STEPS = 120
 
 
-def _spec(steps: int = STEPS) -> str:
+def _spec(steps: int = STEPS, preemption: str = "") -> str:
     return textwrap.dedent(f"""\
         name = "nodes"
         [model]
@@ -49,7 +51,7 @@ def _spec(steps: int = STEPS) -> str:
         min_workers = 1
         max_workers = 4
         collective_timeout_s = 120
-        """)
+        """) + preemption
 
 
 @pytest.fixture
@@ -72,8 +74,8 @@ def _status(head, cwd, job_id) -> dict | None:
     return json.loads(result.stdout) if result.returncode == 0 else None
 
 
-def _start(head, tmp_path, job_id: str, steps: int = STEPS) -> subprocess.Popen:
-    (tmp_path / "job.toml").write_text(_spec(steps))
+def _start(head, tmp_path, job_id: str, steps: int = STEPS, preemption: str = "") -> subprocess.Popen:
+    (tmp_path / "job.toml").write_text(_spec(steps, preemption))
     with open(tmp_path / "driver.log", "w") as log:
         return subprocess.Popen([sys.executable, "-m", "elastic_zero.cli", "run", "job.toml", "--address",
                                  head.gcs_address, "--job-id", job_id, "--run-dir", str(tmp_path / "out"),
@@ -100,8 +102,9 @@ def _on_nodes(record: dict, nodes) -> dict:
     return on_node
 
 
-def _finished(driver, tmp_path, steps: int = STEPS) -> tuple[list[dict], dict]:
-    """The job's events and summary, once it finished with every sample counted exactly once."""
+def _finished(driver, tmp_path, steps: int | None = STEPS) -> tuple[list[dict], dict]:
+    """The job's events and summary, once it finished (or was stopped: steps None) with every
+    sample counted exactly once."""
     try:
         assert driver.wait(timeout=300) == 0, open(tmp_path / "driver.log").read()[-3000:]
     finally:
@@ -109,7 +112,7 @@ def _finished(driver, tmp_path, steps: int = STEPS) -> tuple[list[dict], dict]:
             driver.kill()
     events = [json.loads(line) for line in open(tmp_path / "out" / "events.jsonl")]
     summary = json.load(open(tmp_path / "out" / "summary.json"))
-    assert summary["ok"] and summary["steps"] == steps, summary
+    assert summary["ok"] and summary["steps"] == (steps or summary["stopped_at_step"]), summary
     assert summary["duplicate_samples"] == 0 and summary["skipped_samples"] == 0, summary
     return events, summary
 
@@ -145,29 +148,81 @@ def _worker_pids(node) -> list[int]:
     return pids
 
 
-def test_a_sigterm_and_a_ray_drain_are_handed_over_at_a_safe_point(cluster, tmp_path):
+def _events(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in open(tmp_path / "out" / "events.jsonl")]
+
+
+def _until_event(tmp_path, driver, what: str, check, timeout_s: float = 120) -> list[dict]:
+    """Waits on the job's own event log (quicker to read than a status)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        events = _events(tmp_path)
+        if check(events):
+            return events
+        assert driver.poll() is None, open(tmp_path / "driver.log").read()[-3000:]
+        assert time.monotonic() < deadline, f"not {what}: {events[-5:]}"
+        time.sleep(0.2)
+
+
+def _ready_on(events, after: int) -> list[str]:
+    return [e["node"] for e in events[after:] if e["event"] == "worker_ready"]
+
+
+def test_a_sigterm_a_cloud_notice_and_a_ray_drain_are_handed_over_at_a_safe_point(cluster, tmp_path):
+    """SIGTERM to a worker on node A; a third node C joins; an AWS spot notice for one of A and B
+    (the fake metadata server tells only the first watcher's token); `ray drain-node` on the other.
+    Each is a hand-off at a safe point (no recovery, no step recomputed); the replacements go to
+    C, never to a node that was told it goes."""
     head, nodes = cluster
-    driver = _start(head, tmp_path, "drain", steps=500)
-    record = _until(head, tmp_path, driver, "drain", "training on 4 workers",
-                    lambda r: r["world_size"] == 4 and (r["step"] or 0) >= 3)
-    on_node = _on_nodes(record, nodes)
-    (pid, *_) = _worker_pids(nodes[0])
-    os.kill(pid, signal.SIGTERM)  # a pod deleted: it goes after the grace period
-    _until(head, tmp_path, driver, "drain", "grown back to 4 after the SIGTERM",
-           lambda r: r["reconfigurations"] >= 2 and r["world_size"] == 4)
-    drained = nodes[1]
-    drain = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "drain-node", "--address",
-                            head.gcs_address, "--node-id", drained.node_id, "--reason", "DRAIN_NODE_REASON_PREEMPTION",
-                            "--reason-message", "spot instance reclaimed", "--deadline-remaining-seconds", "120"],
-                           env=head.server_env, capture_output=True, text=True, timeout=60)
-    assert drain.returncode == 0, drain.stderr[-2000:]
-    events, summary = _finished(driver, tmp_path, steps=500)
+    fake = FakeMetadata("aws")
+    try:
+        preemption = f'[preemption]\nwatch = ["sigterm", "ray-drain", "aws"]\npoll_s = 0.2\naws_endpoint = "{fake.url}"\n'
+        driver = _start(head, tmp_path, "notices", steps=100000, preemption=preemption)
+        record = _until(head, tmp_path, driver, "notices", "training on 4 workers",
+                        lambda r: r["world_size"] == 4 and (r["step"] or 0) >= 3)
+        on_node = _on_nodes(record, nodes)
+        deadline = time.monotonic() + 30
+        while len(fake.tokens) < 2:  # one watcher per node, each with its own session token
+            assert time.monotonic() < deadline, fake.tokens
+            time.sleep(0.1)
+        (pid, *_) = _worker_pids(nodes[0])
+        os.kill(pid, signal.SIGTERM)  # a pod deleted: it goes after the grace period
+        _until_event(tmp_path, driver, "grown back to 4 after the SIGTERM",
+                     lambda ev: [e["source"] for e in ev if e["event"] == "generation_start"] == ["init", "live", "live"])
+        nodes.append(RayNode(head, "ez_node_2", num_cpus=2, index=2))
+        mark = len(_events(tmp_path))
+        # the newest token's holder lives (the SIGTERM'd worker may have been a watcher)
+        fake.change(only_token=fake.tokens[-1], notice={"action": "terminate", "time": time.strftime(
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))})
+        events = _until_event(tmp_path, driver, "the replacements of the noticed node's workers joined",
+                              lambda ev: len(_ready_on(ev, mark)) == 2 and
+                              [e["workers"] for e in ev[mark:] if e["event"] == "generation_start"][-1:] != [] and
+                              len([e for e in ev[mark:] if e["event"] == "generation_start"][-1]["workers"]) == 4)
+        (aws,) = [e for e in events if e["event"] == "preemption_notice" and e.get("source") == "aws"]
+        told = next(n for n in nodes if n.node_id == aws["node"])
+        other = next(n for n in nodes[:2] if n is not told)
+        assert _ready_on(events, mark) == [nodes[2].node_id] * 2, events[mark:]  # to C, not to the told node
+        mark = len(events)
+        drain = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "drain-node", "--address",
+                                head.gcs_address, "--node-id", other.node_id, "--reason",
+                                "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot instance reclaimed",
+                                "--deadline-remaining-seconds", "120"],
+                               env=head.server_env, capture_output=True, text=True, timeout=60)
+        assert drain.returncode == 0, drain.stderr[-2000:]
+        _until_event(tmp_path, driver, "the drained node's workers handed over",
+                     lambda ev: any(e["event"] == "generation_start" for e in ev[mark:]))
+        stop = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "stop", "notices", "--address",
+                               head.gcs_address], env=head.client_env(), capture_output=True, text=True, timeout=120)
+        assert stop.returncode == 0, stop.stderr[-2000:]
+        events, summary = _finished(driver, tmp_path, steps=None)
+    finally:
+        fake.close()
     notices = [e for e in events if e["event"] == "preemption_notice"]
-    assert [n["source"] for n in notices] == ["sigterm", "ray-drain"], notices
+    assert [n["source"] for n in notices] == ["sigterm", "aws", "ray-drain"], notices
     assert notices[0]["actor_id"] in on_node[nodes[0].node_id]
-    assert notices[1]["node"] == drained.node_id and sorted(notices[1]["actor_ids"]) == on_node[drained.node_id]
+    assert notices[2]["node"] == other.node_id and len(notices[2]["actor_ids"]) == 2
     assert not [e for e in events if e["event"] == "worker_lost"] and summary["recoveries"] == [], summary
-    drained_at = events.index(notices[1])
-    assert all(e["node"] != drained.node_id for e in events[drained_at:] if e["event"] == "worker_ready")
+    assert told.node_id not in _ready_on(events, events.index(notices[1]))
+    assert other.node_id not in _ready_on(events, events.index(notices[2]))
     leaves = [c for c in summary["reconfigurations"] if c.get("cause") == "leave"]
-    assert len(leaves) == 2, summary["reconfigurations"]
+    assert len(leaves) == 3, summary["reconfigurations"]

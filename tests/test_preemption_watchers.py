@@ -143,7 +143,7 @@ def test_aws_token_first_then_the_instance_action_once(fakes):
     aws = [r for r in fake.requests if r[1].startswith("/latest/")]
     assert aws[0][0] == "PUT"  # IMDSv2: the token before anything else (found out which cloud by it)
     gets = [r for r in aws if r[0] == "GET"]
-    assert all(r[2].get("x-aws-ec2-metadata-token") == "token-123" for r in gets)
+    assert fake.tokens == ["token-1"] and all(r[2].get("x-aws-ec2-metadata-token") == "token-1" for r in gets)
 
 
 def test_gcp_long_poll_answers_when_the_value_changes(fakes):

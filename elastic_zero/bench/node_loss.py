@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -75,7 +76,9 @@ def _trial(preset: str, steps: int, heartbeat_timeout_s: float, collective_timeo
             frozen_at = time.time()
             nodes[0].freeze()
             if driver.wait(timeout=600) != 0:
-                raise RuntimeError(f"the job failed; see {work_dir}/driver.log")
+                summary_path = os.path.join(run_dir, "summary.json")
+                error = json.load(open(summary_path)).get("error") if os.path.exists(summary_path) else None
+                raise RuntimeError(f"the job failed ({error}); see {work_dir}")
         finally:
             if driver.poll() is None:
                 driver.kill()
@@ -99,12 +102,15 @@ def run_node_loss_bench(preset: str = "gpt-small", trials: int = 3, steps: int =
                         collective_timeout_s: float = 30.0, seed: int = 0, without: bool = True) -> dict:
     rng = random.Random(seed)
     modes = [("heartbeats", 1.0)] + ([("no_heartbeats", 0.0)] if without else [])
+    if os.environ.get("ELASTIC_ZERO_BENCH_MODES"):  # one of them alone, to look into it
+        modes = [m for m in modes if m[0] in os.environ["ELASTIC_ZERO_BENCH_MODES"].split(",")]
     report: dict = {"preset": preset, "trials": trials, "collective_timeout_s": collective_timeout_s}
     for name, timeout in modes:
         runs = []
         for _ in range(trials):
-            with tempfile.TemporaryDirectory(prefix="ez-node-loss-") as work_dir:
-                runs.append(_trial(preset, steps, timeout, collective_timeout_s, freeze_after, rng, work_dir))
+            work_dir = tempfile.mkdtemp(prefix="ez-node-loss-")
+            runs.append(_trial(preset, steps, timeout, collective_timeout_s, freeze_after, rng, work_dir))
+            shutil.rmtree(work_dir)  # kept when the trial failed
         report[name] = {"runs": runs,
                         "to_next_step_done_s_median": statistics.median(r["to_next_step_done_s"] for r in runs),
                         "detected_after_s_median": statistics.median(r["detected_after_s"] for r in runs)}

@@ -182,7 +182,8 @@ class Coordinator(CoordinatorFace, NodeWatch):
             except ray.exceptions.RayError as exc:
                 error = _start_error(exc)
                 self._log("worker_start_failed", actor_id=actor_id, error=error)
-                self._apply(WorkerStartFailed(actor_id, error))
+                # hello() raised (a RayTaskError: our own one-line start error), or the actor died
+                self._apply(WorkerStartFailed(actor_id, error, lost=not isinstance(exc, ray.exceptions.RayTaskError)))
                 return
             self._log("worker_ready", actor_id=actor_id, node=hello.member.node)
             self._worker_at(actor_id, hello.member.node)
@@ -231,6 +232,7 @@ class Coordinator(CoordinatorFace, NodeWatch):
         self._log("decision", on="Silence", reason=reason)
         for actor_id in lost:
             self._log("worker_lost", actor_id=actor_id, silent_s=round(now - self._heard[actor_id], 2))
+        self._nodes_lost(lost)
         self._retire(lost, "silent: presumed lost with its node")
         self._generation_failed()
 

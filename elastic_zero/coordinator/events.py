@@ -23,6 +23,7 @@ class WorkersReady:
 class WorkerStartFailed:
     actor_id: str
     error: str
+    lost: bool = False  # its process or node died (Ray's error), rather than its start failing
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""The coordinator's side of preemption, per node: one worker on each node watches its cloud's
+"""The coordinator's side of nodes that go, per node: one worker on each node watches its cloud's
 metadata server (no extra process); Ray's drains are read here for the whole cluster; a notice for
 a node becomes a preemption notice for each of the job's workers there (they hand their shards over
 at the next safe point), keeps new workers off that node, and, once the node's workers are gone,
-is acknowledged where the cloud wants it (Azure). Mixed into the Coordinator actor."""
+is acknowledged where the cloud wants it (Azure). A node whose workers went silent is kept out of
+new placements for a while too. Mixed into the Coordinator actor."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from elastic_zero.preemption.ray_drain import RayDrains
 
 NODE_ID_LABEL = "ray.io/node-id"
 ACK_TIMEOUT_S = 5.0
+LOST_NODE_AVOID_S = 120.0  # Ray counts a vanished node alive until its health checks give up
 
 
 class NodeWatch:
@@ -24,6 +26,7 @@ class NodeWatch:
         self._worker_nodes: dict[str, str] = {}  # actor id -> its node
         self._watchers: dict[str, str] = {}  # node -> the worker that watches its metadata server
         self._noticed: dict[str, Notice] = {}  # node -> the first notice for it
+        self._lost_nodes: dict[str, float] = {}  # node whose workers went silent -> avoided until (monotonic)
         self._drain_stop = threading.Event()
         p = self.spec.preemption
         self._clouds = [c for c in p.watch if c in ("aws", "gcp", "azure")]
@@ -77,11 +80,20 @@ class NodeWatch:
             if actor_id in staying:
                 self._apply(PreemptionNotice(actor_id))
 
+    def _nodes_lost(self, actor_ids) -> None:
+        """Workers lost by their silence: their nodes are kept out of new placements for a while."""
+        until = time.monotonic() + LOST_NODE_AVOID_S
+        for actor_id in actor_ids:
+            if actor_id in self._worker_nodes:
+                self._lost_nodes[self._worker_nodes[actor_id]] = until
+
     def _spawn_options(self) -> dict:
-        """Keep new workers off the nodes that are to go."""
-        if not self._noticed:
+        """Keep new workers off the nodes that are to go, and off those that went silent lately."""
+        now = time.monotonic()
+        avoid = set(self._noticed) | {node for node, until in self._lost_nodes.items() if until > now}
+        if not avoid:
             return {}
-        return {"label_selector": {NODE_ID_LABEL: f"!in({','.join(sorted(self._noticed))})"}}
+        return {"label_selector": {NODE_ID_LABEL: f"!in({','.join(sorted(avoid))})"}}
 
     def _leaving_worker_retired(self, actor_id: str, handle) -> None:
         """Before a worker goes: if it watched a node, another of the node's workers takes over, or,

@@ -41,6 +41,9 @@ class Decision(NamedTuple):
     reason: str
 
 
+MAX_START_LOSSES = 3
+
+
 @dataclass(frozen=True)
 class CoordinatorState:
     min_workers: int
@@ -67,6 +70,7 @@ class CoordinatorState:
     # errors that were not faults (a worker's own exception; a worker that could not start): the
     # same one twice means a bug or a bad input, which replacing workers never mends
     errors_seen: frozenset = frozenset()
+    start_losses: int = 0  # starting workers lost in a row (their process or node died, not their start)
     stop_requested: bool = False  # a graceful stop: the job ends at the next safe point
     stop_checkpoint: bool = False  # ... with a final checkpoint there
 
@@ -100,7 +104,7 @@ def _decide(state: CoordinatorState, event: Event, now: float):
     if isinstance(event, Start):
         return replace(state, spawning=state.target), (Spawn(state.target),), f"start {state.target} workers"
     if isinstance(event, WorkersReady):
-        return _on_ready(state, event.members, now)
+        return _on_ready(replace(state, start_losses=0), event.members, now)
     if isinstance(event, WorkerStartFailed):
         return _on_start_failure(state, event)
     if isinstance(event, ScaleRequested):
@@ -151,9 +155,17 @@ def _on_ready(state, members, now):
 
 def _on_start_failure(state, event: WorkerStartFailed):
     """A worker that cannot start ends the job when the job has not started (its spec, its data or
-    its machine is wrong for every worker alike) or when a replacement fails the same way twice."""
+    its machine is wrong for every worker alike) or when a replacement fails the same way twice. A
+    worker lost while it started (its process or node died) is asked for again, up to
+    MAX_START_LOSSES times in a row."""
     state = replace(state, spawning=max(0, state.spawning - 1))
     message = f"worker {event.actor_id} failed to start: {event.error}"
+    if event.lost:  # not the worker's own doing (a node lost under it): ask again, a few times in a row
+        if state.start_losses < MAX_START_LOSSES:
+            state, spawn = _top_up(replace(state, start_losses=state.start_losses + 1))
+            return state, spawn, f"{message} (its process or node was lost); another is asked for"
+        if state.generation is not None:
+            return state, (), f"{message}; {MAX_START_LOSSES + 1} starts in a row were lost: no replacement for now"
     if state.generation is None or event.error in state.errors_seen:
         return replace(state, done=True), (Fail(message),), "a worker cannot start"
     state, spawn = _top_up(replace(state, errors_seen=state.errors_seen | {event.error}))
