@@ -47,8 +47,9 @@ class NodeWatch:
     def _watch_ray_drains(self) -> None:
         drains = RayDrains()
         while not self._drain_stop.wait(self.spec.preemption.poll_s):
+            ours = set(list(self._worker_nodes.values()))  # a copy: the loop's thread changes it
             for node, notice in drains.draining().items():
-                if node in self._worker_nodes.values() and node not in self._noticed:
+                if node in ours and node not in self._noticed:
                     self._inbox.put(NodeNotice(node, notice))
             if drains.problem:
                 self._log("watcher", node=None, message=drains.problem, problem=True)
