@@ -79,9 +79,13 @@ class FakeMetadata:
                         return self._reply(200, b"instance/\n", google)
                     if url.path == "/computeMetadata/v1/instance/preempted":
                         query = parse_qs(url.query)
-                        if query.get("wait_for_change") == ["true"]:  # until the value changes, or the timeout
+                        # a long poll waits while the value is the one the client saw (or, with no
+                        # last_etag, until it changes), at most timeout_sec
+                        if query.get("wait_for_change") == ["true"] and \
+                                query.get("last_etag", [fake.gcp_etag()])[0] == fake.gcp_etag():
                             with fake.changed:
                                 fake.changed.wait(float(query.get("timeout_sec", ["60"])[0]))
+                        google["ETag"] = fake.gcp_etag()
                         if fake.answer is not None:
                             return self._reply(200, fake.answer, google)
                         return self._reply(200, b"TRUE" if fake.notice else b"FALSE", google)
@@ -105,6 +109,9 @@ class FakeMetadata:
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def gcp_etag(self) -> str:
+        return f"etag-{bool(self.notice)}-{self.answer!r:.20}"
 
     def change(self, **fields) -> None:
         """Set fields (notice, answer, ...) and wake the long polls."""

@@ -237,6 +237,23 @@ def test_a_replacement_that_cannot_start_is_retried_once_then_ends_the_job():
     assert isinstance(_cmd(cmds, Fail), Fail) and "w4 failed to start: MemoryError" in cmds[0].message
 
 
+def test_a_notice_for_a_worker_ready_to_join_retires_it_and_asks_for_another():
+    """A node told to go may hold a worker that is ready but has not joined yet: it goes at once
+    (it holds no shard), leaves the ready list (a retired worker must never be planned in), and a
+    replacement is asked for."""
+    s, plan = _started(2)
+    s, cmds, _ = decide(s, ScaleRequested(3), 2.0)
+    assert _cmd(cmds, Spawn) == Spawn(1)
+    s, _, _ = decide(s, WorkersReady(_members("w2")), 3.0)
+    assert [m.actor_id for m in s.ready] == ["w2"]
+    s, cmds, reason = decide(s, PreemptionNotice("w2"), 4.0)
+    assert _cmd(cmds, Retire) == Retire(("w2",)) and _cmd(cmds, Spawn) == Spawn(1) and s.ready == ()
+    assert "before it joined" in reason
+    s, cmds, _ = _end(s, plan)  # the safe point asked for the join: nobody joins, the members go on
+    start = _cmd(cmds, StartGeneration)
+    assert start is None or "w2" not in start.plan.participants
+
+
 def test_replacements_lost_while_they_start_are_asked_for_again_a_few_times_in_a_row():
     """A replacement placed on a node that then vanished dies in Ray's hands, not by its own
     start: that is no bug of the job, so it never ends a running job (seen: two replacements on a

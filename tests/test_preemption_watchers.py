@@ -84,6 +84,7 @@ class Watching:
 
     def __init__(self, fake: FakeMetadata | None, clouds: list[str], url: str | None = None, **kw) -> None:
         url = url or fake.url
+        self.fake = fake
         self.told, self.said = [], []
         self.told_event = threading.Event()
         self.watcher = CloudWatcher(clouds, {"aws": url, "gcp": url, "azure": url}, kw.pop("poll_s", 0.05),
@@ -113,6 +114,8 @@ class Watching:
 
     def stop(self) -> None:
         self.watcher.stop()
+        if self.fake is not None:
+            self.fake.change()  # wakes a GCP long poll
         self.thread.join(timeout=10)
         assert not self.thread.is_alive(), "the watcher did not stop"
 
@@ -159,6 +162,18 @@ def test_gcp_long_poll_answers_when_the_value_changes(fakes):
     w.stop()
 
 
+def test_gcp_already_preempted_when_the_watch_starts_is_told_at_once(fakes):
+    """A watcher that starts (or takes over) after the value turned TRUE reads it at once, not at
+    the end of a long poll that waits for a change (GCP's whole notice is 30 s)."""
+    fake = fakes("gcp")
+    fake.change(notice=True)
+    started = time.time()
+    w = Watching(fake, ["gcp"], poll_s=1.0)
+    w.wait_told(timeout_s=5)
+    assert time.time() - started < 3
+    w.stop()
+
+
 def test_azure_notice_and_acknowledgement(fakes):
     fake = fakes("azure")
     w = Watching(fake, ["azure"])
@@ -166,7 +181,7 @@ def test_azure_notice_and_acknowledgement(fakes):
                          "NotBefore": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 30))}])
     notice = w.wait_told()
     assert notice.ack == ("ev-7",)
-    w.watcher.acknowledge(notice.ack)
+    assert w.watcher.acknowledge(notice.ack) is True
     assert fake.acks == [{"StartRequests": [{"EventId": "ev-7"}]}]
     w.stop()
 

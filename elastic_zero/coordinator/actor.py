@@ -57,6 +57,15 @@ def _start_error(exc: Exception) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
+def _lost_while_starting(exc: Exception) -> bool:
+    """The starting actor's process or node died (Ray's doing), rather than its start failing:
+    hello() raising is a RayTaskError (our one-line start error), a constructor that raised is an
+    ActorDiedError whose creation task failed."""
+    if not isinstance(exc, ray.exceptions.RayActorError):
+        return False
+    return not getattr(exc, "actor_init_failed", False)
+
+
 class Coordinator(CoordinatorFace, NodeWatch):
     def __init__(self, spec: dict, job_id: str, run_dir: str, started_at: float) -> None:
         self.job_id, self.run_dir, self.started_at = job_id, run_dir, started_at
@@ -182,10 +191,13 @@ class Coordinator(CoordinatorFace, NodeWatch):
             except ray.exceptions.RayError as exc:
                 error = _start_error(exc)
                 self._log("worker_start_failed", actor_id=actor_id, error=error)
-                # hello() raised (a RayTaskError: our own one-line start error), or the actor died
-                self._apply(WorkerStartFailed(actor_id, error, lost=not isinstance(exc, ray.exceptions.RayTaskError)))
+                self._apply(WorkerStartFailed(actor_id, error, lost=_lost_while_starting(exc)))
                 return
             self._log("worker_ready", actor_id=actor_id, node=hello.member.node)
+            if self._node_goes(hello.member.node):  # placed there before Ray or we knew: another is asked for
+                self._retire((actor_id,), "it started on a node that goes")
+                self._apply(WorkerStartFailed(actor_id, "it started on a node that goes", lost=True))
+                return
             self._worker_at(actor_id, hello.member.node)
             if hello.warning:
                 self._log("warning", actor_id=actor_id, message=hello.warning)
@@ -233,7 +245,7 @@ class Coordinator(CoordinatorFace, NodeWatch):
         for actor_id in lost:
             self._log("worker_lost", actor_id=actor_id, silent_s=round(now - self._heard[actor_id], 2))
         self._nodes_lost(lost)
-        self._retire(lost, "silent: presumed lost with its node")
+        self._retire(lost, "silent: presumed lost with its node", lost=True)
         self._generation_failed()
 
     def _kill_unresponsive(self) -> None:
@@ -414,11 +426,11 @@ class Coordinator(CoordinatorFace, NodeWatch):
         summary = {**self.books.summary(memory.get("param_count"), end_step=command.step), "stopped_at_step": command.step}
         self._result = {"ok": True, "summary": summary, "final_state": states[0]}
 
-    def _retire(self, actor_ids, why: str) -> None:
+    def _retire(self, actor_ids, why: str, lost: bool = False) -> None:
         for actor_id in actor_ids:
             handle = self._workers.pop(actor_id, None)
             if handle is not None:
-                self._leaving_worker_retired(actor_id, handle)
+                self._leaving_worker_retired(actor_id, handle, lost)
                 ray.kill(handle, no_restart=True)
         if actor_ids:
             self._log("retire", actor_ids=list(actor_ids), why=why)

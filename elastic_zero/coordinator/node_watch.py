@@ -69,17 +69,16 @@ class NodeWatch:
         if node in self._noticed:
             return  # the first source to tell is acted on; the others say the same
         self._noticed[node] = notice
-        staying = {m.actor_id for m in self.state.generation.members} if self.state.generation else set()
         here = sorted(a for a, n in self._worker_nodes.items() if n == node and a in self._workers)
         deadline_s = round(notice.deadline_at - time.time(), 1) if notice.deadline_at is not None else None
         self._log("preemption_notice", node=node, source=notice.source, deadline_s=deadline_s, detail=notice.detail,
                   actor_ids=here)
-        idle = tuple(a for a in here if a not in staying)  # spawned here, not yet training: just go
-        if idle:
-            self._retire(idle, f"its node is to be preempted ({notice.source})")
-        for actor_id in here:
-            if actor_id in staying:
-                self._apply(PreemptionNotice(actor_id))
+        for actor_id in here:  # members leave at a safe point; ready ones that have not joined just go
+            self._apply(PreemptionNotice(actor_id))
+
+    def _node_goes(self, node: str) -> bool:
+        """Told to go, or its workers went silent lately: no new worker should stay there."""
+        return node in self._noticed or self._lost_nodes.get(node, 0.0) > time.monotonic()
 
     def _nodes_lost(self, actor_ids) -> None:
         """Workers lost by their silence: their nodes are kept out of new placements for a while."""
@@ -96,9 +95,10 @@ class NodeWatch:
             return {}
         return {"label_selector": {NODE_ID_LABEL: f"!in({','.join(sorted(avoid))})"}}
 
-    def _leaving_worker_retired(self, actor_id: str, handle) -> None:
+    def _leaving_worker_retired(self, actor_id: str, handle, lost: bool = False) -> None:
         """Before a worker goes: if it watched a node, another of the node's workers takes over, or,
-        when it was the last one there, the node's notice is acknowledged through it."""
+        when it was the last one there, the node's notice is acknowledged through it (not through
+        one lost with its node: nobody would answer)."""
         node = self._worker_nodes.pop(actor_id, None)
         if node is None or self._watchers.get(node) != actor_id:
             return
@@ -107,9 +107,14 @@ class NodeWatch:
         if others and self._result is None:
             self._watchers[node] = others[0]
             self._workers[others[0]].watch_node.remote(node)
-        elif not others and node in self._noticed and self._noticed[node].ack:
+        elif not others and not lost and node in self._noticed and self._noticed[node].ack:
+            ack = self._noticed[node].ack
             try:
-                ray.get(handle.acknowledge_notice.remote(self._noticed[node].ack), timeout=ACK_TIMEOUT_S)
-                self._log("notice_acknowledged", node=node, ack=list(self._noticed[node].ack))
+                done = ray.get(handle.acknowledge_notice.remote(ack), timeout=ACK_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - the node may go first; nothing is lost by that
-                self._log("watcher", node=node, message=f"the acknowledgement failed: {type(exc).__name__}", problem=True)
+                done = f"{type(exc).__name__}"
+            if done is True:
+                self._log("notice_acknowledged", node=node, ack=list(ack))
+            else:
+                self._log("watcher", node=node, message=f"the acknowledgement of {', '.join(ack)} failed: {done}",
+                          problem=True)

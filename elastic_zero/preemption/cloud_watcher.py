@@ -18,19 +18,25 @@ from elastic_zero.preemption.notices import (
 )
 
 REQUEST_TIMEOUT_S = 2.0
+# never through $http_proxy: a metadata server answers only the machine it runs on
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 PROBE_TIMEOUT_S = 0.5
 AZURE_API = "api-version=2020-07-01"
 
 
 def request(method: str, url: str, headers: dict | None = None, body: bytes | None = None,
          timeout_s: float = REQUEST_TIMEOUT_S) -> tuple[int, bytes, dict]:
-    """(status, at most MAX_BODY + 1 bytes of the body, headers); OSError when nobody answers."""
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    """(status, at most MAX_BODY + 1 bytes of the body, headers by lower-case name); OSError when
+    nobody answers."""
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
-            return reply.status, reply.read(MAX_BODY + 1), dict(reply.headers)
+        with _DIRECT.open(req, timeout=timeout_s) as reply:
+            return reply.status, reply.read(MAX_BODY + 1), {k.lower(): v for k, v in reply.headers.items()}
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(MAX_BODY + 1), dict(exc.headers or {})
+        try:
+            return exc.code, exc.read(MAX_BODY + 1), {k.lower(): v for k, v in (exc.headers or {}).items()}
+        except http.client.HTTPException as cut:
+            raise OSError(f"a cut-off answer: {type(cut).__name__}") from cut
     except http.client.HTTPException as exc:  # not HTTP at all (a bad status line, a cut-off answer)
         raise OSError(f"not an HTTP answer: {type(exc).__name__}") from exc
 
@@ -46,6 +52,7 @@ class CloudWatcher:
         self._said: set[str] = set()
         self._told: set[tuple] = set()
         self._aws_token: tuple[str, float] | None = None  # (token, expires at)
+        self._gcp_etag: str | None = None  # the preempted value's version last seen
         self._stop = threading.Event()
         self.cloud: str | None = None
 
@@ -60,14 +67,14 @@ class CloudWatcher:
                 if cloud == "gcp":
                     status, _, headers = request("GET", f"{self.endpoints['gcp']}/computeMetadata/v1/",
                                               {"Metadata-Flavor": "Google"}, timeout_s=PROBE_TIMEOUT_S)
-                    if status == 200 and headers.get("Metadata-Flavor") == "Google":
+                    if status == 200 and headers.get("metadata-flavor") == "Google":
                         return "gcp"
                 if cloud == "azure":
                     status, body, _ = request("GET", f"{self.endpoints['azure']}/metadata/instance?api-version=2021-02-01",
                                            {"Metadata": "true"}, timeout_s=PROBE_TIMEOUT_S)
                     if status == 200 and body.lstrip().startswith(b"{"):
                         return "azure"
-            except OSError:
+            except Exception:  # noqa: BLE001 - not this cloud (nobody there, or something else answering)
                 continue
         return None
 
@@ -76,7 +83,7 @@ class CloudWatcher:
     def run(self) -> None:
         self.cloud = self.detect()
         if self.cloud is None:
-            self.log(f"no metadata server of {', '.join(self.clouds)} answered: no cloud notices on this node", False)
+            self._say(f"no metadata server of {', '.join(self.clouds)} answered: no cloud notices on this node", False)
             return
         vm_name = self._azure_vm_name() if self.cloud == "azure" else None
         while not self._stop.is_set():
@@ -90,6 +97,8 @@ class CloudWatcher:
                         self.tell(notice)
             except OSError as exc:
                 self._say(f"the {self.cloud} metadata server did not answer ({type(exc).__name__}: {exc})"[:300])
+            except Exception as exc:  # noqa: BLE001 - whatever an answer does, the watch goes on
+                self._say(f"reading the {self.cloud} metadata failed ({type(exc).__name__}: {exc})"[:300])
             # (GCP's request itself waits for a change, and takes longer than poll_s)
             self._stop.wait(max(0.0, self.poll_s - (time.monotonic() - started)))
 
@@ -104,31 +113,38 @@ class CloudWatcher:
                 return [(None, "AWS gave no IMDSv2 session token")]
             base = f"{self.endpoints['aws']}/latest/meta-data"
             status, body, _ = request("GET", f"{base}/spot/instance-action", headers, timeout_s=self.timeout_s)
+            if status == 401:  # the session token expired or was revoked: a new one at the next poll
+                self._aws_token = None
+                return [(None, None)]
             found = [aws_instance_action(status, body, now)]
             status, body, _ = request("GET", f"{base}/events/recommendations/rebalance", headers, timeout_s=self.timeout_s)
             return found + [aws_rebalance(status, body, now)]
-        if self.cloud == "gcp":  # a long poll: answers at once, then when the value changes
+        if self.cloud == "gcp":
+            # the value now, then a long poll that answers when it differs from what was seen
+            # (last_etag); a server that gives no ETag is asked every poll_s instead
+            url = f"{self.endpoints['gcp']}/computeMetadata/v1/instance/preempted"
             wait_s = max(1, int(self.poll_s * 30))
-            status, body, _ = request("GET", f"{self.endpoints['gcp']}/computeMetadata/v1/instance/preempted"
-                                   f"?wait_for_change=true&timeout_sec={wait_s}", {"Metadata-Flavor": "Google"},
-                                   timeout_s=wait_s + self.timeout_s)
-            return [gcp_preempted(status, body, now)]
+            if self._gcp_etag:
+                url += f"?wait_for_change=true&last_etag={self._gcp_etag}&timeout_sec={wait_s}"
+            status, body, headers = request("GET", url, {"Metadata-Flavor": "Google"}, timeout_s=wait_s + self.timeout_s)
+            self._gcp_etag = headers.get("etag") if status == 200 else None
+            return [gcp_preempted(status, body, time.time())]
         status, body, _ = request("GET", f"{self.endpoints['azure']}/metadata/scheduledevents?{AZURE_API}",
                                {"Metadata": "true"}, timeout_s=self.timeout_s)
         return [azure_scheduled_events(status, body, now, vm_name)]
 
-    def acknowledge(self, event_ids: tuple[str, ...]) -> None:
-        """Azure: the hand-off is done, the VM may go now (StartRequests)."""
-        if self.cloud != "azure" or not event_ids:
-            return
+    def acknowledge(self, event_ids: tuple[str, ...]) -> bool | str:
+        """Azure: the hand-off is done, the VM may go now (StartRequests). True, or why not. Sent
+        whether or not this watcher has found out its cloud yet (it may have just taken over)."""
+        if "azure" not in self.clouds or not event_ids:
+            return "this node does not watch Azure"
         body = json.dumps({"StartRequests": [{"EventId": e} for e in event_ids]}).encode()
         try:
             status, _, _ = request("POST", f"{self.endpoints['azure']}/metadata/scheduledevents?{AZURE_API}",
-                                {"Metadata": "true", "Content-Type": "application/json"}, body, self.timeout_s)
-            if status != 200:
-                self._say(f"Azure refused the acknowledgement of {', '.join(event_ids)}: HTTP {status}")
+                                   {"Metadata": "true", "Content-Type": "application/json"}, body, self.timeout_s)
         except OSError as exc:
-            self._say(f"Azure's acknowledgement of {', '.join(event_ids)} failed: {exc}"[:300])
+            return f"{type(exc).__name__}: {exc}"[:200]
+        return True if status == 200 else f"HTTP {status}"
 
     # ---- helpers --------------------------------------------------------------------------------
 
@@ -150,7 +166,10 @@ class CloudWatcher:
         except (OSError, UnicodeDecodeError):
             return None
 
-    def _say(self, message: str) -> None:
+    def _say(self, message: str, problem: bool = True) -> None:
         if message not in self._said:
             self._said.add(message)
-            self.log(message, True)
+            try:
+                self.log(message, problem)
+            except Exception:  # noqa: BLE001 - nobody to tell (the coordinator restarting): the watch goes on
+                pass

@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 
 MAX_BODY = 64 * 1024  # a metadata answer is a few hundred bytes; more is read as unreadable
+# what reading a hostile answer may raise (RecursionError: JSON nested deep within 64 KiB)
+UNREADABLE = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
 GCP_NOTICE_S = 30.0  # GCP stops a preempted VM 30 s after it says so
 
 
@@ -53,7 +55,7 @@ def aws_instance_action(status: int, body: bytes, now: float) -> tuple[Notice | 
     try:
         record = json.loads(text) if text is not None else None
         action, when = record["action"], datetime.strptime(record["time"], "%Y-%m-%dT%H:%M:%SZ")
-    except (ValueError, TypeError, KeyError) as exc:
+    except UNREADABLE as exc:
         problem = problem or f"an unreadable AWS instance-action ({type(exc).__name__}: {str(exc)[:80]})"
         return Notice("aws", now, "spot instance action of unknown time"), problem
     return Notice("aws", _deadline(when, now), f"spot instance action {action!r} at {record['time']}"), None
@@ -69,8 +71,8 @@ def aws_rebalance(status: int, body: bytes, now: float) -> tuple[Notice | None, 
     text, problem = _body_text(body)
     try:
         record = json.loads(text) if text is not None else None
-        when = record["noticeTime"]
-    except (ValueError, TypeError, KeyError) as exc:
+        when = str(record["noticeTime"])[:40]
+    except UNREADABLE as exc:
         problem = problem or f"an unreadable AWS rebalance recommendation ({type(exc).__name__})"
         when = "an unknown time"
     return Notice("aws-rebalance", None, f"rebalance recommendation of {when}"), problem
@@ -103,19 +105,19 @@ def azure_scheduled_events(status: int, body: bytes, now: float, vm_name: str | 
         events = json.loads(text)["Events"] if text is not None else None
         if not isinstance(events, list):
             raise TypeError("Events is not a list")
-    except (ValueError, TypeError, KeyError) as exc:
+    except UNREADABLE as exc:
         return None, problem or f"unreadable Azure scheduled events ({type(exc).__name__}: {str(exc)[:80]})"
     ours = [e for e in events if isinstance(e, dict) and e.get("EventType") == "Preempt"
-            and (vm_name is None or vm_name in (e.get("Resources") or ()))]
+            and (vm_name is None or (isinstance(e.get("Resources"), list) and vm_name in e["Resources"]))]
     if not ours:
         return None, None
     deadlines, problems = [], []
     for event in ours:
         try:
             deadlines.append(_deadline(parsedate_to_datetime(event["NotBefore"]), now))
-        except (KeyError, TypeError, ValueError, IndexError):
+        except UNREADABLE:
             deadlines.append(now)  # no readable time (empty once the event has started): now
             problems.append(f"an Azure Preempt event with NotBefore {str(event.get('NotBefore'))[:40]!r}")
-    ids = tuple(str(e.get("EventId")) for e in ours if e.get("EventId"))
+    ids = tuple(str(e["EventId"])[:100] for e in ours if isinstance(e.get("EventId"), str) and e["EventId"])
     return (Notice("azure", min(deadlines), f"Preempt event {', '.join(ids) or '(no id)'}", ack=ids),
             problems[0] if problems else None)

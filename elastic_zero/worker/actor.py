@@ -109,16 +109,20 @@ class TrainingWorker(GenerationEntry):
             log=lambda message, problem: coordinator.watcher_note.remote(node, message, problem))
         threading.Thread(target=self._cloud_watcher.run, daemon=True, name="cloud-watcher").start()
 
-    def acknowledge_notice(self, ack: tuple) -> None:
-        if self._cloud_watcher is not None:
-            self._cloud_watcher.acknowledge(tuple(ack))
+    def acknowledge_notice(self, ack: tuple) -> bool | str:
+        """Azure's events of this node's notice, acknowledged once its workers handed over: True or why not."""
+        if self._cloud_watcher is None:
+            return "this worker does not watch its node"
+        return self._cloud_watcher.acknowledge(tuple(ack))
 
     def _beat(self) -> None:
         """Tell the coordinator this worker lives, every HEARTBEAT_EVERY_S, whatever the training
         thread is doing: a node that vanishes goes silent (see plan/liveness.py)."""
-        coordinator = _coordinator(self._coordinator, self._namespace)
         while True:
-            coordinator.heartbeat.remote(self.actor_id)
+            try:
+                _coordinator(self._coordinator, self._namespace).heartbeat.remote(self.actor_id)
+            except Exception:  # noqa: BLE001 - a beat missed (the coordinator restarting); the next one counts
+                pass
             time.sleep(HEARTBEAT_EVERY_S)
 
     # ---- control, called concurrently with train() ----------------------------------------
