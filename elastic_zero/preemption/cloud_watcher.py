@@ -11,6 +11,7 @@ import json
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from elastic_zero.preemption.notices import (
@@ -124,8 +125,9 @@ class CloudWatcher:
             # (last_etag); a server that gives no ETag is asked every poll_s instead
             url = f"{self.endpoints['gcp']}/computeMetadata/v1/instance/preempted"
             wait_s = max(1, int(self.poll_s * 30))
-            if self._gcp_etag:
-                url += f"?wait_for_change=true&last_etag={self._gcp_etag}&timeout_sec={wait_s}"
+            etag, self._gcp_etag = self._gcp_etag, None  # kept only after an answer
+            if etag:
+                url += f"?wait_for_change=true&last_etag={urllib.parse.quote(etag[:200], safe='')}&timeout_sec={wait_s}"
             status, body, headers = request("GET", url, {"Metadata-Flavor": "Google"}, timeout_s=wait_s + self.timeout_s)
             self._gcp_etag = headers.get("etag") if status == 200 else None
             return [gcp_preempted(status, body, time.time())]
