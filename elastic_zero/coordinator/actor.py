@@ -8,7 +8,8 @@ and rank 0 sends fire-and-forget notes of its progress.
 Its loop runs on a thread of its own from the start, so the job goes on whoever waits for it (or
 nobody: on a cluster it is a detached actor, and its driver may die). Ray restarts it if its process
 dies; the new one resumes from the latest checkpoint (its workers died with it). What the outside
-sees of it (status, progress, stop) is in face.py.
+sees of it (status, progress, stop) is in face.py; its side of nodes that go (notices, silence) in
+node_watch.py.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from elastic_zero.coordinator.state import (
 from elastic_zero.observe.event_log import EventLog
 from elastic_zero.observe.live import LiveProgress
 from elastic_zero.observe.metrics import JobMetrics
-from elastic_zero.plan.liveness import silent_members
 from elastic_zero.protocol import Outcome, Report
 from elastic_zero.rendezvous import RendezvousServer, new_secret
 from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
@@ -223,30 +223,6 @@ class Coordinator(CoordinatorFace, NodeWatch):
             self._failure_seen_at = time.monotonic()
         for other in self._train_refs.values():
             self._workers[other].abort_generation.remote(self._plan.number)
-
-    def _notice_silent_workers(self) -> None:
-        """A participant whose heartbeats stopped is lost (its node vanished; see plan/liveness.py):
-        its report will come, if ever, only when Ray's health checks give up on its node, so it is
-        counted dead now, with its last sign of life as the time of the failure."""
-        timeout_s = self.spec.elastic.heartbeat_timeout_s
-        if not timeout_s or self._plan is None or not self._train_refs:
-            return
-        now = time.monotonic()
-        lost, reason = silent_members(self._heard, self._train_refs.values(), now, timeout_s,
-                                      witnesses=[a for a in self._workers if a in self._heard])
-        if not lost:
-            return
-        for ref, actor_id in list(self._train_refs.items()):
-            if actor_id in lost:
-                del self._train_refs[ref]
-                last_seen = time.time() - (now - self._heard[actor_id])
-                self._results[actor_id] = Report(Outcome(actor_id, "dead", error=reason), ended_at=last_seen)
-        self._log("decision", on="Silence", reason=reason)
-        for actor_id in lost:
-            self._log("worker_lost", actor_id=actor_id, silent_s=round(now - self._heard[actor_id], 2))
-        self._nodes_lost(lost)
-        self._retire(lost, "silent: presumed lost with its node", lost=True)
-        self._generation_failed()
 
     def _kill_unresponsive(self) -> None:
         """A participant still silent a collective timeout after the generation failed is hung (alive

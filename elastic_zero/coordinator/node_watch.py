@@ -2,8 +2,9 @@
 metadata server (no extra process); Ray's drains are read here for the whole cluster; a notice for
 a node becomes a preemption notice for each of the job's workers there (they hand their shards over
 at the next safe point), keeps new workers off that node, and, once the node's workers are gone,
-is acknowledged where the cloud wants it (Azure). A node whose workers went silent is kept out of
-new placements for a while too. Mixed into the Coordinator actor."""
+is acknowledged where the cloud wants it (Azure). Workers whose heartbeats stopped (their node
+vanished) are counted lost here, and their node is kept out of new placements for a while. Mixed
+into the Coordinator actor."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import ray
 
 from elastic_zero.coordinator.events import NodeNotice, PreemptionNotice
 from elastic_zero.preemption.notices import Notice
+from elastic_zero.plan.liveness import silent_members
 from elastic_zero.preemption.ray_drain import RayDrains
+from elastic_zero.protocol import Outcome, Report
 
 NODE_ID_LABEL = "ray.io/node-id"
 ACK_TIMEOUT_S = 5.0
@@ -56,6 +59,31 @@ class NodeWatch:
                 return
 
     # ---- the coordinator's side -------------------------------------------------------------------
+
+    def _notice_silent_workers(self) -> None:
+        """A participant whose heartbeats stopped is lost (its node vanished; see plan/liveness.py):
+        its report will come, if ever, only when Ray's health checks give up on its node, so it is
+        counted dead now, with its last sign of life as the time of the failure."""
+        timeout_s = self.spec.elastic.heartbeat_timeout_s
+        if not timeout_s or self._plan is None or not self._train_refs:
+            return
+        now = time.monotonic()
+        lost, reason = silent_members(self._heard, self._train_refs.values(), now, timeout_s,
+                                      witnesses=[a for a in self._workers if a in self._heard])
+        if not lost:
+            return
+        for ref, actor_id in list(self._train_refs.items()):
+            if actor_id in lost:
+                del self._train_refs[ref]
+                last_seen = time.time() - (now - self._heard[actor_id])
+                self._results[actor_id] = Report(Outcome(actor_id, "dead", error=reason), ended_at=last_seen)
+        self._log("decision", on="Silence", reason=reason)
+        for actor_id in lost:
+            self._log("worker_lost", actor_id=actor_id, silent_s=round(now - self._heard[actor_id], 2))
+        self._nodes_lost(lost)
+        self._retire(lost, "silent: presumed lost with its node", lost=True)
+        self._generation_failed()
+
 
     def _worker_at(self, actor_id: str, node: str) -> None:
         """A worker said hello from `node`: the node gets a watcher if it has none."""

@@ -11,7 +11,6 @@ goes to the buddy's host memory.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import threading
 import time
@@ -25,14 +24,13 @@ from elastic_zero.job import build_loss, build_model, build_optimizer, build_sou
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.membership import Member
-from elastic_zero.preemption.cloud_watcher import CloudWatcher
-from elastic_zero.preemption.sigterm import catch_sigterm, termination_grace_s
 from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report
 from elastic_zero.rendezvous import connect
-from elastic_zero.spec import HEARTBEAT_EVERY_S, KILL_ACTIONS, spec_from_dict
+from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.drills import due_drills
 from elastic_zero.worker.entry import GenerationEntry, committed_key
 from elastic_zero.worker.faults import WorkerStartError, is_communication_failure, named, ray_node_id
+from elastic_zero.worker.node_duties import NodeDuties, coordinator_handle
 from elastic_zero.worker.replica import LayoutReplicas, exchange
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine, new_process_group
 from elastic_zero.zero.abortable import GroupAborted
@@ -40,7 +38,7 @@ from elastic_zero.zero.abortable import GroupAborted
 PROGRESS_EVERY_S = 0.5  # how often rank 0 tells the coordinator its step and loss
 
 
-class TrainingWorker(GenerationEntry):
+class TrainingWorker(GenerationEntry, NodeDuties):
     def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int, store_secret: bytes,
                  coordinator: str | None = None, namespace: str | None = None, joiner: bool = False) -> None:
         torch.set_num_threads(1)
@@ -85,45 +83,8 @@ class TrainingWorker(GenerationEntry):
         c = self.spec.checkpoint
         self.writer = (AsyncCheckpointWriter(c.uri, self.store, c.keep, self.spec.zero.stage,
                                              self.spec.elastic.collective_timeout_s) if c.uri and c.every else None)
-        if coordinator and self.spec.elastic.heartbeat_timeout_s:
-            threading.Thread(target=self._beat, daemon=True, name="heartbeat").start()
-        self._cloud_watcher: CloudWatcher | None = None
-        if coordinator and "sigterm" in self.spec.preemption.watch:
-            catch_sigterm(self._on_sigterm, termination_grace_s(self.spec.preemption.sigterm_grace_s))
-
-    def _on_sigterm(self, grace_s: float) -> None:
-        """SIGTERM (a pod deleted, a node's agent stopping it): a preemption notice of this worker,
-        which hands its shard over at the next safe point; it goes at the grace period's end anyway."""
-        _coordinator(self._coordinator, self._namespace).preemption_notice.remote(self.actor_id, grace_s, "sigterm")
-
-    def watch_node(self, node: str) -> None:
-        """Watch this node's cloud metadata server for the job (the coordinator picks one worker per node)."""
-        p = self.spec.preemption
-        clouds = [c for c in p.watch if c in ("aws", "gcp", "azure")]
-        if self._cloud_watcher is not None or not clouds:
-            return
-        coordinator = _coordinator(self._coordinator, self._namespace)
-        self._cloud_watcher = CloudWatcher(
-            clouds, p.endpoints(), p.poll_s,
-            tell=lambda n: coordinator.node_notice.remote(node, n.source, n.deadline_at, n.detail, n.ack),
-            log=lambda message, problem: coordinator.watcher_note.remote(node, message, problem))
-        threading.Thread(target=self._cloud_watcher.run, daemon=True, name="cloud-watcher").start()
-
-    def acknowledge_notice(self, ack: tuple) -> bool | str:
-        """Azure's events of this node's notice, acknowledged once its workers handed over: True or why not."""
-        if self._cloud_watcher is None:
-            return "this worker does not watch its node"
-        return self._cloud_watcher.acknowledge(tuple(ack))
-
-    def _beat(self) -> None:
-        """Tell the coordinator this worker lives, every HEARTBEAT_EVERY_S, whatever the training
-        thread is doing: a node that vanishes goes silent (see plan/liveness.py)."""
-        while True:
-            try:
-                _coordinator(self._coordinator, self._namespace).heartbeat.remote(self.actor_id)
-            except Exception:  # noqa: BLE001 - a beat missed (the coordinator restarting); the next one counts
-                pass
-            time.sleep(HEARTBEAT_EVERY_S)
+        if coordinator:
+            self._start_node_duties()
 
     # ---- control, called concurrently with train() ----------------------------------------
 
@@ -310,7 +271,7 @@ class TrainingWorker(GenerationEntry):
     def _tell_progress(self, plan: GenerationPlan, report: dict) -> None:
         """Rank 0 tells the coordinator (fire and forget) that the generation stepped, once, and
         its step and loss at most every PROGRESS_EVERY_S: the live view, the progress line, the metrics."""
-        coordinator = _coordinator(self._coordinator, self._namespace)
+        coordinator = coordinator_handle(self._coordinator, self._namespace)
         if len(report["step_times"]) == 1:
             coordinator.generation_stepped.remote(plan.number)
         now = time.time()
@@ -397,7 +358,7 @@ class TrainingWorker(GenerationEntry):
                 os._exit(1)
             if fault.action == "hang":  # alive but silent: the peers' collectives time out
                 threading.Event().wait()
-            coordinator = _coordinator(self._coordinator, self._namespace)
+            coordinator = coordinator_handle(self._coordinator, self._namespace)
             if fault.action == "preempt":
                 coordinator.preemption_notice.remote(self.actor_id, fault.deadline_s)
             elif fault.action == "scale":
@@ -427,10 +388,3 @@ def _finished(report: dict, outcome: Outcome, ended_at: float) -> Report:
     """The report in the making, frozen, with how the generation ended for this worker."""
     return Report(outcome=outcome, ended_at=ended_at, **{
         k: tuple(v) if isinstance(v, list) else v for k, v in report.items() if k in _REPORT_FIELDS})
-
-
-@functools.lru_cache(maxsize=4)
-def _coordinator(name: str, namespace: str):
-    import ray
-
-    return ray.get_actor(name, namespace=namespace)

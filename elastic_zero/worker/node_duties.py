@@ -1,0 +1,64 @@
+"""What a worker does for the job beyond its shard: it beats (a heartbeat to the coordinator every
+HEARTBEAT_EVERY_S, on a thread of its own, whatever training is doing: a node that vanishes goes
+silent, see plan/liveness.py), it takes SIGTERM as a notice that it goes, and one worker per node
+watches the node's cloud metadata server when the coordinator asks it to. Mixed into the worker
+actor; the coordinator is reached by its name."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+from elastic_zero.preemption.cloud_watcher import CloudWatcher
+from elastic_zero.preemption.sigterm import catch_sigterm, termination_grace_s
+from elastic_zero.spec import HEARTBEAT_EVERY_S
+
+
+@functools.lru_cache(maxsize=4)
+def coordinator_handle(name: str, namespace: str):
+    import ray
+
+    return ray.get_actor(name, namespace=namespace)
+
+
+class NodeDuties:
+    _cloud_watcher: CloudWatcher | None = None
+
+    def _start_node_duties(self) -> None:
+        if self.spec.elastic.heartbeat_timeout_s:
+            threading.Thread(target=self._beat, daemon=True, name="heartbeat").start()
+        if "sigterm" in self.spec.preemption.watch:
+            catch_sigterm(self._on_sigterm, termination_grace_s(self.spec.preemption.sigterm_grace_s))
+
+    def _beat(self) -> None:
+        while True:
+            try:
+                coordinator_handle(self._coordinator, self._namespace).heartbeat.remote(self.actor_id)
+            except Exception:  # noqa: BLE001 - a beat missed (the coordinator restarting); the next one counts
+                pass
+            time.sleep(HEARTBEAT_EVERY_S)
+
+    def _on_sigterm(self, grace_s: float) -> None:
+        """SIGTERM (a pod deleted, a node's agent stopping it): a preemption notice of this worker,
+        which hands its shard over at the next safe point; it goes at the grace period's end anyway."""
+        coordinator_handle(self._coordinator, self._namespace).preemption_notice.remote(self.actor_id, grace_s, "sigterm")
+
+    def watch_node(self, node: str) -> None:
+        """Watch this node's cloud metadata server for the job (the coordinator picks one worker per node)."""
+        p = self.spec.preemption
+        clouds = [c for c in p.watch if c in ("aws", "gcp", "azure")]
+        if self._cloud_watcher is not None or not clouds:
+            return
+        coordinator = coordinator_handle(self._coordinator, self._namespace)
+        self._cloud_watcher = CloudWatcher(
+            clouds, p.endpoints(), p.poll_s,
+            tell=lambda n: coordinator.node_notice.remote(node, n.source, n.deadline_at, n.detail, n.ack),
+            log=lambda message, problem: coordinator.watcher_note.remote(node, message, problem))
+        threading.Thread(target=self._cloud_watcher.run, daemon=True, name="cloud-watcher").start()
+
+    def acknowledge_notice(self, ack: tuple) -> bool | str:
+        """Azure's events of this node's notice, acknowledged once its workers handed over: True or why not."""
+        if self._cloud_watcher is None:
+            return "this worker does not watch its node"
+        return self._cloud_watcher.acknowledge(tuple(ack))
