@@ -232,6 +232,10 @@ class PreemptionSpec:
     def endpoints(self) -> dict:
         return {"aws": self.aws_endpoint, "gcp": self.gcp_endpoint, "azure": self.azure_endpoint}
 
+    def clouds(self) -> list:
+        """The watched sources that are clouds, in the order they are tried."""
+        return [source for source in self.watch if source in ("aws", "gcp", "azure")]
+
 
 KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover")  # the worker's process exits
 

@@ -67,26 +67,15 @@ def cluster():
         head.stop()
 
 
-def _status(head, cwd, job_id) -> dict | None:
-    result = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "status", job_id, "--json", "--address",
-                             head.gcs_address], cwd=cwd, env=head.client_env(), capture_output=True, text=True,
-                            timeout=120)
-    return json.loads(result.stdout) if result.returncode == 0 else None
-
-
 def _start(head, tmp_path, job_id: str, steps: int = STEPS, preemption: str = "") -> subprocess.Popen:
     (tmp_path / "job.toml").write_text(_spec(steps, preemption))
-    with open(tmp_path / "driver.log", "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "elastic_zero.cli", "run", "job.toml", "--address",
-                                 head.gcs_address, "--job-id", job_id, "--run-dir", str(tmp_path / "out"),
-                                 "--no-progress"], cwd=tmp_path, env=head.client_env(), stdout=log,
-                                stderr=subprocess.STDOUT)
+    return head.run_job(str(tmp_path), "job.toml", job_id)
 
 
 def _until(head, tmp_path, driver, job_id: str, what: str, check, timeout_s: float = 240) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
-        record = _status(head, tmp_path, job_id)
+        record = head.job_status(job_id)
         if record and check(record):
             return record
         assert driver.poll() is None, open(tmp_path / "driver.log").read()[-3000:]

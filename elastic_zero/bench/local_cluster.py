@@ -128,6 +128,21 @@ class RayHead:
                 pass
         self.log.close()
 
+    def run_job(self, work_dir: str, spec_file: str, job_id: str) -> subprocess.Popen:
+        """`elastic-zero run` of a spec in `work_dir` as this cluster's driver, outputs in
+        `work_dir/out`, its console in `work_dir/driver.log`."""
+        with open(os.path.join(work_dir, "driver.log"), "w") as log:
+            return subprocess.Popen([sys.executable, "-m", "elastic_zero.cli", "run", spec_file, "--address",
+                                     self.gcs_address, "--job-id", job_id, "--run-dir", os.path.join(work_dir, "out"),
+                                     "--no-progress"], cwd=work_dir, env=self.client_env(), stdout=log,
+                                    stderr=subprocess.STDOUT)
+
+    def job_status(self, job_id: str) -> dict | None:
+        """A job's `status --json` record through a direct connection, None while it has none."""
+        result = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "status", job_id, "--json", "--address",
+                                 self.gcs_address], env=self.client_env(), capture_output=True, text=True, timeout=120)
+        return json.loads(result.stdout) if result.returncode == 0 else None
+
     def alive_nodes(self) -> list[dict]:
         """The nodes the head's state API reports alive."""
         request = urllib.request.Request(f"{self.address}/api/v0/nodes?limit=100&detail=1")
@@ -162,7 +177,11 @@ class RayNode:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ray start exited {self.proc.returncode}: {open(self.log.name).read()[-2000:]}")
-            for node in self.head.alive_nodes():
+            try:
+                nodes = self.head.alive_nodes()
+            except OSError:  # the head's dashboard still warming up (seen: a connection closed unanswered)
+                nodes = []
+            for node in nodes:
                 if self.name in node.get("resources_total", {}):
                     return node["node_id"]
             time.sleep(0.5)

@@ -16,8 +16,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -43,12 +41,6 @@ def _spec(preset: str, steps: int, heartbeat_timeout_s: float, collective_timeou
         """)
 
 
-def _status(head: RayHead, job_id: str) -> dict | None:
-    result = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "status", job_id, "--json", "--address",
-                             head.gcs_address], env=head.client_env(), capture_output=True, text=True, timeout=120)
-    return json.loads(result.stdout) if result.returncode == 0 else None
-
-
 def _trial(preset: str, steps: int, heartbeat_timeout_s: float, collective_timeout_s: float, freeze_after: int,
            rng: random.Random, work_dir: str) -> dict:
     head = RayHead(auth=False, num_cpus=0)
@@ -58,15 +50,11 @@ def _trial(preset: str, steps: int, heartbeat_timeout_s: float, collective_timeo
         with open(os.path.join(work_dir, "job.toml"), "w") as fh:
             fh.write(_spec(preset, steps, heartbeat_timeout_s, collective_timeout_s))
         run_dir = os.path.join(work_dir, "out")
-        with open(os.path.join(work_dir, "driver.log"), "w") as log:
-            driver = subprocess.Popen([sys.executable, "-m", "elastic_zero.cli", "run", "job.toml", "--address",
-                                       head.gcs_address, "--job-id", "node-loss", "--run-dir", run_dir,
-                                       "--no-progress"], cwd=work_dir, env=head.client_env(), stdout=log,
-                                      stderr=subprocess.STDOUT)
+        driver = head.run_job(work_dir, "job.toml", "node-loss")
         try:
             deadline = time.monotonic() + 300
             while True:
-                record = _status(head, "node-loss")
+                record = head.job_status("node-loss")
                 if record and record["world_size"] == 4 and (record["step"] or 0) >= freeze_after:
                     break
                 if driver.poll() is not None or time.monotonic() > deadline:

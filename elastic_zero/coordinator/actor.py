@@ -109,7 +109,6 @@ class Coordinator(CoordinatorFace, NodeWatch):
         self._timed_faults: set[str] = set()
         self._candidate_logs: list = []  # (directory, sample records) of a checkpoint generation's candidates
         self._failure_seen_at: float | None = None  # a participant of the current generation failed
-        self._heard: dict[str, float] = {}  # actor id -> when its last heartbeat came (monotonic)
         self._worker_cls = ray.remote(TrainingWorker)
         self._start_node_watch()
         threading.Thread(target=self._main, daemon=True, name="coordinator-loop").start()
@@ -194,7 +193,7 @@ class Coordinator(CoordinatorFace, NodeWatch):
                 self._apply(WorkerStartFailed(actor_id, error, lost=_lost_while_starting(exc)))
                 return
             self._log("worker_ready", actor_id=actor_id, node=hello.member.node)
-            if self._node_goes(hello.member.node):  # placed there before Ray or we knew: another is asked for
+            if hello.member.node in self._nodes_that_go():  # placed there before Ray or we knew: another is asked for
                 self._retire((actor_id,), "it started on a node that goes")
                 self._apply(WorkerStartFailed(actor_id, "it started on a node that goes", lost=True))
                 return
@@ -336,8 +335,7 @@ class Coordinator(CoordinatorFace, NodeWatch):
         if plan.source != "init":  # counted as they start, as status counts them
             self.metrics.add("elastic_zero_reconfigurations" if plan.source == "live" else "elastic_zero_recoveries")
         self._failure_seen_at = None
-        started = time.monotonic()  # silence counts from now at the earliest
-        self._heard.update({a: max(self._heard.get(a, started), started) for a in plan.participants})
+        self._listen_to(plan.participants)
         for actor_id in plan.participants:
             self._train_refs[self._workers[actor_id].train.remote(plan)] = actor_id
 

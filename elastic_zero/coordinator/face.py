@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import ray
 
@@ -47,10 +46,7 @@ class CoordinatorFace:
         self._log("preemption_notice", actor_id=actor_id, deadline_s=deadline_s, source=source)
         self._inbox.put(PreemptionNotice(actor_id))
 
-    # ---- notes from the workers -------------------------------------------------------------------
-
-    def heartbeat(self, actor_id: str) -> None:
-        self._heard[actor_id] = time.monotonic()
+    # ---- notes from rank 0 -----------------------------------------------------------------------
 
     def generation_stepped(self, number: int) -> None:
         self._inbox.put(GenerationStepped(number))

@@ -14,8 +14,8 @@ import time
 import ray
 
 from elastic_zero.coordinator.events import NodeNotice, PreemptionNotice
-from elastic_zero.preemption.notices import Notice
 from elastic_zero.plan.liveness import silent_members
+from elastic_zero.preemption.notices import Notice
 from elastic_zero.preemption.ray_drain import RayDrains
 from elastic_zero.protocol import Outcome, Report
 
@@ -30,10 +30,9 @@ class NodeWatch:
         self._watchers: dict[str, str] = {}  # node -> the worker that watches its metadata server
         self._noticed: dict[str, Notice] = {}  # node -> the first notice for it
         self._lost_nodes: dict[str, float] = {}  # node whose workers went silent -> avoided until (monotonic)
+        self._heard: dict[str, float] = {}  # actor id -> when its last heartbeat came (monotonic)
         self._drain_stop = threading.Event()
-        p = self.spec.preemption
-        self._clouds = [c for c in p.watch if c in ("aws", "gcp", "azure")]
-        if "ray-drain" in p.watch:
+        if "ray-drain" in self.spec.preemption.watch:
             threading.Thread(target=self._watch_ray_drains, daemon=True, name="ray-drains").start()
 
     # ---- sources --------------------------------------------------------------------------------
@@ -41,6 +40,9 @@ class NodeWatch:
     def node_notice(self, node: str, source: str, deadline_at: float | None, detail: str, ack: tuple = ()) -> None:
         """A watcher says `node` goes by `deadline_at` (epoch seconds; None: unknown, soon)."""
         self._inbox.put(NodeNotice(node, Notice(source, deadline_at, detail, tuple(ack))))
+
+    def heartbeat(self, actor_id: str) -> None:
+        self._heard[actor_id] = time.monotonic()
 
     def watcher_note(self, node: str, message: str, problem: bool = True) -> None:
         """What a node's watcher could not read or reach (it says each thing once), or that the node
@@ -84,11 +86,19 @@ class NodeWatch:
         self._retire(lost, "silent: presumed lost with its node", lost=True)
         self._generation_failed()
 
+    def _listen_to(self, participants) -> None:
+        """A generation starts: its participants' silence counts from now at the earliest."""
+        now = time.monotonic()
+        self._heard.update({a: max(self._heard.get(a, now), now) for a in participants})
+
+    def _ours_on(self, node: str) -> list[str]:
+        """The job's workers on `node`, as far as their hellos said."""
+        return sorted(a for a, n in self._worker_nodes.items() if n == node and a in self._workers)
 
     def _worker_at(self, actor_id: str, node: str) -> None:
         """A worker said hello from `node`: the node gets a watcher if it has none."""
         self._worker_nodes[actor_id] = node
-        if self._clouds and node not in self._watchers and not node.startswith("unknown-"):
+        if self.spec.preemption.clouds() and node not in self._watchers and not node.startswith("unknown-"):
             self._watchers[node] = actor_id
             self._workers[actor_id].watch_node.remote(node)
 
@@ -97,16 +107,17 @@ class NodeWatch:
         if node in self._noticed:
             return  # the first source to tell is acted on; the others say the same
         self._noticed[node] = notice
-        here = sorted(a for a, n in self._worker_nodes.items() if n == node and a in self._workers)
+        here = self._ours_on(node)
         deadline_s = round(notice.deadline_at - time.time(), 1) if notice.deadline_at is not None else None
         self._log("preemption_notice", node=node, source=notice.source, deadline_s=deadline_s, detail=notice.detail,
                   actor_ids=here)
         for actor_id in here:  # members leave at a safe point; ready ones that have not joined just go
             self._apply(PreemptionNotice(actor_id))
 
-    def _node_goes(self, node: str) -> bool:
-        """Told to go, or its workers went silent lately: no new worker should stay there."""
-        return node in self._noticed or self._lost_nodes.get(node, 0.0) > time.monotonic()
+    def _nodes_that_go(self) -> set[str]:
+        """Told to go, or their workers went silent lately: no new worker should be or stay there."""
+        now = time.monotonic()
+        return set(self._noticed) | {node for node, until in self._lost_nodes.items() if until > now}
 
     def _nodes_lost(self, actor_ids) -> None:
         """Workers lost by their silence: their nodes are kept out of new placements for a while."""
@@ -116,9 +127,8 @@ class NodeWatch:
                 self._lost_nodes[self._worker_nodes[actor_id]] = until
 
     def _spawn_options(self) -> dict:
-        """Keep new workers off the nodes that are to go, and off those that went silent lately."""
-        now = time.monotonic()
-        avoid = set(self._noticed) | {node for node, until in self._lost_nodes.items() if until > now}
+        """Keep new workers off the nodes that go."""
+        avoid = self._nodes_that_go()
         if not avoid:
             return {}
         return {"label_selector": {NODE_ID_LABEL: f"!in({','.join(sorted(avoid))})"}}
@@ -131,7 +141,7 @@ class NodeWatch:
         if node is None or self._watchers.get(node) != actor_id:
             return
         del self._watchers[node]
-        others = sorted(a for a, n in self._worker_nodes.items() if n == node and a in self._workers)
+        others = self._ours_on(node)
         if others and self._result is None:
             self._watchers[node] = others[0]
             self._workers[others[0]].watch_node.remote(node)

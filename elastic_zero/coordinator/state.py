@@ -201,8 +201,7 @@ def _on_scale(state, workers):
 
 
 def _on_preemption(state, actor_id):
-    waiting = [m for m in state.ready if m.actor_id == actor_id]
-    if waiting:  # ready to join, not yet in: it simply goes, and another is asked for
+    if any(m.actor_id == actor_id for m in state.ready):  # ready to join, not yet in: it goes, another is asked for
         state = replace(state, ready=tuple(m for m in state.ready if m.actor_id != actor_id))
         state, spawn = _top_up(state)
         return state, (Retire((actor_id,)),) + spawn, f"{actor_id} will be preempted before it joined: retired"

@@ -47,7 +47,7 @@ class NodeDuties:
     def watch_node(self, node: str) -> None:
         """Watch this node's cloud metadata server for the job (the coordinator picks one worker per node)."""
         p = self.spec.preemption
-        clouds = [c for c in p.watch if c in ("aws", "gcp", "azure")]
+        clouds = p.clouds()
         if self._cloud_watcher is not None or not clouds:
             return
         coordinator = coordinator_handle(self._coordinator, self._namespace)
