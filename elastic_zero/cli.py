@@ -110,6 +110,15 @@ def _parser() -> argparse.ArgumentParser:
     nl.add_argument("--seed", type=int, default=0)
     nl.add_argument("--heartbeats-only", action="store_true", help="skip the runs without heartbeats")
     nl.add_argument("--json", action="store_true", help="print one JSON object")
+    gp = bench_sub.add_parser("goodput", help="one seeded schedule of node losses, a preemption notice and new "
+                                               "nodes, played to elastic_zero and to Ray Train elastic")
+    gp.add_argument("--preset", default="gpt-small")
+    gp.add_argument("--window", type=float, default=600.0, help="seconds from each job's launch to its stop")
+    gp.add_argument("--seed", type=int, default=0)
+    gp.add_argument("--notice", type=float, default=30.0, help="the preemption notice's deadline, seconds")
+    gp.add_argument("--checkpoint-every", type=int, default=20)
+    gp.add_argument("--systems", default="elastic_zero,ray_train", help="comma-separated: elastic_zero, ray_train")
+    gp.add_argument("--json", action="store_true", help="print one JSON object")
     chaos = bench_sub.add_parser("chaos", help="the chaos drill: seeded faults, checked against a fault-free run")
     chaos.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
     chaos.add_argument("--steps", type=int, default=300)
@@ -289,6 +298,13 @@ def main(argv: list[str] | None = None) -> int:
             report = run_node_loss_bench(args.preset, args.trials, args.steps, args.freeze_after,
                                          args.collective_timeout, args.seed, not args.heartbeats_only)
             print(json.dumps(report) if args.json else format_node_loss(report))
+            return 0
+        if args.command == "bench" and args.bench == "goodput":
+            from elastic_zero.bench.goodput import format_goodput, run_goodput_bench
+
+            report = run_goodput_bench(args.preset, args.window, args.seed, args.notice, args.checkpoint_every,
+                                       tuple(s for s in args.systems.split(",") if s))
+            print(json.dumps(report) if args.json else format_goodput(report))
             return 0
         if args.command == "bench" and args.bench == "chaos":
             from elastic_zero.bench.chaos import format_chaos, run_chaos

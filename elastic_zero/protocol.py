@@ -82,6 +82,7 @@ class Report:
     log: tuple = ()  # (step, rank, first sample position, count) of each step it committed
     ward_log: tuple = ()  # the same rows of its ward, which came with the ward's replica
     step_times: tuple = ()
+    protect_times: tuple = ()  # of each step's time, the seconds of its commit (replicas) and checkpoint save
     first_step_at: float | None = None
     last_loss: float | None = None
     last_metrics: dict = field(default_factory=dict)  # the loss function's extra metrics at the last step

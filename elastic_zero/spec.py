@@ -237,7 +237,7 @@ class PreemptionSpec:
         return [source for source in self.watch if source in ("aws", "gcp", "azure")]
 
 
-KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover")  # the worker's process exits
+KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover", "kill_in_final_gather")  # the worker's process exits
 
 
 @dataclass(frozen=True)

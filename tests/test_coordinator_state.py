@@ -1,8 +1,8 @@
 """The coordinator's state machine, driven by events alone: no Ray, no clock."""
 
 from elastic_zero.coordinator.state import (
-    CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint, Retire,
-    ScaleRequested, Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, decide,
+    CoordinatorState, Fail, FinalStateGathered, Finish, GenerationEnded, GenerationStepped, PreemptionNotice,
+    RequestSafePoint, Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, decide,
 )
 from elastic_zero.plan.membership import Member
 from elastic_zero.protocol import Outcome
@@ -129,7 +129,32 @@ def test_losing_a_shard_and_its_replica_fails_clearly_and_finishing_retires_ever
     s_ckpt, _, _ = _end(with_checkpoints, plan, w0="dead", **{buddy: "dead"})
     assert decide(s_ckpt, GenerationStepped(p.number), 11.0)[1] == (Spawn(2),)
     s2, cmds, _ = _end(s, plan, w0="finished", w1="finished", w2="finished", w3="finished")
-    assert cmds == (Finish(), Retire(("w0", "w1", "w2", "w3"))) and s2.done
+    assert cmds == (Finish(),) and s2.finishing and not s2.done
+    s3, cmds, _ = decide(s2, FinalStateGathered(), 12.0)
+    assert cmds == (Retire(("w0", "w1", "w2", "w3")),) and s3.done
+
+
+def test_a_member_lost_while_the_final_weights_are_gathered_is_recovered_from_the_last_steps_replicas():
+    """The gather is the job's last collective: a member lost in it (its node gone) leaves the
+    survivors' outcomes as they were, and the state machine recovers as for a loss in training;
+    the recovered generation, at the last step, finishes at once and the gather is repeated."""
+    s, plan = _started(3)
+    s, cmds, _ = _end(s, plan, w0="finished", w1="finished", w2="finished")
+    assert cmds == (Finish(),) and s.finishing
+    for event in (ScaleRequested(2), PreemptionNotice("w1"), StopRequested(), Tick()):
+        s_same, cmds, reason = decide(s, event, 11.0)
+        assert cmds == () and s_same == s, reason
+    s, cmds, _ = decide(s, WorkersReady(_members("w9")), 11.0)  # a replacement asked for earlier
+    assert cmds == () and [m.actor_id for m in s.ready] == ["w9"]
+    s, cmds, reason = _end(s, plan, w0="finished", w1="dead", w2="finished")
+    recovered = _cmd(cmds, StartGeneration).plan
+    assert recovered.source == "snapshot" and recovered.step == 5 and not s.finishing and not s.done, reason
+    assert "lost while the final weights were gathered" in reason
+    assert sorted(m.actor_id for m in recovered.generation.members) == ["w0", "w2", "w9"]
+    s, cmds, _ = _end(s, recovered, w0="finished", w2="finished", w9="finished")
+    assert cmds == (Finish(),) and s.finishing
+    s, cmds, _ = decide(s, FinalStateGathered(), 12.0)
+    assert sorted(_cmd(cmds, Retire).actor_ids) == ["w0", "w2", "w9"] and s.done
 
 
 def test_a_loss_during_a_handover_restores_the_layout_before_it_from_memory():

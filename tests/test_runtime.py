@@ -111,6 +111,30 @@ def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_p
     assert _relative(reference, weights) <= 1e-4
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_worker_lost_in_the_final_gather_is_recovered_and_the_gather_done_again(tmp_path, stage, one_worker):
+    """Rank 1 dies inside the gather of the final weights (after the last step, which committed):
+    the survivors rebuild its shard from their replicas in a generation with no step left, and the
+    gather is done again without it. Nothing is recomputed. Oracle: one uninterrupted worker."""
+    reference = one_worker(16, stage)
+    code, summary, events, weights = _job(tmp_path, f"final{stage}", [{"at_step": 0, "action": "kill_in_final_gather",
+                                                                       "rank": 1}],
+                                          train={"steps": 16}, zero={"stage": stage},
+                                          elastic={"workers": 3, "max_workers": 3})
+    assert code == 0, summary.get("error")
+    (lost,) = [e for e in events if e["event"] == "worker_lost"]
+    assert lost["during"] == "final_gather" and lost["actor_id"] == "w1"
+    starts = [e for e in events if e["event"] == "generation_start"]
+    assert [(s["source"], s["step"]) for s in starts] == [("init", 0), ("snapshot", 16)]
+    assert starts[1]["workers"][:2] == ["w0", "w2"]
+    (recovery,) = summary["recoveries"]
+    assert recovery["step"] == 16 and recovery["lost_steps"] == 0 and recovery["recomputed_steps"] == 0
+    assert recovery["to_next_step_done_s"] is None and recovery["stall_s"] >= 0
+    assert [e["event"] for e in events].count("job_finished") == 1
+    _exactly_once(summary)
+    assert _relative(reference, weights) <= 1e-4
+
+
 def _scale_down_3_to_2_with(tmp_path, kill_action):
     """A 16-step job scaled from 3 workers to 2 at step 7, whose new rank 1 dies by `kill_action`;
     it must finish, recovering in memory: (summary, events, weights, generation starts)."""

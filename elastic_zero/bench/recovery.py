@@ -12,13 +12,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 
-import torch
-
-from elastic_zero.data import MarkovTokens
-from elastic_zero.models import PRESETS, build_preset, lm_loss
-from elastic_zero.plan.batches import loss_weight, micro_batch_count, micro_batches, rank_positions
+from elastic_zero.models import PRESETS
 
 
 def _elastic_zero(preset, workers, steps, kill_step, micro_batch, work_dir) -> dict:
@@ -46,77 +41,24 @@ def _elastic_zero(preset, workers, steps, kill_step, micro_batch, work_dir) -> d
             "time_to_first_step_s": summary["time_to_first_step_s"]}
 
 
-def _ray_train_loop(config: dict) -> None:
-    """One Ray Train worker: DDP on gloo, a checkpoint every few steps, resume from the last one."""
-    import ray.train
-    import ray.train.torch
-
-    torch.set_num_threads(1)
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    model = ray.train.torch.prepare_model(build_preset(config["preset"], seed=0))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
-    start = 0
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint:
-        with checkpoint.as_directory() as d:
-            state = torch.load(os.path.join(d, "state.pt"), weights_only=True)
-        model.module.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        start = state["step"]
-    cfg = PRESETS[config["preset"]]
-    data = MarkovTokens(cfg.vocab_size, cfg.seq_len, seed=0)
-    batch, log = config["global_batch"], config["log"]
-    for step in range(start, config["steps"]):
-        if step == config["kill_step"] and rank == 1 and not os.path.exists(config["marker"]):
-            with open(config["marker"], "w") as fh:
-                fh.write(repr(time.time()))
-            os._exit(1)
-        positions = rank_positions(step, batch, world, rank)
-        for m in micro_batches(positions, micro_batch_count(batch, world, config["micro_batch"])):
-            x, y = data.batch(m or positions[:1])  # an empty piece: a stand-in of weight 0
-            (lm_loss(model(x), y) * loss_weight(len(m), batch, world)).backward()
-        opt.step()
-        opt.zero_grad()
-        if rank == 0:
-            with open(log, "a") as fh:
-                fh.write(json.dumps({"step": step, "done_at": time.time(), "world": world,
-                                     "attempt": os.getpid()}) + "\n")
-        if (step + 1) % config["checkpoint_every"] == 0:
-            with tempfile.TemporaryDirectory() as d:
-                if rank == 0:
-                    torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
-                                "step": step + 1}, os.path.join(d, "state.pt"))
-                ray.train.report({"step": step + 1},
-                                 checkpoint=ray.train.Checkpoint.from_directory(d) if rank == 0 else None)
-
-
 def _ray_train(preset, workers, steps, kill_step, micro_batch, checkpoint_every, work_dir) -> dict:
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from elastic_zero.bench.ray_train_job import run_trainer
 
     log, marker = os.path.join(work_dir, "ray_train_steps.jsonl"), os.path.join(work_dir, "ray_train_killed")
     config = {"preset": preset, "steps": steps, "kill_step": kill_step, "micro_batch": micro_batch,
               "global_batch": micro_batch * workers, "checkpoint_every": checkpoint_every, "log": log,
               "marker": marker}
-    trainer = TorchTrainer(
-        _ray_train_loop, train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=(1, workers), use_gpu=False),
-        run_config=RunConfig(name="bench-recovery", storage_path=os.path.join(work_dir, "ray_train"),
-                             failure_config=FailureConfig(max_failures=3),
-                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
-    )
-    trainer.fit()
+    run_trainer(config, 1, workers, os.path.join(work_dir, "ray_train"), "bench-recovery")
     with open(marker) as fh:
         killed_at = float(fh.read())
     records = [json.loads(line) for line in open(log)]
-    killed_attempt = [r for r in records if r["done_at"] <= killed_at][-1]["attempt"]
+    killed_attempt = [r for r in records if r["done"] <= killed_at][-1]["attempt"]
     first = [r for r in records if r["attempt"] == killed_attempt]
     after = [r for r in records if r["attempt"] != killed_attempt]  # the restarted worker group
     before = {r["step"] for r in first}
-    times = sorted(b["done_at"] - a["done_at"] for a, b in zip(records, records[1:])
-                   if b["step"] == a["step"] + 1 and b["done_at"] < killed_at)
-    return {"recovery_s": after[0]["done_at"] - killed_at,
+    times = sorted(b["done"] - a["done"] for a, b in zip(records, records[1:])
+                   if b["step"] == a["step"] + 1 and b["done"] < killed_at)
+    return {"recovery_s": after[0]["done"] - killed_at,
             "recomputed_steps": len({r["step"] for r in after} & before),
             "step_time_s_median": times[len(times) // 2] if times else None}
 

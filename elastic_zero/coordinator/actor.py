@@ -9,7 +9,7 @@ Its loop runs on a thread of its own from the start, so the job goes on whoever 
 nobody: on a cluster it is a detached actor, and its driver may die). Ray restarts it if its process
 dies; the new one resumes from the latest checkpoint (its workers died with it). What the outside
 sees of it (status, progress, stop) is in face.py; its side of nodes that go (notices, silence) in
-node_watch.py.
+node_watch.py; the gather of the final weights in final_gather.py.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import ray
 from elastic_zero.coordinator.books import Books
 from elastic_zero.coordinator.events import NodeNotice
 from elastic_zero.coordinator.face import CoordinatorFace
+from elastic_zero.coordinator.final_gather import FinalGather
 from elastic_zero.coordinator.node_watch import NodeWatch
 from elastic_zero.coordinator.state import (
     CoordinatorState, Fail, Finish, GenerationEnded, RequestSafePoint, Retire, Spawn, Start, StartGeneration, Stop, Tick,
@@ -66,7 +67,7 @@ def _lost_while_starting(exc: Exception) -> bool:
     return not getattr(exc, "actor_init_failed", False)
 
 
-class Coordinator(CoordinatorFace, NodeWatch):
+class Coordinator(CoordinatorFace, NodeWatch, FinalGather):
     def __init__(self, spec: dict, job_id: str, run_dir: str, started_at: float) -> None:
         self.job_id, self.run_dir, self.started_at = job_id, run_dir, started_at
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
@@ -368,13 +369,6 @@ class Coordinator(CoordinatorFace, NodeWatch):
                 self._timed_faults.add(key)
                 times.append(float(self.store.get(key).decode()))
         return times
-
-    def _finish(self) -> None:
-        members = [m.actor_id for m in self.state.generation.members]
-        states = ray.get([self._workers[a].final_state.remote(True) for a in members])
-        memory = ray.get(self._workers[members[0]].memory_report.remote())
-        self._log("job_finished", steps=self.spec.train.steps)
-        self._result = {"ok": True, "summary": self.books.summary(memory.get("param_count")), "final_state": states[0]}
 
     def _stop(self, command: Stop) -> None:
         """A stop on request, at the safe point every member reached: a final checkpoint there if

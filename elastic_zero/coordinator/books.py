@@ -27,7 +27,7 @@ class Books:
     last_loss: float | None = None
     last_metrics: dict = field(default_factory=dict)
     loss_curve: dict = field(default_factory=dict)  # step -> loss; a step recomputed later is replaced
-    step_seconds: dict = field(default_factory=dict)  # step -> its time on the slowest rank, the same way
+    step_seconds: dict = field(default_factory=dict)  # step -> (its time, of it protecting it) on rank 0, the same way
     pending_change: dict | None = None  # a change whose stall is measured when the next generation reports
     checkpoint_stalls: list = field(default_factory=list)
     checkpoint_errors: list = field(default_factory=list)
@@ -37,6 +37,9 @@ class Books:
         firsts = [r.first_step_at for r in results if r.first_step_at]
         if firsts and self.first_step_at is None:
             self.first_step_at = min(firsts)
+        if not firsts and self.pending_change is not None and results and \
+                all(r.outcome.kind == "finished" for r in results):
+            self._close_change_without_a_step(results)
         if firsts and self.pending_change is not None:
             change = self.pending_change
             since = change.pop("_since")
@@ -72,12 +75,27 @@ class Books:
                 self.last_loss, self.last_metrics = r.last_loss, dict(r.last_metrics)
             self.loss_curve.update(dict(r.losses))
         # a rank's losses and step times are appended in the same iteration of its step loop; this
-        # generation's times replace an earlier one's for the steps it ran again
+        # generation's times replace an earlier one's for the steps it ran again. One rank's clock:
+        # its steps follow each other, so their times add up to its wall time (a maximum over ranks
+        # would count the ranks' skew against each other as time spent); rank 0's, else another's.
         seconds: dict = {}
-        for r in results:
-            for (step, _), t in zip(r.losses, r.step_times):
-                seconds[step] = max(t, seconds.get(step, 0.0))
+        for r in sorted(results, key=lambda r: r.rank != 0):
+            for (step, _), t, protect in zip(r.losses, r.step_times, r.protect_times):
+                seconds.setdefault(step, (t, protect))
         self.step_seconds.update(seconds)
+
+    def _close_change_without_a_step(self, results: list[Report]) -> None:
+        """A recovery with no step left to run (a member lost in the final gather): its stall lasts
+        until the recovered generation ended, and nothing was recomputed."""
+        change = self.pending_change
+        since, reached = change.pop("_since"), change.pop("reached", None)
+        change["lost_steps"] = max(0, reached - change["step"]) if reached is not None and change.get("step") is not None else 0
+        change["recomputed_steps"] = change["lost_steps"]
+        change["failed_at"] = round(since, 4)
+        change["stall_s"] = round(max(r.ended_at for r in results) - since, 4)
+        change["to_next_step_done_s"] = None  # there is no next step
+        (self.recoveries if change.pop("_kind") == "recovery" else self.reconfigurations).append(change)
+        self.pending_change = None
 
     def add_checkpoint_log(self, rows) -> None:
         """Sample records saved with checkpoints: they fill in ranks whose own report was lost."""
@@ -112,7 +130,9 @@ class Books:
             "final_loss": self.last_loss,
             "final_metrics": self.last_metrics,
             "loss_curve": sorted(self.loss_curve.items()),
-            "step_time_curve": sorted((step, round(s, 5)) for step, s in self.step_seconds.items()),
+            "step_time_curve": sorted((step, round(s, 5)) for step, (s, _) in self.step_seconds.items()),
+            # of each step's time, its commit (replicas to the buddy) and checkpoint save
+            "protect_time_curve": sorted((step, round(p, 5)) for step, (_, p) in self.step_seconds.items()),
             "global_batch": self.global_batch,
             "samples_consumed": len(distinct),
             "duplicate_samples": len(positions) - len(distinct),

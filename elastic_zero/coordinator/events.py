@@ -64,12 +64,17 @@ class GenerationStepped:
 
 
 @dataclass(frozen=True)
+class FinalStateGathered:
+    """The final weights were gathered from every member: the job is over."""
+
+
+@dataclass(frozen=True)
 class Tick:
     pass
 
 
 Event = Union[Start, WorkersReady, WorkerStartFailed, ScaleRequested, PreemptionNotice, StopRequested, GenerationEnded,
-              GenerationStepped, Tick]
+              GenerationStepped, FinalStateGathered, Tick]
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from enum import Enum
 from typing import NamedTuple
 
 from elastic_zero.coordinator.events import (  # noqa: F401 - the events and commands are part of this module's API
-    Event, Fail, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint, Retire, ScaleRequested,
-    Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, WorkerStartFailed,
+    Event, Fail, FinalStateGathered, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint,
+    Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, WorkerStartFailed,
 )
 from elastic_zero.plan.membership import Generation, Member, next_generation
 from elastic_zero.plan.recovery import lost_ranks, restore_point
@@ -65,6 +65,9 @@ class CoordinatorState:
     # After a failure the survivors go on first and replacements are asked for once this
     # generation has stepped: a replacement warming up beside them would slow the recovery step.
     top_up_after: int | None = None
+    # training finished and the final weights are being gathered: a member lost now is recovered
+    # from the replicas of the last step (a GenerationEnded), like a loss during training
+    finishing: bool = False
     done: bool = False
     members_by_id: dict = field(default_factory=dict)  # every member ever seen, by actor id
     # errors that were not faults (a worker's own exception; a worker that could not start): the
@@ -80,7 +83,7 @@ class CoordinatorState:
             return Phase.DONE
         if self.generation is None:
             return Phase.STARTING
-        return Phase.RUNNING if self.running else Phase.WAITING
+        return Phase.RUNNING if self.running or self.finishing else Phase.WAITING
 
     def members(self) -> tuple[str, ...]:
         return tuple(m.actor_id for m in self.generation.members) if self.generation else ()
@@ -101,6 +104,8 @@ def decide(state: CoordinatorState, event: Event, now: float) -> Decision:
 def _decide(state: CoordinatorState, event: Event, now: float):
     if state.phase is Phase.DONE:
         return state, (), "the job is over"
+    if state.finishing:
+        return _while_finishing(state, event, now)
     if isinstance(event, Start):
         return replace(state, spawning=state.target), (Spawn(state.target),), f"start {state.target} workers"
     if isinstance(event, WorkersReady):
@@ -131,6 +136,24 @@ def _decide(state: CoordinatorState, event: Event, now: float):
                 f"{state.min_workers}, for {state.min_wait_s:.0f} s"),), "gave up waiting for workers")
         return state, (), "nothing to do"
     raise TypeError(f"unknown event {event!r}")
+
+
+def _while_finishing(state, event, now):
+    """Training is over; only the gather's end matters now."""
+    if isinstance(event, FinalStateGathered):
+        everyone = state.members() + tuple(m.actor_id for m in state.ready)
+        return replace(state, done=True, finishing=False), (Retire(everyone),), "the final weights were gathered"
+    if isinstance(event, GenerationEnded):  # members were lost in the gather
+        state, commands, reason = _on_generation_end(replace(state, finishing=False, running=True), event.outcomes, now)
+        return state, commands, f"lost while the final weights were gathered: {reason}"
+    if isinstance(event, WorkersReady):  # kept: replacements, should the gather lose a member
+        return replace(state, ready=state.ready + tuple(event.members), spawning=max(0, state.spawning - len(event.members)),
+                       members_by_id=_remember(state, event.members)), (), "ready workers kept while the weights are gathered"
+    if isinstance(event, WorkerStartFailed):
+        return replace(state, spawning=max(0, state.spawning - 1)), (), f"worker {event.actor_id} failed to start"
+    if isinstance(event, Tick):
+        return state, (), "nothing to do"
+    return state, (), f"{type(event).__name__} ignored: training is over and the final weights are gathered"
 
 
 def _remember(state: CoordinatorState, members) -> dict:
@@ -227,8 +250,7 @@ def _on_generation_end(state, outcomes, now):
     top_up_pending = state.top_up_after is not None  # its report raced the generation's end
     state = replace(state, running=False, safe_point_requested=False, top_up_after=None)
     if all(k == "finished" for k in kinds):
-        everyone = members + tuple(m.actor_id for m in state.ready)
-        return replace(state, done=True), (Finish(), Retire(everyone)), "training finished"
+        return replace(state, finishing=True), (Finish(),), "training finished: the final weights are gathered"
     dead = tuple(a for a, k in zip(members, kinds) if k == "dead")
     failed = [by_id[a] for a, k in zip(members, kinds) if k == "failed"]
     # a leaver that dies inside the handover fails its peers' collectives; after it, nobody misses it

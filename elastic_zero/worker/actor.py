@@ -121,7 +121,7 @@ class TrainingWorker(GenerationEntry, NodeDuties):
 
     def train(self, plan: GenerationPlan) -> Report:
         # the report in the making; "uncommitted" (steps since the last commit) stays here
-        report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [], "losses": [],
+        report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [], "protect_times": [], "losses": [],
                   "first_step_at": None, "last_loss": None, "checkpoint_stall_s": [], "entered_at": time.time(),
                   "checkpoint_errors": [], "checkpoints": [], "restored_from": None}
         try:
@@ -130,7 +130,9 @@ class TrainingWorker(GenerationEntry, NodeDuties):
                 return _finished(report, Outcome(self.actor_id, "left", plan.step), time.time())
             report["rank"] = rank
             kind = self._loop(plan, rank, report)
-            return _finished(report, Outcome(self.actor_id, kind, self.engine.step_count), time.time())
+            # finished: the replicas of the last step back a recovery should the final gather lose a member
+            replicas = self.replicas.report() if kind == "finished" else {}
+            return _finished(report, Outcome(self.actor_id, kind, self.engine.step_count, **replicas), time.time())
         except Exception as exc:  # a collective failed (a peer died or timed out), or a bug
             ended = time.time()
             error = f"{type(exc).__name__}: {exc}"[:400]
@@ -253,11 +255,13 @@ class TrainingWorker(GenerationEntry, NodeDuties):
             report["losses"].append((step, round(report["last_loss"], 6)))  # every rank: one may be lost
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             stopping = agree[0] > 0 and engine.step_count < spec.train.steps
+            trained = time.time()
             # a safe point always commits: the next generation's fallback is this layout at this step
             if engine.step_count % spec.elastic.replicate_every == 0 or engine.step_count == spec.train.steps or stopping:
                 self._commit(plan, report)
             self._save_checkpoint(plan, report)
             report["step_times"].append(time.time() - started)
+            report["protect_times"].append(time.time() - trained)
             if rank == 0 and self._coordinator:
                 self._tell_progress(plan, report)
             if stopping:
@@ -374,7 +378,10 @@ class TrainingWorker(GenerationEntry, NodeDuties):
 
     # ---- the end -----------------------------------------------------------------------------
 
-    def final_state(self, rank0_only: bool = True) -> dict:
+    def final_state(self, rank0_only: bool = True, plan: GenerationPlan | None = None) -> dict:
+        """The full weights, gathered over the group of `plan` (the generation that finished)."""
+        if plan is not None:
+            self._fire_drills("final", plan, plan.generation.rank_of(self.actor_id), self.engine.step_count)
         return self.engine.full_state_dict(rank0_only=rank0_only)
 
     def memory_report(self) -> dict:

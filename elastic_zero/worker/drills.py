@@ -2,8 +2,8 @@
 worker carries them out (and the store makes each fire once, even when a recovery repeats a step).
 
 Moments: "handover" (inside the handover into a generation, before any shard moves), "first_step"
-(before the first step of a generation, so before its layout's first commit) and "step" (before
-every step). A drill names the rank it hits in the generation of the moment.
+(before the first step of a generation, so before its layout's first commit), "step" (before
+every step) and "final" (inside the gather of the final weights, at or after `at_step`). A drill names the rank it hits in the generation of the moment.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 from elastic_zero.spec import FaultSpec
 
-MOMENT_OF = {"kill_in_handover": "handover", "kill_after_handover": "first_step"}  # every other action: "step"
+MOMENT_OF = {"kill_in_handover": "handover", "kill_after_handover": "first_step", "kill_in_final_gather": "final"}  # every other action: "step"
 
 
 def due_drills(faults: Sequence[FaultSpec], moment: str, rank: int | None, step: int,
@@ -24,6 +24,8 @@ def due_drills(faults: Sequence[FaultSpec], moment: str, rank: int | None, step:
             continue
         if moment == "step":
             due = fault.at_step == step and (fault.rank if fault.rank is not None else 0) == rank
+        elif moment == "final":
+            due = step >= fault.at_step and fault.rank == rank
         else:  # the first handover from at_step on, planned or an in-memory recovery
             due = plan_source in ("live", "snapshot") and plan_step >= fault.at_step and fault.rank == rank
         if due:

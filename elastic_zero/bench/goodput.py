@@ -1,0 +1,249 @@
+"""`elastic-zero bench goodput`: one seeded schedule of node losses, a preemption notice and new
+nodes, played to elastic_zero and to an elastic Ray Train TorchTrainer, each on a fresh local
+multi-node Ray cluster, in one run (see goodput_schedule.py for the schedule and the accounting).
+
+Both train the same preset, data and global batch with four workers (two per node, `min_workers` 1),
+checkpoint every `checkpoint_every` steps to the same kind of storage (a local directory), and are
+asked to stop at the window's end. elastic_zero watches Ray's drains (the notice is one) and keeps
+its in-memory replicas; Ray Train uses its own preemption notice (`get_preemption_info`, a
+just-in-time checkpoint) and restarts its worker group from the latest checkpoint on a loss, a
+preemption and each resize.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+from elastic_zero.bench.goodput_schedule import START_NODES, ClusterEvent, goodput, goodput_schedule, kept_steps
+from elastic_zero.bench.local_cluster import RayHead, RayNode
+
+WORKERS, CPUS_PER_NODE, GLOBAL_BATCH, MICRO_BATCH = 4, 2, 16, 4
+SYSTEMS = ("elastic_zero", "ray_train")
+
+
+class BenchCluster:
+    """A head without CPUs (drivers, coordinator, Ray Train's controller) and named worker nodes."""
+
+    def __init__(self) -> None:
+        self.head = RayHead(auth=False, num_cpus=0)
+        self.nodes: dict[str, RayNode] = {}
+        self._started = 0  # a node's index picks its worker ports
+        try:
+            for name in START_NODES:
+                self.add(name)
+        except Exception:
+            self.stop()
+            raise
+
+    def add(self, name: str) -> None:
+        self.nodes[name] = RayNode(self.head, f"ez_node_{name}", num_cpus=CPUS_PER_NODE, index=self._started)
+        self._started += 1
+
+    def drain(self, name: str, deadline_s: float) -> None:
+        result = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "drain-node", "--address",
+                                 self.head.gcs_address, "--node-id", self.nodes[name].node_id, "--reason",
+                                 "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot instance reclaimed",
+                                 "--deadline-remaining-seconds", str(int(deadline_s))],
+                                env=self.head.server_env, capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            raise RuntimeError(f"ray drain-node failed: {result.stderr.strip()[-500:]}")
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            if node.proc.poll() is None:
+                node.stop()
+        self.head.stop()
+
+
+def _play(event: ClusterEvent, cluster: BenchCluster, stop_job) -> None:
+    if event.action == "node_lost":
+        cluster.nodes[event.node].freeze()
+    elif event.action == "node_back":
+        cluster.nodes[event.node].stop()  # gone for good; another machine comes in its place
+        cluster.add(event.replaced_by)
+    elif event.action == "notice":
+        cluster.drain(event.node, event.deadline_s)
+    elif event.action == "preempted":
+        cluster.nodes[event.node].stop()
+    elif event.action == "scale_up":
+        cluster.add(event.node)
+    elif event.action == "end":
+        stop_job()
+
+
+def _run_schedule(schedule, cluster: BenchCluster, driver: subprocess.Popen, launched_at: float, stop_job) -> list:
+    """Plays each event at its time (the schedule is the clock) unless the driver ended first;
+    returns what was played, when."""
+    played = []
+    for event in schedule:
+        while time.time() < launched_at + event.at_s:
+            if driver.poll() is not None:
+                return played
+            time.sleep(0.2)
+        began = time.time()
+        _play(event, cluster, stop_job)
+        played.append({"action": event.action, "node": event.replaced_by or event.node,
+                       "at_s": round(began - launched_at, 1), "took_s": round(time.time() - began, 1)})
+    return played
+
+
+def _elastic_zero_spec(preset: str, checkpoint_uri: str, checkpoint_every: int) -> str:
+    return textwrap.dedent(f"""\
+        name = "bench-goodput"
+        [model]
+        preset = "{preset}"
+        [train]
+        steps = 1000000
+        global_batch = {GLOBAL_BATCH}
+        micro_batch = {MICRO_BATCH}
+        [elastic]
+        workers = {WORKERS}
+        min_workers = 1
+        max_workers = {WORKERS}
+        [checkpoint]
+        uri = "{checkpoint_uri}"
+        every = {checkpoint_every}
+        [preemption]
+        watch = ["ray-drain", "sigterm"]
+        """)
+
+
+def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str) -> dict:
+    cluster = BenchCluster()
+    try:
+        with open(os.path.join(work_dir, "job.toml"), "w") as fh:
+            fh.write(_elastic_zero_spec(preset, "file://" + os.path.join(work_dir, "checkpoints"), checkpoint_every))
+        launched_at = time.time()
+        driver = cluster.head.run_job(work_dir, "job.toml", "goodput")
+
+        def stop_job():
+            subprocess.run([sys.executable, "-m", "elastic_zero.cli", "stop", "goodput", "--address",
+                            cluster.head.gcs_address], env=cluster.head.client_env(), capture_output=True,
+                           timeout=120)
+
+        played = _run_schedule(schedule, cluster, driver, launched_at, stop_job)
+        rc = _wait(driver)
+        wall = time.time() - launched_at
+    finally:
+        cluster.stop()
+    summary_path = os.path.join(work_dir, "out", "summary.json")
+    if not os.path.exists(summary_path):
+        return {"rc": rc, "wall_s": round(wall, 1), "played": played, "error": f"no summary; see {work_dir}"}
+    summary = json.load(open(summary_path))
+    # a step's commit (replicas to its buddy) and checkpoint save protect it, as Ray Train's
+    # checkpoints do; the time in steps that count is the training itself
+    protect = dict(summary["protect_time_curve"])
+    kept = [seconds - protect.get(step, 0.0) for step, seconds in summary["step_time_curve"]]
+    return {"rc": rc, "error": summary.get("error"), "wall_s": round(wall, 1), "played": played,
+            "steps_kept": len(kept), "productive_s": round(sum(kept), 1), "goodput": round(goodput(kept, wall), 3),
+            "steps_redone": sum(r.get("lost_steps") or 0 for r in summary["recoveries"]),
+            "samples_trained": summary["samples_consumed"] + summary["duplicate_samples"],
+            "samples_kept": summary["samples_consumed"], "skipped_samples": summary["skipped_samples"],
+            "restarts": 0, "recoveries": len(summary["recoveries"]),
+            "reconfigurations": len(summary["reconfigurations"]),
+            "time_to_first_step_s": summary["time_to_first_step_s"],
+            "world_sizes": summary["world_size_history"]}
+
+
+def _ray_train(preset: str, schedule, checkpoint_every: int, work_dir: str) -> dict:
+    log, stop_file = os.path.join(work_dir, "steps.jsonl"), os.path.join(work_dir, "stop")
+    job = {"min_workers": 1, "max_workers": WORKERS, "storage": os.path.join(work_dir, "ray_train"),
+           "name": "bench-goodput",
+           "config": {"preset": preset, "steps": 1000000, "global_batch": GLOBAL_BATCH, "micro_batch": MICRO_BATCH,
+                      "checkpoint_every": checkpoint_every, "log": log, "stop_file": stop_file, "preemption": True}}
+    cluster = BenchCluster()
+    try:
+        job["address"] = cluster.head.gcs_address
+        with open(os.path.join(work_dir, "job.json"), "w") as fh:
+            json.dump(job, fh)
+        launched_at = time.time()
+        with open(os.path.join(work_dir, "driver.log"), "w") as out:
+            driver = subprocess.Popen([sys.executable, "-m", "elastic_zero.bench.ray_train_job", "job.json"],
+                                      cwd=work_dir, env=cluster.head.client_env(), stdout=out, stderr=subprocess.STDOUT)
+        played = _run_schedule(schedule, cluster, driver, launched_at, lambda: open(stop_file, "w").close())
+        rc = _wait(driver)
+        wall = time.time() - launched_at
+    finally:
+        cluster.stop()
+    records = [json.loads(line) for line in open(log)] if os.path.exists(log) else []
+    kept, redone = kept_steps(records)
+    seconds = [r["done"] - r["started"] for r in kept.values()]
+    first = min((r["done"] for r in records), default=None)
+    return {"rc": rc, "error": None if rc == 0 else f"the driver exited {rc}; see {work_dir}/driver.log",
+            "wall_s": round(wall, 1), "played": played,
+            "steps_kept": len(kept), "productive_s": round(sum(seconds), 1), "goodput": round(goodput(seconds, wall), 3),
+            "steps_redone": redone, "samples_trained": len(records) * GLOBAL_BATCH,
+            "samples_kept": len(kept) * GLOBAL_BATCH, "skipped_samples": 0,
+            "restarts": len({r["attempt"] for r in records}) - 1, "recoveries": None, "reconfigurations": None,
+            "time_to_first_step_s": None if first is None else round(first - launched_at, 1),
+            "world_sizes": _world_changes(records)}
+
+
+def _world_changes(records: list[dict]) -> list:
+    """[first step of each attempt, its world size]"""
+    changes, attempt = [], None
+    for r in sorted(records, key=lambda r: r["done"]):
+        if r["attempt"] != attempt:
+            changes.append([r["step"], r["world"]])
+            attempt = r["attempt"]
+    return changes
+
+
+def _wait(driver: subprocess.Popen, timeout_s: float = 300) -> int:
+    try:
+        return driver.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        return driver.wait()
+
+
+def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: int = 0, notice_s: float = 30.0,
+                      checkpoint_every: int = 20, systems=SYSTEMS, work_root: str | None = None) -> dict:
+    """Each system's run keeps its outputs in a directory of its own (under `work_root` if given)."""
+    from elastic_zero.models import PRESETS
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(sorted(PRESETS))}")
+    if checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown or not systems:
+        raise ValueError(f"unknown system(s) {sorted(unknown)}; allowed: {', '.join(SYSTEMS)}")
+    schedule = goodput_schedule(window_s, seed, notice_s)
+    report: dict = {"preset": preset, "window_s": window_s, "seed": seed, "notice_s": notice_s,
+                    "checkpoint_every": checkpoint_every,
+                    "schedule": [{"at_s": e.at_s, "action": e.action, "node": e.replaced_by or e.node} for e in schedule]}
+    runners = {"elastic_zero": _elastic_zero, "ray_train": _ray_train}
+    for name in systems:
+        work_dir = tempfile.mkdtemp(prefix=f"ez-goodput-{name}-", dir=work_root)
+        report[name] = runners[name](preset, schedule, checkpoint_every, work_dir)
+        report[name]["work_dir"] = work_dir
+    return report
+
+
+def format_goodput(r: dict) -> str:
+    lines = [f"bench goodput: {r['preset']}, {WORKERS} workers on nodes of {CPUS_PER_NODE}, window {r['window_s']:g} s, "
+             f"seed {r['seed']}, checkpoint every {r['checkpoint_every']} steps",
+             "  schedule: " + ", ".join(f"{e['at_s']:g} s {e['action']}" + (f" {e['node']}" if e["node"] else "")
+                                       for e in r["schedule"]),
+             f"  {'':14s}{'goodput':>8s}{'wall s':>8s}{'in steps s':>11s}{'steps':>7s}{'redone':>7s}"
+             f"{'restarts':>9s}{'samples':>9s}{'kept':>8s}{'1st step s':>11s}"]
+    for name in SYSTEMS:
+        if name not in r:
+            continue
+        m = r[name]
+        if "goodput" not in m:
+            lines.append(f"  {name:14s} failed: {m['error']}")
+            continue
+        lines.append(f"  {name:14s}{m['goodput']:8.3f}{m['wall_s']:8.1f}{m['productive_s']:11.1f}{m['steps_kept']:7d}"
+                     f"{m['steps_redone']:7d}{m['restarts']:9d}{m['samples_trained']:9d}{m['samples_kept']:8d}"
+                     f"{m['time_to_first_step_s'] if m['time_to_first_step_s'] is not None else float('nan'):11.1f}")
+        lines.append(f"  {'':14s}world sizes [step, size]: {m['world_sizes']}"
+                     + (f"; ended with an error: {m['error']}" if m["error"] else ""))
+    return "\n".join(lines)

@@ -1,0 +1,26 @@
+"""The goodput benchmark's short variant, elastic_zero's side: the seeded schedule (a node frozen,
+replaced by another, a node drained with a deadline and killed at it, a node added, a stop) played
+to a real multi-node Ray cluster on this machine. The long one, with Ray Train beside it, runs by
+command (`elastic-zero bench goodput`). Oracles: the schedule's own events, each answered as it
+should be (a recovery from replicas with no step lost, a hand-off, scale-ups), and the sample
+records: every sample of every step once."""
+
+import pytest
+
+from elastic_zero.bench.goodput import run_goodput_bench
+
+pytestmark = [pytest.mark.runtime, pytest.mark.slow]
+
+
+def test_elastic_zero_rides_out_the_goodput_schedule(tmp_path):
+    report = run_goodput_bench(window_s=100, seed=1, notice_s=8, checkpoint_every=10, systems=("elastic_zero",),
+                               work_root=str(tmp_path))
+    r = report["elastic_zero"]
+    assert r["rc"] == 0 and r["error"] is None, r
+    assert [p["action"] for p in r["played"]] == [e["action"] for e in report["schedule"]]
+    assert r["recoveries"] == 1 and r["steps_redone"] == 0, r  # the frozen node: from the replicas
+    assert r["reconfigurations"] >= 3, r  # a2 joins; b's workers hand over and leave; c joins
+    assert r["samples_kept"] == r["samples_trained"] == r["steps_kept"] * 16 and r["skipped_samples"] == 0
+    sizes = [n for _, n in r["world_sizes"]]
+    assert sizes[0] == 4 and 2 in sizes and sizes[-1] == 4, r["world_sizes"]
+    assert 0 < r["productive_s"] < r["wall_s"] and 0 < r["goodput"] <= 1
