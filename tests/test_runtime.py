@@ -111,7 +111,7 @@ def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_p
     assert _relative(reference, weights) <= 1e-4
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [3])  # stage 2 passes as well; one stage keeps the suite short
 def test_a_worker_lost_in_the_final_gather_is_recovered_and_the_gather_done_again(tmp_path, stage, one_worker):
     """Rank 1 dies inside the gather of the final weights (after the last step, which committed):
     the survivors rebuild its shard from their replicas in a generation with no step left, and the

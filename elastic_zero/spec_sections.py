@@ -1,0 +1,254 @@
+"""The job spec's sections: one frozen dataclass per TOML table, each with its own validation.
+`spec.py` puts them together (JobSpec) and loads them from TOML, a dict or `--set`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Union
+
+
+class SpecError(ValueError):
+    pass
+
+
+def _fail(where: str, what: str) -> None:
+    raise SpecError(f"{where}: {what}")
+
+
+def _choice(where: str, value, allowed) -> None:
+    if value not in allowed:
+        _fail(where, f"got {value!r}; allowed: {', '.join(repr(a) for a in allowed)}")
+
+
+def _at_least(where: str, value, low) -> None:
+    if value is not None and value < low:
+        _fail(where, f"must be >= {low}, got {value!r}")
+
+
+# A user's function: "package.module:function" (imported where it runs) or, from Python, the
+# callable itself (Ray pickles it).
+Ref = Union[str, Callable]
+
+
+def _check_ref(where: str, value) -> None:
+    if value is None or callable(value):
+        return
+    if not isinstance(value, str) or value.count(":") != 1 or not all(value.split(":")):
+        _fail(where, f"must look like 'package.module:function' (or be a callable), got {value!r}")
+
+
+DEFAULT_PRESET = "gpt-tiny"  # what a spec with neither preset nor factory trains
+DEFAULT_STEPS = 40  # what a spec with neither steps nor epochs trains
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    preset: Optional[str] = None  # one of PRESETS; with no factory either, DEFAULT_PRESET
+    factory: Optional[Ref] = None  # returns an nn.Module, called with `kwargs`
+    kwargs: dict = field(default_factory=dict)
+    wrap: list = field(default_factory=list)  # class names of the units (default: each child of a ModuleList)
+    init_from: Optional[str] = None  # a torch.save'd state dict or one of our checkpoints, loaded before step 0
+
+    def validate(self) -> None:
+        from elastic_zero.models import PRESETS
+
+        if self.preset is not None and self.factory is not None:
+            _fail("model", "give one of 'preset' and 'factory', not both")
+        if self.preset is not None:
+            _choice("model.preset", self.preset, sorted(PRESETS))
+        _check_ref("model.factory", self.factory)
+        if not all(isinstance(w, str) and w for w in self.wrap):
+            _fail("model.wrap", f"must be a list of module class names, got {self.wrap!r}")
+        if self.init_from is not None and not self.init_from:
+            _fail("model.init_from", "must be a path or URI")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    source: str = "synthetic"  # or a path / URI of an Arrow or Parquet dataset (a file or a directory)
+    column: str = "tokens"  # the default collate's column of token-id lists
+    columns: Optional[list] = None  # the columns read (default: `column`, or every column for a collate)
+    collate: Optional[Ref] = None  # fn(pyarrow.Table) -> dict of tensors (default: token_collate)
+    seq_len: Optional[int] = None  # tokens a sample is padded/cut to (default: what the model says)
+    vocab_size: Optional[int] = None  # synthetic data, when the model does not say
+    pad_id: int = 0
+    branching: int = 4  # synthetic: successors per token
+
+    def validate(self) -> None:
+        if not self.source:
+            _fail("data.source", "must be 'synthetic' or a path/URI to Arrow/Parquet data")
+        if not self.column:
+            _fail("data.column", "must name a column")
+        if self.columns is not None and (not self.columns or not all(isinstance(c, str) and c for c in self.columns)):
+            _fail("data.columns", f"must be a non-empty list of column names, got {self.columns!r}")
+        _check_ref("data.collate", self.collate)
+        if self.collate is not None and self.source == "synthetic":
+            _fail("data.collate", "applies to Arrow/Parquet data; 'synthetic' makes its batches itself")
+        _at_least("data.seq_len", self.seq_len, 1)
+        _at_least("data.vocab_size", self.vocab_size, 2)
+        _at_least("data.pad_id", self.pad_id, 0)
+        _at_least("data.branching", self.branching, 1)
+
+    def columns_read(self, own_collate: bool) -> Optional[list]:
+        """The columns a worker reads: `columns`, else the default collate's `column`, else (with a
+        collate of the user's) all of them (None)."""
+        return self.columns or (None if own_collate else [self.column])
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    steps: Optional[int] = None  # with no epochs either, DEFAULT_STEPS
+    epochs: Optional[int] = None  # instead of steps: passes over a finite dataset (resolved to steps at submit)
+    global_batch: int = 16
+    micro_batch: int = 4
+    seed: int = 0
+    grad_clip: Optional[float] = 1.0
+    loss: Optional[Ref] = None  # fn(model, batch) -> scalar or {"loss": scalar, metric: scalar} (default: next_token_loss)
+
+    def validate(self) -> None:
+        if self.steps is not None and self.epochs is not None:
+            _fail("train.epochs", "give one of 'steps' and 'epochs', not both")
+        _at_least("train.steps", self.steps, 1)
+        _at_least("train.epochs", self.epochs, 1)
+        _check_ref("train.loss", self.loss)
+        _at_least("train.global_batch", self.global_batch, 1)
+        _at_least("train.micro_batch", self.micro_batch, 1)
+        _at_least("train.seed", self.seed, 0)
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            _fail("train.grad_clip", f"must be > 0 (or absent), got {self.grad_clip!r}")
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: list = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    momentum: float = 0.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+
+    def validate(self) -> None:
+        _choice("optimizer.name", self.name, ["adamw", "sgd"])
+        _choice("optimizer.schedule", self.schedule, ["constant", "warmup_cosine"])
+        _at_least("optimizer.lr", self.lr, 0.0)
+        _at_least("optimizer.weight_decay", self.weight_decay, 0.0)
+        _at_least("optimizer.warmup_steps", self.warmup_steps, 0)
+        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
+            _fail("optimizer.betas", f"must be two numbers in [0, 1), got {self.betas!r}")
+        if not 0 <= self.momentum < 1:
+            _fail("optimizer.momentum", f"must be in [0, 1), got {self.momentum!r}")
+        if self.eps <= 0:
+            _fail("optimizer.eps", f"must be > 0, got {self.eps!r}")
+
+
+@dataclass(frozen=True)
+class ZeroSpec:
+    stage: int = 2
+    compute_dtype: str = "float32"
+
+    def validate(self) -> None:
+        _choice("zero.stage", self.stage, [1, 2, 3])
+        _choice("zero.compute_dtype", self.compute_dtype, ["float32", "bfloat16", "float16"])
+
+
+HEARTBEAT_EVERY_S = 0.1  # how often a worker tells the coordinator it is alive
+
+
+@dataclass(frozen=True)
+class ElasticSpec:
+    workers: int = 2
+    min_workers: int = 1
+    max_workers: int = 4
+    replicate_every: int = 1
+    use_gpu: bool = False
+    collective_timeout_s: float = 30.0
+    min_wait_s: float = 60.0  # how long to wait for workers while below min_workers
+    heartbeat_timeout_s: float = 1.0  # a member silent this long, while others are heard, is lost (0: off)
+
+    def validate(self) -> None:
+        _at_least("elastic.min_workers", self.min_workers, 1)
+        _at_least("elastic.replicate_every", self.replicate_every, 1)
+        if not self.min_workers <= self.workers <= self.max_workers:
+            _fail("elastic.workers", f"must lie in [min_workers, max_workers] = "
+                                     f"[{self.min_workers}, {self.max_workers}], got {self.workers}")
+        if self.collective_timeout_s <= 0:
+            _fail("elastic.collective_timeout_s", f"must be > 0, got {self.collective_timeout_s!r}")
+        _at_least("elastic.min_wait_s", self.min_wait_s, 0.0)
+        _at_least("elastic.heartbeat_timeout_s", self.heartbeat_timeout_s, 0.0)
+        if 0 < self.heartbeat_timeout_s < 4 * HEARTBEAT_EVERY_S:
+            _fail("elastic.heartbeat_timeout_s", f"must be 0 (off) or >= {4 * HEARTBEAT_EVERY_S:g} (4 heartbeats), "
+                                                 f"got {self.heartbeat_timeout_s!r}")
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    uri: Optional[str] = None
+    every: int = 0
+    keep: int = 3
+    resume: Optional[str] = None
+
+    def validate(self) -> None:
+        _at_least("checkpoint.every", self.every, 0)
+        _at_least("checkpoint.keep", self.keep, 1)
+        if (self.every or self.resume) and not self.uri:
+            _fail("checkpoint.uri", "is required when 'every' or 'resume' is set")
+        if self.resume is not None and not re.fullmatch(r"latest|\d+|step-\d{10}(-\d+)?", self.resume):
+            _fail("checkpoint.resume", f"must be 'latest', a step number or a step directory name, got {self.resume!r}")
+
+
+WATCH_SOURCES = ("sigterm", "ray-drain", "aws", "gcp", "azure")
+
+
+@dataclass(frozen=True)
+class PreemptionSpec:
+    watch: list = field(default_factory=lambda: list(WATCH_SOURCES))  # the clouds among them: found out per node
+    poll_s: float = 1.0  # how often the metadata servers and Ray's drains are asked
+    sigterm_grace_s: float = 30.0  # a SIGTERM'd worker goes this long after (ELASTIC_ZERO_TERMINATION_GRACE_S)
+    aws_endpoint: str = "http://169.254.169.254"
+    gcp_endpoint: str = "http://169.254.169.254"  # metadata.google.internal without a DNS lookup that may hang
+    azure_endpoint: str = "http://169.254.169.254"
+
+    def validate(self) -> None:
+        if not isinstance(self.watch, list):
+            _fail("preemption.watch", f"must be a list, got {self.watch!r}")
+        for i, source in enumerate(self.watch):
+            _choice(f"preemption.watch[{i}]", source, WATCH_SOURCES)
+        if self.poll_s <= 0:
+            _fail("preemption.poll_s", f"must be > 0, got {self.poll_s!r}")
+        _at_least("preemption.sigterm_grace_s", self.sigterm_grace_s, 0.0)
+        for name in ("aws_endpoint", "gcp_endpoint", "azure_endpoint"):
+            if not re.fullmatch(r"https?://[^\s/]+", getattr(self, name)):
+                _fail(f"preemption.{name}", f"must be http(s)://HOST[:PORT], got {getattr(self, name)!r}")
+
+    def endpoints(self) -> dict:
+        return {"aws": self.aws_endpoint, "gcp": self.gcp_endpoint, "azure": self.azure_endpoint}
+
+    def clouds(self) -> list:
+        """The watched sources that are clouds, in the order they are tried."""
+        return [source for source in self.watch if source in ("aws", "gcp", "azure")]
+
+
+KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover", "kill_in_final_gather")  # the worker's process exits
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    at_step: int
+    action: str
+    rank: Optional[int] = None
+    workers: Optional[int] = None
+    deadline_s: Optional[float] = None
+
+    def validate(self, where: str) -> None:
+        _at_least(f"{where}.at_step", self.at_step, 0)
+        _choice(f"{where}.action", self.action, [*KILL_ACTIONS, "hang", "raise", "preempt", "scale"])
+        if self.action != "scale" and self.rank is None:
+            _fail(f"{where}.rank", f"is required for action {self.action!r}")
+        _at_least(f"{where}.rank", self.rank, 0)
+        if self.action == "scale" and self.workers is None:
+            _fail(f"{where}.workers", "is required for action 'scale'")
+        _at_least(f"{where}.workers", self.workers, 1)
+        _at_least(f"{where}.deadline_s", self.deadline_s, 0.0)
