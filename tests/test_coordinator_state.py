@@ -157,6 +157,21 @@ def test_a_member_lost_while_the_final_weights_are_gathered_is_recovered_from_th
     assert sorted(_cmd(cmds, Retire).actor_ids) == ["w0", "w2", "w9"] and s.done
 
 
+def test_a_worker_told_to_leave_before_the_last_step_stays_a_member_if_the_gather_loses_another():
+    """A scale-down asked for just before the last step: the last step wins over the safe point, so
+    w2 is still a member, marked to leave, when the gather loses w1. The recovery must not make w2 a
+    leaver of a hand-off: with no step left, nothing would ever commit the new layout it waits for."""
+    s, plan = _started(3)
+    s, _, _ = decide(s, ScaleRequested(2), 2.0)
+    assert s.leaving
+    s, cmds, _ = _end(s, plan, w0="finished", w1="finished", w2="finished")
+    assert cmds == (Finish(),) and s.leaving == ()
+    s, cmds, _ = _end(s, plan, w0="finished", w1="dead", w2="finished")
+    recovered = _cmd(cmds, StartGeneration).plan
+    assert recovered.leaving == () and sorted(recovered.participants) == ["w0", "w2"]
+    assert decide(s, FinalStateGathered(), 3.0)[1] == ()  # not finishing now: nothing to retire
+
+
 def test_a_loss_during_a_handover_restores_the_layout_before_it_from_memory():
     from dataclasses import replace
 

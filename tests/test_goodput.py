@@ -35,7 +35,9 @@ def test_the_same_seed_gives_the_same_schedule_and_another_seed_another():
 
 @pytest.mark.parametrize("window, notice, message", [
     (200, 30, "window_s 200 is too short for a 30 s notice: need window_s > 333"),
-    (600, 0, "notice_s must be > 0, got 0"),
+    (600, 0.5, "notice_s must be >= 1, got 0.5"),
+    (600, float("nan"), "notice_s must be >= 1, got nan"),
+    (float("nan"), 30, "window_s must be > 0, got nan"),
 ])
 def test_a_window_too_short_for_its_notice_is_refused_by_name(window, notice, message):
     with pytest.raises(ValueError, match=message):
@@ -56,3 +58,65 @@ def test_a_step_recomputed_after_a_restart_counts_once_in_its_last_run():
 def test_goodput_needs_a_positive_wall_time():
     with pytest.raises(ValueError, match="wall_s must be > 0"):
         goodput([1.0], 0)
+
+
+def test_the_startup_phases_add_up_from_the_runs_records():
+    """bench startup's split of the time to the first step (bench/startup.py), from a run's events."""
+    from elastic_zero.bench.startup import PHASES, startup_phases
+
+    events = [{"event": "job_start", "t": 102.0}, {"event": "spawn", "t": 102.1},
+              {"event": "worker_ready", "t": 104.0}, {"event": "worker_ready", "t": 104.5},
+              {"event": "generation_start", "t": 104.6}, {"event": "worker_ready", "t": 200.0}]
+    summary = {"started_at_epoch": 100.0, "time_to_first_step_s": 5.0, "step_time_curve": [[0, 0.8], [1, 0.5]]}
+    phases = startup_phases(100.0, 101.0, events, summary)
+    assert phases == {"ray_init": 1.0, "coordinator": 1.0, "workers_ready": 2.4, "generation": 0.4,
+                      "first_step": 0.8, "total_to_first_step_done": 5.8}
+    assert sum(phases[p] for p in PHASES) == pytest.approx(5.6)  # the spawn and the hand-over gaps: 0.2 s
+
+
+def _ray_train_records():
+    """Attempt x trains steps 0-5, is lost; attempt y restarts from the checkpoint at 4 with 2 workers."""
+    first = [{"step": s, "started": 10 + s, "done": 10.5 + s, "world": 4, "attempt": "x"} for s in range(6)]
+    second = [{"step": s, "started": 30 + s, "done": 30.75 + s, "world": 2, "attempt": "y"} for s in range(4, 8)]
+    return first + second
+
+
+def test_ray_train_figures_count_the_kept_runs_the_redone_steps_and_the_restarts():
+    from elastic_zero.bench.goodput_schedule import ray_train_figures
+
+    f = ray_train_figures(_ray_train_records(), global_batch=16, launched_at=0.0, wall_s=40.0)
+    assert (f["steps_kept"], f["steps_redone"], f["restarts"]) == (8, 2, 1)
+    assert f["productive_s"] == 4 * 0.5 + 4 * 0.75 and f["goodput"] == round(5.0 / 40, 3)
+    assert (f["samples_trained"], f["samples_kept"]) == (10 * 16, 8 * 16) and f["useful_samples_per_s"] == 3.2
+    assert f["first_step_done_s"] == 10.5 and f["world_sizes"] == [[0, 4], [4, 2]]
+
+
+def test_elastic_zero_figures_leave_the_commit_and_checkpoint_time_out_of_the_steps():
+    from elastic_zero.bench.goodput_schedule import elastic_zero_figures
+
+    summary = {"step_time_curve": [[0, 1.0], [1, 0.6], [2, 0.6]], "protect_time_curve": [[0, 0.1], [1, 0.1], [2, 0.3]],
+               "recoveries": [{"lost_steps": 0}], "reconfigurations": [{}, {}], "samples_consumed": 48,
+               "duplicate_samples": 0, "skipped_samples": 0, "world_size_history": [[0, 4], [1, 2]]}
+    events = [{"event": "job_start", "t": 101.0}, {"event": "decision", "on": "GenerationStepped", "t": 106.0},
+              {"event": "decision", "on": "GenerationStepped", "t": 108.0}]
+    f = elastic_zero_figures(summary, events, launched_at=100.0, wall_s=10.0)
+    assert f["productive_s"] == 1.7 and f["goodput"] == 0.17 and f["steps_kept"] == 3
+    assert (f["steps_redone"], f["recoveries"], f["reconfigurations"], f["restarts"]) == (0, 1, 2, 0)
+    assert f["first_step_done_s"] == 6.0 and f["useful_samples_per_s"] == 4.8
+    # a coordinator that ended without a summary: no figures, no crash
+    assert elastic_zero_figures({}, [], 100.0, 10.0)["steps_kept"] == 0
+
+
+def test_the_report_prints_both_systems_side_by_side_and_a_failure_by_its_reason():
+    from elastic_zero.bench.goodput import format_goodput
+    from elastic_zero.bench.goodput_schedule import ray_train_figures
+
+    report = {"preset": "gpt-small", "window_s": 600.0, "seed": 0, "checkpoint_every": 20,
+              "schedule": [{"at_s": 600.0, "action": "end", "node": None}],
+              "elastic_zero": {"rc": 1, "error": "no summary; see /tmp/x", "wall_s": 5.0, "played": []},
+              "ray_train": {"rc": 0, "error": None, "wall_s": 40.0,
+                            **ray_train_figures(_ray_train_records(), 16, 0.0, 40.0)}}
+    lines = format_goodput(report).splitlines()
+    assert lines[1] == "  schedule: 600 s end"
+    assert lines[3] == "  elastic_zero   failed: no summary; see /tmp/x"
+    assert lines[4].split() == ["ray_train", "0.125", "40.0", "5.0", "8", "2", "1", "160", "128", "3.2", "10.5"]

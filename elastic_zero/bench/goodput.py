@@ -20,7 +20,9 @@ import tempfile
 import textwrap
 import time
 
-from elastic_zero.bench.goodput_schedule import START_NODES, ClusterEvent, goodput, goodput_schedule, kept_steps
+from elastic_zero.bench.goodput_schedule import (
+    START_NODES, ClusterEvent, elastic_zero_figures, goodput_schedule, ray_train_figures,
+)
 from elastic_zero.bench.local_cluster import RayHead, RayNode
 
 WORKERS, CPUS_PER_NODE, GLOBAL_BATCH, MICRO_BATCH = 4, 2, 16, 4
@@ -123,32 +125,28 @@ def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str) -
         driver = cluster.head.run_job(work_dir, "job.toml", "goodput")
 
         def stop_job():
-            subprocess.run([sys.executable, "-m", "elastic_zero.cli", "stop", "goodput", "--address",
-                            cluster.head.gcs_address], env=cluster.head.client_env(), capture_output=True,
-                           timeout=120)
+            stop = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "stop", "goodput", "--address",
+                                   cluster.head.gcs_address], env=cluster.head.client_env(), capture_output=True,
+                                  text=True, timeout=120)
+            if stop.returncode != 0:
+                raise RuntimeError(f"elastic-zero stop failed: {stop.stderr.strip()[-500:]}")
 
-        played = _run_schedule(schedule, cluster, driver, launched_at, stop_job)
-        rc = _wait(driver)
-        wall = time.time() - launched_at
+        try:
+            played = _run_schedule(schedule, cluster, driver, launched_at, stop_job)
+            rc = _wait(driver)
+            wall = time.time() - launched_at
+        finally:
+            if driver.poll() is None:  # the schedule failed: the job goes with its cluster
+                driver.kill()
     finally:
         cluster.stop()
     summary_path = os.path.join(work_dir, "out", "summary.json")
     if not os.path.exists(summary_path):
         return {"rc": rc, "wall_s": round(wall, 1), "played": played, "error": f"no summary; see {work_dir}"}
     summary = json.load(open(summary_path))
-    # a step's commit (replicas to its buddy) and checkpoint save protect it, as Ray Train's
-    # checkpoints do; the time in steps that count is the training itself
-    protect = dict(summary["protect_time_curve"])
-    kept = [seconds - protect.get(step, 0.0) for step, seconds in summary["step_time_curve"]]
+    events = [json.loads(line) for line in open(os.path.join(work_dir, "out", "events.jsonl"))]
     return {"rc": rc, "error": summary.get("error"), "wall_s": round(wall, 1), "played": played,
-            "steps_kept": len(kept), "productive_s": round(sum(kept), 1), "goodput": round(goodput(kept, wall), 3),
-            "steps_redone": sum(r.get("lost_steps") or 0 for r in summary["recoveries"]),
-            "samples_trained": summary["samples_consumed"] + summary["duplicate_samples"],
-            "samples_kept": summary["samples_consumed"], "skipped_samples": summary["skipped_samples"],
-            "restarts": 0, "recoveries": len(summary["recoveries"]),
-            "reconfigurations": len(summary["reconfigurations"]),
-            "time_to_first_step_s": summary["time_to_first_step_s"],
-            "world_sizes": summary["world_size_history"]}
+            **elastic_zero_figures(summary, events, launched_at, wall)}
 
 
 def _ray_train(preset: str, schedule, checkpoint_every: int, work_dir: str) -> dict:
@@ -166,33 +164,18 @@ def _ray_train(preset: str, schedule, checkpoint_every: int, work_dir: str) -> d
         with open(os.path.join(work_dir, "driver.log"), "w") as out:
             driver = subprocess.Popen([sys.executable, "-m", "elastic_zero.bench.ray_train_job", "job.json"],
                                       cwd=work_dir, env=cluster.head.client_env(), stdout=out, stderr=subprocess.STDOUT)
-        played = _run_schedule(schedule, cluster, driver, launched_at, lambda: open(stop_file, "w").close())
-        rc = _wait(driver)
-        wall = time.time() - launched_at
+        try:
+            played = _run_schedule(schedule, cluster, driver, launched_at, lambda: open(stop_file, "w").close())
+            rc = _wait(driver)
+            wall = time.time() - launched_at
+        finally:
+            if driver.poll() is None:
+                driver.kill()
     finally:
         cluster.stop()
     records = [json.loads(line) for line in open(log)] if os.path.exists(log) else []
-    kept, redone = kept_steps(records)
-    seconds = [r["done"] - r["started"] for r in kept.values()]
-    first = min((r["done"] for r in records), default=None)
     return {"rc": rc, "error": None if rc == 0 else f"the driver exited {rc}; see {work_dir}/driver.log",
-            "wall_s": round(wall, 1), "played": played,
-            "steps_kept": len(kept), "productive_s": round(sum(seconds), 1), "goodput": round(goodput(seconds, wall), 3),
-            "steps_redone": redone, "samples_trained": len(records) * GLOBAL_BATCH,
-            "samples_kept": len(kept) * GLOBAL_BATCH, "skipped_samples": 0,
-            "restarts": len({r["attempt"] for r in records}) - 1, "recoveries": None, "reconfigurations": None,
-            "time_to_first_step_s": None if first is None else round(first - launched_at, 1),
-            "world_sizes": _world_changes(records)}
-
-
-def _world_changes(records: list[dict]) -> list:
-    """[first step of each attempt, its world size]"""
-    changes, attempt = [], None
-    for r in sorted(records, key=lambda r: r["done"]):
-        if r["attempt"] != attempt:
-            changes.append([r["step"], r["world"]])
-            attempt = r["attempt"]
-    return changes
+            "wall_s": round(wall, 1), "played": played, **ray_train_figures(records, GLOBAL_BATCH, launched_at, wall)}
 
 
 def _wait(driver: subprocess.Popen, timeout_s: float = 300) -> int:
@@ -233,7 +216,7 @@ def format_goodput(r: dict) -> str:
              "  schedule: " + ", ".join(f"{e['at_s']:g} s {e['action']}" + (f" {e['node']}" if e["node"] else "")
                                        for e in r["schedule"]),
              f"  {'':14s}{'goodput':>8s}{'wall s':>8s}{'in steps s':>11s}{'steps':>7s}{'redone':>7s}"
-             f"{'restarts':>9s}{'samples':>9s}{'kept':>8s}{'1st step s':>11s}"]
+             f"{'restarts':>9s}{'samples':>9s}{'kept':>8s}{'kept/s':>8s}{'1st step s':>11s}"]
     for name in SYSTEMS:
         if name not in r:
             continue
@@ -243,7 +226,8 @@ def format_goodput(r: dict) -> str:
             continue
         lines.append(f"  {name:14s}{m['goodput']:8.3f}{m['wall_s']:8.1f}{m['productive_s']:11.1f}{m['steps_kept']:7d}"
                      f"{m['steps_redone']:7d}{m['restarts']:9d}{m['samples_trained']:9d}{m['samples_kept']:8d}"
-                     f"{m['time_to_first_step_s'] if m['time_to_first_step_s'] is not None else float('nan'):11.1f}")
+                     f"{m['useful_samples_per_s']:8.1f}"
+                     f"{m['first_step_done_s'] if m['first_step_done_s'] is not None else float('nan'):11.1f}")
         lines.append(f"  {'':14s}world sizes [step, size]: {m['world_sizes']}"
                      + (f"; ended with an error: {m['error']}" if m["error"] else ""))
     return "\n".join(lines)

@@ -32,8 +32,10 @@ class ClusterEvent:
 
 def goodput_schedule(window_s: float, seed: int, notice_s: float = 30.0) -> tuple[ClusterEvent, ...]:
     """The same window and seed give the same schedule, for every system it is played to."""
-    if notice_s <= 0:
-        raise ValueError(f"notice_s must be > 0, got {notice_s}")
+    if not window_s > 0:  # NaN too
+        raise ValueError(f"window_s must be > 0, got {window_s}")
+    if not notice_s >= 1:  # a Ray drain's deadline is whole seconds
+        raise ValueError(f"notice_s must be >= 1, got {notice_s}")
     if notice_s >= 0.09 * window_s:  # the node must be gone before the next event window opens
         raise ValueError(f"window_s {window_s:g} is too short for a {notice_s:g} s notice: "
                          f"need window_s > {notice_s / 0.09:.0f}")
@@ -63,3 +65,46 @@ def goodput(kept_step_seconds, wall_s: float) -> float:
     if wall_s <= 0:
         raise ValueError(f"wall_s must be > 0, got {wall_s}")
     return sum(kept_step_seconds) / wall_s
+
+
+def elastic_zero_figures(summary: dict, events: list[dict], launched_at: float, wall_s: float) -> dict:
+    """The figures of an elastic_zero run, from its summary.json and events.jsonl."""
+    # a step's commit (replicas to its buddy) and checkpoint save protect it, as Ray Train's
+    # checkpoints do; the time in steps that count is the training itself
+    protect = dict(summary.get("protect_time_curve", []))
+    kept = [seconds - protect.get(step, 0.0) for step, seconds in summary.get("step_time_curve", [])]
+    recoveries = summary.get("recoveries", [])
+    # rank 0 tells the coordinator when its first step is done: from the launch, as for Ray Train
+    stepped = [e["t"] for e in events if e["event"] == "decision" and e.get("on") == "GenerationStepped"]
+    return {"steps_kept": len(kept), "productive_s": round(sum(kept), 1), "goodput": round(goodput(kept, wall_s), 3),
+            "steps_redone": sum(r.get("lost_steps") or 0 for r in recoveries),
+            "samples_trained": summary.get("samples_consumed", 0) + summary.get("duplicate_samples", 0),
+            "samples_kept": summary.get("samples_consumed", 0), "skipped_samples": summary.get("skipped_samples", 0),
+            "useful_samples_per_s": round(summary.get("samples_consumed", 0) / wall_s, 2),
+            "restarts": 0, "recoveries": len(recoveries), "reconfigurations": len(summary.get("reconfigurations", [])),
+            "first_step_done_s": round(stepped[0] - launched_at, 1) if stepped else None,
+            "world_sizes": summary.get("world_size_history", [])}
+
+
+def ray_train_figures(records: list[dict], global_batch: int, launched_at: float, wall_s: float) -> dict:
+    """The figures of a Ray Train run, from rank 0's per-step records of every attempt."""
+    kept, redone = kept_steps(records)
+    seconds = [r["done"] - r["started"] for r in kept.values()]
+    first = min((r["done"] for r in records), default=None)
+    return {"steps_kept": len(kept), "productive_s": round(sum(seconds), 1),
+            "goodput": round(goodput(seconds, wall_s), 3), "steps_redone": redone,
+            "samples_trained": len(records) * global_batch, "samples_kept": len(kept) * global_batch,
+            "skipped_samples": 0, "useful_samples_per_s": round(len(kept) * global_batch / wall_s, 2),
+            "restarts": len({r["attempt"] for r in records}) - 1, "recoveries": None, "reconfigurations": None,
+            "first_step_done_s": None if first is None else round(first - launched_at, 1),
+            "world_sizes": world_changes(records)}
+
+
+def world_changes(records: list[dict]) -> list:
+    """[first step of each attempt, its world size], in time order."""
+    changes, attempt = [], None
+    for r in sorted(records, key=lambda r: r["done"]):
+        if r["attempt"] != attempt:
+            changes.append([r["step"], r["world"]])
+            attempt = r["attempt"]
+    return changes

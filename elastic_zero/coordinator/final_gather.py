@@ -49,12 +49,12 @@ class FinalGather:
             done, _ = ray.wait(list(refs), num_returns=1, timeout=0.05)
             for ref in done:
                 actor_id = refs.pop(ref)
-                try:
-                    states[actor_id] = ray.get(ref)
-                except ray.exceptions.RayActorError as exc:  # its process or its node died
-                    lost[actor_id] = (time.time(), f"lost in the final gather: {exc}"[:300])
+                try:  # rank 0's weights live in its node's object store: that node may go as they are fetched
+                    states[actor_id] = ray.get(ref, timeout=self.spec.elastic.collective_timeout_s)
                 except ray.exceptions.RayTaskError as exc:  # its collective broke (a peer lost, an abort) or a bug
                     errors[actor_id] = f"{type(exc.cause).__name__}: {exc.cause}"[:300]
+                except ray.exceptions.RayError as exc:  # its process or its node died, or took the result along
+                    lost[actor_id] = (time.time(), f"lost in the final gather: {type(exc).__name__}: {exc}"[:300])
             if heartbeat_timeout_s and refs:
                 now = time.monotonic()
                 silent, reason = silent_members(self._heard, refs.values(), now, heartbeat_timeout_s,

@@ -124,6 +124,8 @@ def _decide(state: CoordinatorState, event: Event, now: float):
         return state, (), "stop requested: the job ends at the next safe point"
     if isinstance(event, GenerationEnded):
         return _on_generation_end(state, event.outcomes, now)
+    if isinstance(event, FinalStateGathered):  # only ever sent while finishing
+        return state, (), "FinalStateGathered ignored: no gather was running"
     if isinstance(event, GenerationStepped):
         if event.number != state.top_up_after:
             return state, (), f"generation {event.number} stepped"
@@ -250,7 +252,10 @@ def _on_generation_end(state, outcomes, now):
     top_up_pending = state.top_up_after is not None  # its report raced the generation's end
     state = replace(state, running=False, safe_point_requested=False, top_up_after=None)
     if all(k == "finished" for k in kinds):
-        return replace(state, finishing=True), (Finish(),), "training finished: the final weights are gathered"
+        # workers told to leave (a notice or a scale-down the last step overtook) stay to the end: a
+        # recovery in the gather must not plan a hand-off, which needs a step to commit its layout
+        return replace(state, finishing=True, leaving=(), handover_leavers=()), (Finish(),), \
+            "training finished: the final weights are gathered"
     dead = tuple(a for a, k in zip(members, kinds) if k == "dead")
     failed = [by_id[a] for a, k in zip(members, kinds) if k == "failed"]
     # a leaver that dies inside the handover fails its peers' collectives; after it, nobody misses it

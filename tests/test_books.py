@@ -1,0 +1,44 @@
+"""The coordinator's books (coordinator/books.py): step times on one rank's clock, the share of each
+step spent protecting it, and a recovery that had no step left to run."""
+
+import pytest
+
+from elastic_zero.coordinator.books import Books
+from elastic_zero.protocol import Outcome, Report
+
+pytestmark = pytest.mark.unit
+
+
+def _report(actor_id, rank, times, protect, first_step_at=10.0, kind="finished", step=3):
+    return Report(Outcome(actor_id, kind, step), ended_at=20.0, rank=rank, step_times=tuple(times),
+                  protect_times=tuple(protect), losses=tuple((s, 1.0) for s in range(len(times))),
+                  first_step_at=first_step_at)
+
+
+def test_step_times_are_rank_0s_and_their_protected_share_is_kept_apart():
+    """Rank 1 measured its steps out of phase with rank 0 (it waited in another collective): a
+    maximum over ranks would add 0.9 + 0.9 where rank 0's steps took 0.5 + 0.9."""
+    books = Books(global_batch=8, steps=2, started_at=0.0)
+    books.add_generation_results(0, [_report("w1", 1, [0.9, 0.5], [0.0, 0.2]), _report("w0", 0, [0.5, 0.9], [0.1, 0.2])])
+    summary = books.summary(None)
+    assert summary["step_time_curve"] == [(0, 0.5), (1, 0.9)]
+    assert summary["protect_time_curve"] == [(0, 0.1), (1, 0.2)]
+
+
+def test_without_rank_0s_report_another_ranks_clock_is_used():
+    books = Books(global_batch=8, steps=2, started_at=0.0)
+    books.add_generation_results(0, [_report("w1", 1, [0.7, 0.6], [0.1, 0.1])])
+    assert books.summary(None)["step_time_curve"] == [(0, 0.7), (1, 0.6)]
+
+
+def test_a_recovery_with_no_step_left_is_closed_when_its_generation_finishes():
+    """A member lost in the final gather: the recovered generation runs no step; the recovery's stall
+    lasts until that generation ended, nothing was recomputed, there is no next step."""
+    books = Books(global_batch=8, steps=3, started_at=0.0)
+    books.begin_change("recovery", 15.0, step=3, cause="lost w1", reached=3)
+    books.add_generation_results(1, [_report("w0", 0, [], [], first_step_at=None),
+                                     _report("w2", 1, [], [], first_step_at=None)])
+    (recovery,) = books.summary(None)["recoveries"]
+    assert recovery == {"step": 3, "cause": "lost w1", "lost_steps": 0, "recomputed_steps": 0, "failed_at": 15.0,
+                        "stall_s": 5.0, "to_next_step_done_s": None}
+    assert books.pending_change is None
