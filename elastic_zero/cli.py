@@ -81,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
         if name == "export":
             c.add_argument("--out", required=True, metavar="FILE.pt")
 
+    demo = sub.add_parser("demo", help="a minute of what elastic_zero does: a kill, a preemption notice and a "
+                                       "scale-up on a local Ray, a table and a plot")
+    demo.add_argument("--run-dir", help="where the corpus, summary.json, events.jsonl and run.png go "
+                                        "(default: runs/demo-TIME)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress line and no event lines")
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     step = bench_sub.add_parser("step", help="ZeRO step time against torch DDP (and FSDP2) in one run")
@@ -119,6 +124,11 @@ def _parser() -> argparse.ArgumentParser:
     gp.add_argument("--checkpoint-every", type=int, default=20)
     gp.add_argument("--systems", default="elastic_zero,ray_train", help="comma-separated: elastic_zero, ray_train")
     gp.add_argument("--json", action="store_true", help="print one JSON object")
+    su = bench_sub.add_parser("startup", help="where the time to the first step goes, against Ray Train")
+    su.add_argument("--preset", default="gpt-small")
+    su.add_argument("--workers", type=int, default=3)
+    su.add_argument("--rounds", type=int, default=3)
+    su.add_argument("--json", action="store_true", help="print one JSON object")
     chaos = bench_sub.add_parser("chaos", help="the chaos drill: seeded faults, checked against a fault-free run")
     chaos.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
     chaos.add_argument("--steps", type=int, default=300)
@@ -272,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
             return _service(args)
         if args.command == "checkpoint":
             return _checkpoint(args)
+        if args.command == "demo":
+            from elastic_zero.demo import run_demo
+
+            return run_demo(args.run_dir, progress=not args.no_progress)
         if args.command == "plot":
             from elastic_zero.plot import plot_run
 
@@ -303,8 +317,14 @@ def main(argv: list[str] | None = None) -> int:
             from elastic_zero.bench.goodput import format_goodput, run_goodput_bench
 
             report = run_goodput_bench(args.preset, args.window, args.seed, args.notice, args.checkpoint_every,
-                                       tuple(s for s in args.systems.split(",") if s))
+                                       tuple(dict.fromkeys(s.strip() for s in args.systems.split(",") if s.strip())))
             print(json.dumps(report) if args.json else format_goodput(report))
+            return 0
+        if args.command == "bench" and args.bench == "startup":
+            from elastic_zero.bench.startup import format_startup, run_startup_bench
+
+            report = run_startup_bench(args.preset, args.workers, args.rounds)
+            print(json.dumps(report) if args.json else format_startup(report))
             return 0
         if args.command == "bench" and args.bench == "chaos":
             from elastic_zero.bench.chaos import format_chaos, run_chaos

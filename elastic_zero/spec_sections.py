@@ -44,9 +44,9 @@ DEFAULT_STEPS = 40  # what a spec with neither steps nor epochs trains
 
 @dataclass(frozen=True)
 class ModelSpec:
-    preset: Optional[str] = None  # one of PRESETS; with no factory either, DEFAULT_PRESET
+    preset: Optional[str] = None  # a built-in model, "gpt-small" or "gpt-tiny" (with no factory either: "gpt-tiny")
     factory: Optional[Ref] = None  # returns an nn.Module, called with `kwargs`
-    kwargs: dict = field(default_factory=dict)
+    kwargs: dict = field(default_factory=dict)  # the preset's or the factory's keyword arguments (e.g. vocab_size, d_model)
     wrap: list = field(default_factory=list)  # class names of the units (default: each child of a ModuleList)
     init_from: Optional[str] = None  # a torch.save'd state dict or one of our checkpoints, loaded before step 0
 
@@ -66,13 +66,13 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    source: str = "synthetic"  # or a path / URI of an Arrow or Parquet dataset (a file or a directory)
+    source: str = "synthetic"  # "synthetic", or a path / URI of an Arrow or Parquet dataset (a file or a directory)
     column: str = "tokens"  # the default collate's column of token-id lists
     columns: Optional[list] = None  # the columns read (default: `column`, or every column for a collate)
     collate: Optional[Ref] = None  # fn(pyarrow.Table) -> dict of tensors (default: token_collate)
     seq_len: Optional[int] = None  # tokens a sample is padded/cut to (default: what the model says)
     vocab_size: Optional[int] = None  # synthetic data, when the model does not say
-    pad_id: int = 0
+    pad_id: int = 0  # what the default collate pads ragged samples with
     branching: int = 4  # synthetic: successors per token
 
     def validate(self) -> None:
@@ -98,12 +98,12 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class TrainSpec:
-    steps: Optional[int] = None  # with no epochs either, DEFAULT_STEPS
+    steps: Optional[int] = None  # optimizer steps to train (with no epochs either: 40)
     epochs: Optional[int] = None  # instead of steps: passes over a finite dataset (resolved to steps at submit)
-    global_batch: int = 16
-    micro_batch: int = 4
-    seed: int = 0
-    grad_clip: Optional[float] = 1.0
+    global_batch: int = 16  # samples per optimizer step, whatever the number of workers
+    micro_batch: int = 4  # samples per forward/backward on a worker (gradient accumulation up to its share)
+    seed: int = 0  # the sample order and the synthetic data
+    grad_clip: Optional[float] = 1.0  # global gradient norm clipping (absent: none)
     loss: Optional[Ref] = None  # fn(model, batch) -> scalar or {"loss": scalar, metric: scalar} (default: next_token_loss)
 
     def validate(self) -> None:
@@ -121,14 +121,14 @@ class TrainSpec:
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    name: str = "adamw"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: list = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    momentum: float = 0.0
-    schedule: str = "constant"
-    warmup_steps: int = 0
+    name: str = "adamw"  # "adamw" or "sgd"
+    lr: float = 1e-3  # the peak learning rate
+    weight_decay: float = 0.0  # the optimizer's weight decay
+    betas: list = field(default_factory=lambda: [0.9, 0.95])  # Adam's two moment decays, each in [0, 1)
+    eps: float = 1e-8  # Adam's denominator term, > 0
+    momentum: float = 0.0  # SGD, in [0, 1)
+    schedule: str = "constant"  # "constant" or "warmup_cosine"
+    warmup_steps: int = 0  # linear warm-up from 0 to lr
 
     def validate(self) -> None:
         _choice("optimizer.name", self.name, ["adamw", "sgd"])
@@ -146,8 +146,8 @@ class OptimizerSpec:
 
 @dataclass(frozen=True)
 class ZeroSpec:
-    stage: int = 2
-    compute_dtype: str = "float32"
+    stage: int = 2  # ZeRO stage: 1 shards the optimizer state, 2 the gradients too, 3 the parameters too
+    compute_dtype: str = "float32"  # the forward and backward dtype: "float32", "bfloat16" or "float16"
 
     def validate(self) -> None:
         _choice("zero.stage", self.stage, [1, 2, 3])
@@ -159,12 +159,12 @@ HEARTBEAT_EVERY_S = 0.1  # how often a worker tells the coordinator it is alive
 
 @dataclass(frozen=True)
 class ElasticSpec:
-    workers: int = 2
-    min_workers: int = 1
-    max_workers: int = 4
-    replicate_every: int = 1
-    use_gpu: bool = False
-    collective_timeout_s: float = 30.0
+    workers: int = 2  # the workers the job starts with and tops back up to
+    min_workers: int = 1  # below it training waits (min_wait_s) for replacements, then fails
+    max_workers: int = 4  # the most `scale` may ask for; at most global_batch
+    replicate_every: int = 1  # steps between buddy replicas (every safe point replicates too)
+    use_gpu: bool = False  # one GPU per worker and NCCL, else one CPU and gloo
+    collective_timeout_s: float = 30.0  # a collective waiting longer fails the generation; its hung member is killed
     min_wait_s: float = 60.0  # how long to wait for workers while below min_workers
     heartbeat_timeout_s: float = 1.0  # a member silent this long, while others are heard, is lost (0: off)
 
@@ -185,10 +185,10 @@ class ElasticSpec:
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    uri: Optional[str] = None
-    every: int = 0
-    keep: int = 3
-    resume: Optional[str] = None
+    uri: Optional[str] = None  # a directory or URI pyarrow.fs can write (a path, file://, s3://, gs://)
+    every: int = 0  # steps between checkpoints, saved asynchronously (0: none but a stop --checkpoint's)
+    keep: int = 3  # the newest commits kept
+    resume: Optional[str] = None  # "latest", a step number or a step directory: start from that checkpoint
 
     def validate(self) -> None:
         _at_least("checkpoint.every", self.every, 0)
@@ -204,12 +204,12 @@ WATCH_SOURCES = ("sigterm", "ray-drain", "aws", "gcp", "azure")
 
 @dataclass(frozen=True)
 class PreemptionSpec:
-    watch: list = field(default_factory=lambda: list(WATCH_SOURCES))  # the clouds among them: found out per node
+    watch: list = field(default_factory=lambda: list(WATCH_SOURCES))  # the sources of notices; which of the clouds a node is on is found out there
     poll_s: float = 1.0  # how often the metadata servers and Ray's drains are asked
     sigterm_grace_s: float = 30.0  # a SIGTERM'd worker goes this long after (ELASTIC_ZERO_TERMINATION_GRACE_S)
-    aws_endpoint: str = "http://169.254.169.254"
+    aws_endpoint: str = "http://169.254.169.254"  # the EC2 instance metadata service (IMDSv2)
     gcp_endpoint: str = "http://169.254.169.254"  # metadata.google.internal without a DNS lookup that may hang
-    azure_endpoint: str = "http://169.254.169.254"
+    azure_endpoint: str = "http://169.254.169.254"  # Azure's instance metadata service (Scheduled Events)
 
     def validate(self) -> None:
         if not isinstance(self.watch, list):
@@ -236,11 +236,11 @@ KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover", "kill_in_fina
 
 @dataclass(frozen=True)
 class FaultSpec:
-    at_step: int
-    action: str
-    rank: Optional[int] = None
-    workers: Optional[int] = None
-    deadline_s: Optional[float] = None
+    at_step: int  # the step it happens at (for the handover and final-gather drills: from it on)
+    action: str  # one of KILL_ACTIONS, "hang", "raise", "preempt" or "scale"
+    rank: Optional[int] = None  # the rank it hits, in the generation of the moment
+    workers: Optional[int] = None  # scale: the world size asked for
+    deadline_s: Optional[float] = None  # preempt: seconds until the worker goes
 
     def validate(self, where: str) -> None:
         _at_least(f"{where}.at_step", self.at_step, 0)

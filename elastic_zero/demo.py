@@ -1,0 +1,108 @@
+"""`elastic-zero demo`: what elastic_zero does, in under a minute on a laptop.
+
+On an embedded local Ray, a byte-level GPT learns the Python standard library's own source with 3
+workers; on the way one worker is killed (SIGKILL), another gets a preemption notice, and the job
+is scaled up to 4. It ends with a table of what happened (each event with its stall and what it
+recomputed), a line comparing the kill's stall with a restart from a checkpoint, and a plot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from elastic_zero.spec import JobSpec, spec_from_dict
+
+# `elastic-zero bench recovery` (docs/benchmarks.md): from a kill to the next completed step under an
+# elastic Ray Train TorchTrainer, which restarts its workers from the last checkpoint
+RAY_TRAIN_RECOVERY_S = 18.7  # the median of three runs, 2026-11-25
+
+CORPUS_MB = 1.0
+KILL_STEP, PREEMPT_STEP, SCALE_STEP, STEPS = 10, 25, 35, 90  # a joiner takes ~20 steps to start here
+
+
+def demo_spec(data_dir: str) -> JobSpec:
+    return spec_from_dict({
+        "name": "demo",
+        "model": {"preset": "gpt-tiny", "kwargs": {"vocab_size": 256, "seq_len": 128, "n_layer": 4, "n_head": 4,
+                                                   "d_model": 128}},
+        "data": {"source": data_dir, "column": "tokens"},
+        "train": {"steps": STEPS, "global_batch": 24, "micro_batch": 8},
+        "optimizer": {"name": "adamw", "lr": 3e-3, "schedule": "warmup_cosine", "warmup_steps": 6},
+        "zero": {"stage": 2},
+        "elastic": {"workers": 3, "min_workers": 1, "max_workers": 4},
+        "faults": [{"at_step": KILL_STEP, "action": "kill", "rank": 1},
+                   {"at_step": PREEMPT_STEP, "action": "preempt", "rank": 0, "deadline_s": 30},
+                   {"at_step": SCALE_STEP, "action": "scale", "workers": 4}],
+    }).validate()
+
+
+def _what(change: dict, kind: str) -> str:
+    if kind == "recovery":
+        return f"{change.get('cause', 'a failure').replace('lost ', 'worker ', 1)} killed, recovered from replicas"
+    if change.get("cause") == "leave":
+        return "preemption notice: workers handed over and left"
+    if change["to"] > change["from"]:
+        return "scale-up: workers joined at a safe point"
+    return "scale-down at a safe point"
+
+
+def demo_table(summary: dict, wall_s: float, png: str | None) -> str:
+    """The demo's closing table, from the run's summary (pure)."""
+    losses = summary.get("loss_curve") or []
+    changes = sorted([("recovery", c) for c in summary["recoveries"]] +
+                     [("reconfiguration", c) for c in summary["reconfigurations"]], key=lambda kc: kc[1]["failed_at"])
+    first_loss = f"{losses[0][1]:.3f}" if losses else "-"
+    last_loss = f"{losses[-1][1]:.3f}" if losses else "-"
+    lines = [f"steps {summary['steps']}, loss {first_loss} -> {last_loss}, wall {wall_s:.1f} s, "
+             f"first step after {summary['time_to_first_step_s']:.1f} s, samples "
+             f"{summary['samples_consumed']} each once ({summary['duplicate_samples']} twice, "
+             f"{summary['skipped_samples']} skipped)",
+             f"  {'at step':>7}  {'event':<52}{'workers':>9}{'stall s':>9}  recomputed"]
+    history = [n for _, n in summary["world_size_history"]]
+    # every generation after the first began with one of these changes, in the same order
+    by_order = len(history) == len(changes) + 1
+    for i, (kind, c) in enumerate(changes):
+        before = history[i] if by_order else c.get("from")
+        after = history[i + 1] if by_order else c.get("to")
+        workers = f"{before} -> {after}" if before is not None and after is not None else "-"
+        recomputed = c.get("recomputed_steps", 0) if kind == "recovery" else 0
+        lost = f" ({c['lost_steps']} done steps lost)" if kind == "recovery" else ""
+        lines.append(f"  {c.get('step', '-'):>7}  {_what(c, kind):<52}{workers:>9}{c['stall_s']:>9.2f}  "
+                     f"{recomputed} step(s){lost}")
+    kills = [c for kind, c in changes if kind == "recovery" and c.get("to_next_step_done_s") is not None]
+    if kills:
+        ours = max(c["to_next_step_done_s"] for c in kills)
+        lines.append(f"a kill cost {ours:.2f} s to the next completed step here; a restart from a checkpoint "
+                     f"(Ray Train elastic, measured by `elastic-zero bench recovery`) costs {RAY_TRAIN_RECOVERY_S:.1f} s")
+    if png:
+        lines.append(f"plot: {png}")
+    return "\n".join(lines)
+
+
+def run_demo(run_dir: str | None = None, progress: bool = True) -> int:
+    from elastic_zero.api import RunConfig, run
+    from elastic_zero.data.byte_corpus import write
+    from elastic_zero.plot import plot_run
+
+    config = RunConfig(run_dir=run_dir, progress=progress)
+    path = config.path_for("demo")
+    data_dir = os.path.join(path, "corpus")
+    if not (os.path.isdir(data_dir) and os.listdir(data_dir)):
+        write(data_dir, seq_len=128, max_mb=CORPUS_MB)
+    spec = demo_spec(data_dir)
+    print(f"elastic-zero demo: a byte-level GPT learns the Python standard library's source; 3 workers on a "
+          f"local Ray; worker 1 is killed at step {KILL_STEP}, worker 0 gets a preemption notice at step "
+          f"{PREEMPT_STEP}, the job is scaled to 4 at step {SCALE_STEP}; outputs in {path}", flush=True)
+    started = time.time()
+    result = run(spec, RunConfig(run_dir=path, progress=progress), started_at=started)
+    wall = time.time() - started
+    if not result.ok:
+        print(f"elastic-zero: the demo failed: {result.error}")
+        return 1
+    png, _ = plot_run(path)
+    with open(os.path.join(path, "summary.json")) as fh:
+        summary = json.load(fh)
+    print(demo_table(summary, wall, png))
+    return 0

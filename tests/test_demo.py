@@ -1,0 +1,64 @@
+"""`elastic-zero demo`: its closing table from a run's summary (pure), and the demo itself end to end
+on the embedded local Ray: it must exit 0, show the kill, the preemption notice and the scale-up
+with their stalls, count every sample once and write the plot. Oracle for the table: the summary it
+is read from; for the run: the schedule the demo announces."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from elastic_zero.demo import KILL_STEP, PREEMPT_STEP, RAY_TRAIN_RECOVERY_S, SCALE_STEP, demo_table
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+SUMMARY = {
+    "steps": 60, "loss_curve": [[0, 5.61], [59, 2.42]], "time_to_first_step_s": 7.5, "samples_consumed": 1440,
+    "duplicate_samples": 0, "skipped_samples": 0, "world_size_history": [[0, 3], [12, 2], [13, 3], [28, 2], [44, 3]],
+    "recoveries": [{"step": 12, "cause": "lost w1", "lost_steps": 0, "recomputed_steps": 1, "failed_at": 100.0,
+                    "stall_s": 0.61, "to_next_step_done_s": 0.93}],
+    "reconfigurations": [
+        {"step": 13, "from": 2, "to": 3, "cause": "scale", "failed_at": 101.0, "stall_s": 0.1},
+        {"step": 28, "from": 3, "to": 2, "cause": "leave", "failed_at": 110.0, "stall_s": 0.2},
+        {"step": 44, "from": 2, "to": 3, "cause": "scale", "failed_at": 120.0, "stall_s": 0.3}],
+}
+
+
+@pytest.mark.unit
+def test_the_table_lists_each_event_in_time_order_with_its_stall_and_recomputed_steps():
+    table = demo_table(SUMMARY, wall_s=40.0, png="runs/demo/run.png").splitlines()
+    assert table[0].startswith("steps 60, loss 5.610 -> 2.420, wall 40.0 s, first step after 7.5 s")
+    rows = table[2:6]
+    assert "w1 killed, recovered from replicas" in rows[0] and "3 -> 2" in rows[0] and "0.61" in rows[0]
+    assert "1 step(s) (0 done steps lost)" in rows[0]
+    assert "scale-up" in rows[1] and "2 -> 3" in rows[1] and rows[1].rstrip().endswith("0 step(s)")
+    assert "preemption notice" in rows[2] and "3 -> 2" in rows[2]
+    assert "scale-up" in rows[3] and "2 -> 3" in rows[3]
+    assert table[6] == (f"a kill cost 0.93 s to the next completed step here; a restart from a checkpoint "
+                        f"(Ray Train elastic, measured by `elastic-zero bench recovery`) costs {RAY_TRAIN_RECOVERY_S:.1f} s")
+    assert table[7] == "plot: runs/demo/run.png"
+
+
+@pytest.mark.unit
+def test_the_restart_figure_is_the_one_the_benchmarks_page_documents():
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as fh:
+        assert f"{RAY_TRAIN_RECOVERY_S:.1f} s" in fh.read()
+
+
+@pytest.mark.runtime
+def test_the_demo_runs_end_to_end_and_shows_what_happened(tmp_path):
+    run_dir = tmp_path / "demo"
+    done = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "demo", "--run-dir", str(run_dir), "--no-progress"],
+                          capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = done.stdout
+    assert "w1 killed, recovered from replicas" in out and "preemption notice" in out and "3 -> 4" in out, out
+    summary = json.load(open(run_dir / "summary.json"))
+    (recovery,) = summary["recoveries"]
+    assert recovery["step"] == KILL_STEP and recovery["lost_steps"] == 0
+    assert any(c["cause"] == "leave" and c["step"] >= PREEMPT_STEP for c in summary["reconfigurations"])
+    assert any(n == 4 and step >= SCALE_STEP for step, n in summary["world_size_history"])
+    assert summary["duplicate_samples"] == 0 and summary["skipped_samples"] == 0
+    assert os.path.getsize(run_dir / "run.png") > 10_000 and f"plot: {run_dir / 'run.png'}" in out
