@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 from elastic_zero.spec import JobSpec, spec_from_dict
@@ -90,7 +91,10 @@ def run_demo(run_dir: str | None = None, progress: bool = True) -> int:
     path = config.path_for("demo")
     data_dir = os.path.join(path, "corpus")
     if not (os.path.isdir(data_dir) and os.listdir(data_dir)):
-        write(data_dir, seq_len=128, max_mb=CORPUS_MB)
+        try:
+            write(data_dir, seq_len=128, max_mb=CORPUS_MB)
+        except OSError as exc:  # the CLI's one line, exit 2
+            raise ValueError(f"--run-dir {path}: cannot write the corpus there: {exc.strerror or exc}") from None
     spec = demo_spec(data_dir)
     print(f"elastic-zero demo: a byte-level GPT learns the Python standard library's source; 3 workers on a "
           f"local Ray; worker 1 is killed at step {KILL_STEP}, worker 0 gets a preemption notice at step "
@@ -99,7 +103,7 @@ def run_demo(run_dir: str | None = None, progress: bool = True) -> int:
     result = run(spec, RunConfig(run_dir=path, progress=progress), started_at=started)
     wall = time.time() - started
     if not result.ok:
-        print(f"elastic-zero: the demo failed: {result.error}")
+        print(f"elastic-zero: the demo failed: {result.error}", file=sys.stderr)
         return 1
     png, _ = plot_run(path)
     with open(os.path.join(path, "summary.json")) as fh:

@@ -62,3 +62,12 @@ def test_the_demo_runs_end_to_end_and_shows_what_happened(tmp_path):
     assert any(n == 4 and step >= SCALE_STEP for step, n in summary["world_size_history"])
     assert summary["duplicate_samples"] == 0 and summary["skipped_samples"] == 0
     assert os.path.getsize(run_dir / "run.png") > 10_000 and f"plot: {run_dir / 'run.png'}" in out
+
+
+@pytest.mark.unit
+def test_a_run_dir_that_cannot_be_written_is_one_line_and_exit_2():
+    done = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "demo", "--run-dir", "/proc/no/such/dir"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == ["elastic-zero: error: --run-dir /proc/no/such/dir: cannot write the "
+                                                "corpus there: No such file or directory"]
