@@ -123,6 +123,8 @@ def _parser() -> argparse.ArgumentParser:
     gp.add_argument("--notice", type=float, default=30.0, help="the preemption notice's deadline, seconds")
     gp.add_argument("--checkpoint-every", type=int, default=20)
     gp.add_argument("--systems", default="elastic_zero,ray_train", help="comma-separated: elastic_zero, ray_train")
+    gp.add_argument("--clock", default="launch", choices=("launch", "first_step"),
+                    help="the schedule counts from each job's launch (default) or from its first step")
     gp.add_argument("--json", action="store_true", help="print one JSON object")
     su = bench_sub.add_parser("startup", help="where the time to the first step goes, against Ray Train")
     su.add_argument("--preset", default="gpt-small")
@@ -317,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
             from elastic_zero.bench.goodput import format_goodput, run_goodput_bench
 
             report = run_goodput_bench(args.preset, args.window, args.seed, args.notice, args.checkpoint_every,
-                                       tuple(dict.fromkeys(s.strip() for s in args.systems.split(",") if s.strip())))
+                                       tuple(dict.fromkeys(s.strip() for s in args.systems.split(",") if s.strip())),
+                                       clock=args.clock)
             print(json.dumps(report) if args.json else format_goodput(report))
             return 0
         if args.command == "bench" and args.bench == "startup":

@@ -61,7 +61,21 @@ def test_the_demo_runs_end_to_end_and_shows_what_happened(tmp_path):
     assert any(c["cause"] == "leave" and c["step"] >= PREEMPT_STEP for c in summary["reconfigurations"])
     assert any(n == 4 and step >= SCALE_STEP for step, n in summary["world_size_history"])
     assert summary["duplicate_samples"] == 0 and summary["skipped_samples"] == 0
-    assert os.path.getsize(run_dir / "run.png") > 10_000 and f"plot: {run_dir / 'run.png'}" in out
+    curve = [loss for _, loss in summary["loss_curve"]]  # the byte GPT learns: from ln(256) = 5.55, down
+    assert curve[0] == pytest.approx(5.55, abs=0.1) and sum(curve[-5:]) / 5 < curve[0] - 2.0, curve
+    # the run at a glance: the plot's series are the run's own, the kill and the changes marked
+    import matplotlib.image
+
+    from elastic_zero.plot import SIZE_PX, read_run
+
+    assert f"plot: {run_dir / 'run.png'}" in out
+    assert matplotlib.image.imread(run_dir / "run.png").shape[:2] == (SIZE_PX[1], SIZE_PX[0])
+    series = read_run(str(run_dir))
+    assert list(series.loss) == [tuple(p) for p in summary["loss_curve"]]
+    marks = {m.kind: m for m in series.marks}
+    assert marks["recovery"].step == KILL_STEP and "lost w1" in marks["recovery"].label
+    assert "preemption" in marks and "scale" in marks
+    assert [n for _, n in series.world_size][:2] == [3, 2]
 
 
 @pytest.mark.unit

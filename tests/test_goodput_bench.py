@@ -18,19 +18,26 @@ pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
 
 def test_elastic_zero_rides_out_the_goodput_schedule(tmp_path):
-    report = run_goodput_bench(window_s=100, seed=1, notice_s=8, checkpoint_every=10, systems=("elastic_zero",),
-                               work_root=str(tmp_path))
+    # counted from the first step, so that a slow start (a loaded machine) cannot move the node loss
+    # before training began
+    report = run_goodput_bench(window_s=75, seed=1, notice_s=6, checkpoint_every=10, systems=("elastic_zero",),
+                               work_root=str(tmp_path), clock="first_step")
     r = report["elastic_zero"]
     assert r["rc"] == 0 and r["error"] is None, r
     assert [p["action"] for p in r["played"]] == [e["action"] for e in report["schedule"]]
     # the frozen node: from the replicas; at most the step in flight is redone (the survivors may have
     # finished it, but the frozen node never committed it)
     assert r["recoveries"] == 1 and r["steps_redone"] <= 1, r
-    assert r["reconfigurations"] >= 3, r  # a2 joins; b's workers hand over and leave; c joins
+    assert r["reconfigurations"] >= 2, r  # a2's workers join; b's hand over and leave (c's may come too late)
     assert r["samples_kept"] == r["samples_trained"] == r["steps_kept"] * 16 and r["skipped_samples"] == 0
     sizes = [n for _, n in r["world_sizes"]]
-    assert sizes[0] == 4 and 2 in sizes and sizes[-1] == 4, r["world_sizes"]
-    assert 0 < r["productive_s"] < r["wall_s"] and 0 < r["goodput"] <= 1 and r["first_step_done_s"] < 100
+    expected = iter([4, 2, 4, 2])  # lost, replaced (its joiners may come one at a time), handed over
+    want = next(expected)
+    for size in sizes:
+        if size == want:
+            want = next(expected, None)
+    assert want is None, r["world_sizes"]
+    assert 0 < r["productive_s"] < r["wall_s"] and 0 < r["goodput"] <= 1 and r["first_step_done_s"] < 75
     (events_path,) = glob.glob(str(tmp_path / "ez-goodput-elastic_zero-*" / "out" / "events.jsonl"))
     events = [json.loads(line) for line in open(events_path)]
     node_of = {e["actor_id"]: e["node"] for e in events if e["event"] == "worker_ready"}

@@ -161,37 +161,17 @@ def test_bad_user_code_and_data_end_the_job_in_one_line(tmp_path, local_ray):
     assert not result.ok and "vocab.parquet row 7: token id 40 in 'input_ids' is outside the model's vocabulary of 32" in result.error
 
 
-def test_byte_gpt_learns_the_standard_librarys_source(tmp_path, local_ray):
-    """The byte_gpt example end to end: its script makes the corpus, its TOML trains on it (shorter
-    here), a worker is killed on the way, and the loss falls from ln(256) = 5.55 by more than 1.5."""
+def test_the_byte_gpt_example_makes_its_corpus_and_its_spec_reads_it(tmp_path):
+    """The byte_gpt example's script makes the corpus its TOML trains on (the training itself, on the
+    same corpus and model shape, is the demo's: tests/test_demo.py)."""
+    from elastic_zero.data.arrow_rows import ArrowRows
     from elastic_zero.spec import load_spec
 
     data = tmp_path / "bytes"
-    made = subprocess.run([sys.executable, "examples/byte_gpt/make_dataset.py", "--out", str(data), "--max-mb", "0.5"],
+    made = subprocess.run([sys.executable, "examples/byte_gpt/make_dataset.py", "--out", str(data), "--max-mb", "0.2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
-    spec = load_spec(os.path.join(ROOT, "examples/byte_gpt/job.toml"),
-                     [f"data.source={json.dumps(str(data))}", "train.steps=60", "optimizer.warmup_steps=5",
-                      f"checkpoint.uri={json.dumps(str(tmp_path / 'ck'))}", "checkpoint.every=20",
-                      'faults=[{at_step = 20, action = "kill", rank = 1}]'])
-    result = ez.run(spec, ez.RunConfig(run_dir=str(tmp_path / "run")))
-    assert result.ok, result.error
-    exactly_once(result.metrics)
-    curve = [loss for _, loss in result.metrics["loss_curve"]]
-    assert len(curve) == 60 and curve[0] == pytest.approx(5.55, abs=0.1)
-    assert sum(curve[-5:]) / 5 < curve[0] - 1.5, curve
-
-    # the run at a glance: the plot's series are the run's own, the kill and the checkpoints marked
-    import matplotlib.image
-
-    from elastic_zero.plot import SIZE_PX, plot_run
-
-    out, series = plot_run(result.path, str(tmp_path / "run.png"))
-    assert matplotlib.image.imread(out).shape[:2] == (SIZE_PX[1], SIZE_PX[0])
-    assert list(series.loss) == [tuple(p) for p in result.metrics["loss_curve"]]
-    assert [s for s, _ in series.samples_per_s] == list(range(60))
-    recovery = [m for m in series.marks if m.kind == "recovery"]
-    assert len(recovery) == 1 and recovery[0].step <= 20 and "lost" in recovery[0].label
-    # the kill at step 20 may catch the save of step 20 in flight (then it is not committed)
-    assert [m.step for m in series.marks if m.kind == "checkpoint"] in ([40, 60], [20, 40, 60])
-    assert series.world_size[0] == (0, 2) and (recovery[0].step, 1) in series.world_size
+    spec = load_spec(os.path.join(ROOT, "examples/byte_gpt/job.toml"), [f"data.source={json.dumps(str(data))}"])
+    rows = ArrowRows(spec.data.source, [spec.data.column])
+    assert rows.num_samples == int(made.stdout.split()[0]) > 1000
+    assert spec.model.kwargs["vocab_size"] == 256 and spec.model.kwargs["seq_len"] == 128

@@ -79,20 +79,49 @@ def _play(event: ClusterEvent, cluster: BenchCluster, stop_job) -> None:
         stop_job()
 
 
-def _run_schedule(schedule, cluster: BenchCluster, driver: subprocess.Popen, launched_at: float, stop_job) -> list:
-    """Plays each event at its time (the schedule is the clock) unless the driver ended first;
-    returns what was played, when."""
+def _run_schedule(schedule, cluster: BenchCluster, driver: subprocess.Popen, origin, stop_job) -> list:
+    """Plays each event at its time after `origin()` (the epoch the schedule counts from: the launch,
+    or the job's first step once there is one) unless the driver ended first; returns what was played,
+    when."""
+    start = None
+    while start is None:
+        if driver.poll() is not None:
+            return []
+        start = origin()
+        if start is None:
+            time.sleep(0.2)
     played = []
     for event in schedule:
-        while time.time() < launched_at + event.at_s:
+        while time.time() < start + event.at_s:
             if driver.poll() is not None:
                 return played
             time.sleep(0.2)
         began = time.time()
         _play(event, cluster, stop_job)
         played.append({"action": event.action, "node": event.replaced_by or event.node,
-                       "at_s": round(began - launched_at, 1), "took_s": round(time.time() - began, 1)})
+                       "at_s": round(began - start, 1), "took_s": round(time.time() - began, 1)})
     return played
+
+
+def _first_line(path: str) -> dict | None:
+    try:
+        with open(path) as fh:
+            line = fh.readline()
+        return json.loads(line) if line.endswith("\n") else None
+    except (OSError, ValueError):
+        return None
+
+
+def _elastic_zero_first_step(events_path: str) -> float | None:
+    """When rank 0 told the coordinator the job's first step was done (its event log, as it grows)."""
+    try:
+        with open(events_path) as fh:
+            for line in fh:
+                if '"GenerationStepped"' in line and line.endswith("\n"):
+                    return json.loads(line)["t"]
+    except OSError:
+        pass
+    return None
 
 
 def _elastic_zero_spec(preset: str, checkpoint_uri: str, checkpoint_every: int) -> str:
@@ -116,7 +145,7 @@ def _elastic_zero_spec(preset: str, checkpoint_uri: str, checkpoint_every: int) 
         """)
 
 
-def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str) -> dict:
+def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str, clock: str) -> dict:
     cluster = BenchCluster()
     try:
         with open(os.path.join(work_dir, "job.toml"), "w") as fh:
@@ -132,7 +161,9 @@ def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str) -
                 raise RuntimeError(f"elastic-zero stop failed: {stop.stderr.strip()[-500:]}")
 
         try:
-            played = _run_schedule(schedule, cluster, driver, launched_at, stop_job)
+            events_path = os.path.join(work_dir, "out", "events.jsonl")
+            origin = (lambda: launched_at) if clock == "launch" else (lambda: _elastic_zero_first_step(events_path))
+            played = _run_schedule(schedule, cluster, driver, origin, stop_job)
             rc = _wait(driver)
             wall = time.time() - launched_at
         finally:
@@ -149,7 +180,7 @@ def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str) -
             **elastic_zero_figures(summary, events, launched_at, wall)}
 
 
-def _ray_train(preset: str, schedule, checkpoint_every: int, work_dir: str) -> dict:
+def _ray_train(preset: str, schedule, checkpoint_every: int, work_dir: str, clock: str) -> dict:
     log, stop_file = os.path.join(work_dir, "steps.jsonl"), os.path.join(work_dir, "stop")
     job = {"min_workers": 1, "max_workers": WORKERS, "storage": os.path.join(work_dir, "ray_train"),
            "name": "bench-goodput",
@@ -165,7 +196,8 @@ def _ray_train(preset: str, schedule, checkpoint_every: int, work_dir: str) -> d
             driver = subprocess.Popen([sys.executable, "-m", "elastic_zero.bench.ray_train_job", "job.json"],
                                       cwd=work_dir, env=cluster.head.client_env(), stdout=out, stderr=subprocess.STDOUT)
         try:
-            played = _run_schedule(schedule, cluster, driver, launched_at, lambda: open(stop_file, "w").close())
+            origin = (lambda: launched_at) if clock == "launch" else (lambda: (_first_line(log) or {}).get("done"))
+            played = _run_schedule(schedule, cluster, driver, origin, lambda: open(stop_file, "w").close())
             rc = _wait(driver)
             wall = time.time() - launched_at
         finally:
@@ -187,25 +219,29 @@ def _wait(driver: subprocess.Popen, timeout_s: float = 300) -> int:
 
 
 def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: int = 0, notice_s: float = 30.0,
-                      checkpoint_every: int = 20, systems=SYSTEMS, work_root: str | None = None) -> dict:
-    """Each system's run keeps its outputs in a directory of its own (under `work_root` if given)."""
+                      checkpoint_every: int = 20, systems=SYSTEMS, work_root: str | None = None,
+                      clock: str = "launch") -> dict:
+    """Each system's run keeps its outputs in a directory of its own (under `work_root` if given).
+    `clock`: the schedule counts from each job's launch, or ("first_step") from its first step."""
     from elastic_zero.models import PRESETS
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(sorted(PRESETS))}")
     if checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+    if clock not in ("launch", "first_step"):
+        raise ValueError(f"clock must be 'launch' or 'first_step', got {clock!r}")
     unknown = set(systems) - set(SYSTEMS)
     if unknown or not systems:
         raise ValueError(f"unknown system(s) {sorted(unknown)}; allowed: {', '.join(SYSTEMS)}")
     schedule = goodput_schedule(window_s, seed, notice_s)
-    report: dict = {"preset": preset, "window_s": window_s, "seed": seed, "notice_s": notice_s,
+    report: dict = {"preset": preset, "window_s": window_s, "seed": seed, "notice_s": notice_s, "clock": clock,
                     "checkpoint_every": checkpoint_every,
                     "schedule": [{"at_s": e.at_s, "action": e.action, "node": e.replaced_by or e.node} for e in schedule]}
     runners = {"elastic_zero": _elastic_zero, "ray_train": _ray_train}
     for name in systems:
         work_dir = tempfile.mkdtemp(prefix=f"ez-goodput-{name}-", dir=work_root)
-        report[name] = runners[name](preset, schedule, checkpoint_every, work_dir)
+        report[name] = runners[name](preset, schedule, checkpoint_every, work_dir, clock)
         report[name]["work_dir"] = work_dir
     return report
 
