@@ -19,7 +19,7 @@ def test_a_schedule_replays_from_its_seed_and_stays_in_bounds():
     assert all(f.get("rank", 0) < 2 and 2 <= f.get("workers", 2) <= 4 for f in faults)
 
 
-@pytest.mark.parametrize("seed, stage", [(2, 2), (1, 3)])
+@pytest.mark.parametrize("seed, stage", [(1, 3)])  # stage 2 (seed 2) passes too: `bench chaos` runs both
 def test_chaos_ends_with_every_sample_once_and_the_fault_free_weights(tmp_path, seed, stage):
     report = run_chaos([seed], 100, [stage], str(tmp_path))
     (run,) = report["runs"]

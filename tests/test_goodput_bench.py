@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 def test_elastic_zero_rides_out_the_goodput_schedule(tmp_path):
     # counted from the first step, so that a slow start (a loaded machine) cannot move the node loss
     # before training began
-    report = run_goodput_bench(window_s=75, seed=1, notice_s=6, checkpoint_every=10, systems=("elastic_zero",),
+    report = run_goodput_bench(window_s=65, seed=1, notice_s=5, checkpoint_every=10, systems=("elastic_zero",),
                                work_root=str(tmp_path), clock="first_step")
     r = report["elastic_zero"]
     assert r["rc"] == 0 and r["error"] is None, r
@@ -37,7 +37,7 @@ def test_elastic_zero_rides_out_the_goodput_schedule(tmp_path):
         if size == want:
             want = next(expected, None)
     assert want is None, r["world_sizes"]
-    assert 0 < r["productive_s"] < r["wall_s"] and 0 < r["goodput"] <= 1 and r["first_step_done_s"] < 75
+    assert 0 < r["productive_s"] < r["wall_s"] and 0 < r["goodput"] <= 1 and r["first_step_done_s"] < 65
     (events_path,) = glob.glob(str(tmp_path / "ez-goodput-elastic_zero-*" / "out" / "events.jsonl"))
     events = [json.loads(line) for line in open(events_path)]
     node_of = {e["actor_id"]: e["node"] for e in events if e["event"] == "worker_ready"}

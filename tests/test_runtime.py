@@ -50,13 +50,14 @@ def test_a_hung_worker_is_found_by_the_collective_timeout_and_replaced(tmp_path)
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_final_weights_do_not_depend_on_kills_scaling_or_preemption(tmp_path, stage, one_worker):
-    reference = one_worker(300, stage)
+    reference = one_worker(200, stage)
     drill = [
         {"at_step": 1, "action": "scale", "workers": 3},
-        {"at_step": 200, "action": "preempt", "rank": 0, "deadline_s": 30},
-        {"at_step": 240, "action": "kill", "rank": 1},
+        {"at_step": 130, "action": "preempt", "rank": 0, "deadline_s": 30},
+        {"at_step": 160, "action": "kill", "rank": 1},
     ]
-    code, summary, events, weights = _job(tmp_path, f"drill{stage}", drill, zero={"stage": stage})
+    code, summary, events, weights = _job(tmp_path, f"drill{stage}", drill, train={"steps": 200},
+                                          zero={"stage": stage})
     assert code == 0, summary.get("error")
     sizes = [n for _, n in summary["world_size_history"]]
     assert 3 in sizes, f"the scale-up never joined: {summary['world_size_history']}"
