@@ -104,11 +104,12 @@ def _run_schedule(schedule, cluster: BenchCluster, driver: subprocess.Popen, ori
 
 
 def _first_line(path: str) -> dict | None:
+    """The file's first complete JSON line; None while the job has not written it yet."""
     try:
         with open(path) as fh:
             line = fh.readline()
         return json.loads(line) if line.endswith("\n") else None
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # not created yet, or a line still being written: asked again shortly
         return None
 
 
@@ -119,7 +120,7 @@ def _elastic_zero_first_step(events_path: str) -> float | None:
             for line in fh:
                 if '"GenerationStepped"' in line and line.endswith("\n"):
                     return json.loads(line)["t"]
-    except OSError:
+    except OSError:  # the coordinator has not created its event log yet: asked again shortly
         pass
     return None
 
