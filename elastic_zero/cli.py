@@ -96,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     step.add_argument("--warmup", type=int, default=3)
     step.add_argument("--steps", type=int, default=30)
     step.add_argument("--rounds", type=int, default=3)
+    step.add_argument("--replicate-every", type=int, default=0,
+                      help="also time the stage with buddy replicas every N steps, overlapped and synchronous")
     step.add_argument("--json", action="store_true", help="print one JSON object")
     rec = bench_sub.add_parser("recovery", help="kill a worker here and in a Ray Train elastic TorchTrainer")
     rec.add_argument("--workers", type=int, default=3)
@@ -298,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             from elastic_zero.bench.step import format_report, run_step_bench
 
             report = run_step_bench(args.stage, args.workers, args.preset, args.micro_batch,
-                                    args.warmup, args.steps, args.rounds)
+                                    args.warmup, args.steps, args.rounds, args.replicate_every)
             print(json.dumps(report) if args.json else format_report(report))
             return 0
         if args.command == "bench" and args.bench == "recovery":

@@ -43,6 +43,9 @@ def drive(job: JobSpec, job_id: str, run_dir: str, run_config, started_at: float
     view = ProgressView() if run_config.progress else None
     restore = _stop_on_sigterm()
     try:
+        from elastic_zero.preflight import check_cluster
+
+        check_cluster(job, ray.cluster_resources())
         actor = _start_coordinator(job, job_id, run_dir, started_at, detached=bool(run_config.address))
         try:
             return _follow(actor, job_id, view)

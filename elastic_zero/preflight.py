@@ -1,6 +1,6 @@
 """Checks of a job's inputs that can be made before Ray starts: every path the spec names, the
 dataset's schema, and (on an embedded Ray, where the driver's Python is the workers') the user's
-functions.
+functions. Once Ray is up, check_cluster() asks of the cluster what the job cannot run without.
 
 A problem is a SpecError naming the field (the CLI exits 2 with it): a missing dataset or column,
 an empty one, weights to start from that are not there, a checkpoint store that cannot be written
@@ -18,13 +18,21 @@ from elastic_zero.spec import JobSpec, SpecError
 
 def preflight(spec: JobSpec, import_user_code: bool = True) -> int | None:
     """Raise SpecError for the first problem found; return the dataset's number of samples (None
-    for synthetic data), read from its metadata on the way."""
+    for synthetic data), read from its metadata on the way. `import_user_code`: the job runs on an
+    embedded Ray, whose workers share this Python (its user code, its torch and devices)."""
     size = None
     if spec.data.source != "synthetic":
         _check_exists("data.source", spec.data.source)
         size = _dataset_size(spec)
     if spec.model.init_from:
         _check_exists("model.init_from", spec.model.init_from)
+    if import_user_code and spec.elastic.use_gpu:  # an embedded Ray: its workers' torch is this one
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SpecError(f"elastic.use_gpu: true needs GPUs, but this machine has none torch can use "
+                            f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES="
+                            f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); set elastic.use_gpu = false")
     if import_user_code:
         from elastic_zero.user_code import UserCodeError, resolve
 
@@ -48,6 +56,14 @@ def preflight(spec: JobSpec, import_user_code: bool = True) -> int | None:
         if c.resume != "latest" and resolve(fs, root, c.resume) not in [d for _, d in committed]:
             raise SpecError(f"checkpoint.resume: no committed checkpoint {c.resume!r} under {c.uri!r}")
     return size
+
+
+def check_cluster(spec: JobSpec, resources: dict) -> None:
+    """Raise SpecError if the Ray cluster (its `ray.cluster_resources()`) cannot run `spec` at all."""
+    if spec.elastic.use_gpu and resources.get("GPU", 0) < 1:
+        has = ", ".join(f"{resources[k]:g} {k}" for k in ("CPU", "GPU", "TPU") if resources.get(k)) or "no resources"
+        raise SpecError(f"elastic.use_gpu: true needs GPUs, but the Ray cluster has none ({has}); "
+                        f"add GPU nodes or set elastic.use_gpu = false")
 
 
 def _check_exists(field: str, path: str) -> None:

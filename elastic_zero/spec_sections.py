@@ -231,7 +231,8 @@ class PreemptionSpec:
         return [source for source in self.watch if source in ("aws", "gcp", "azure")]
 
 
-KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover", "kill_in_final_gather")  # the worker's process exits
+# the worker's process exits ("device_error": a CUDA error is raised in the step, which ends it)
+KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover", "kill_in_final_gather", "device_error")
 
 
 @dataclass(frozen=True)

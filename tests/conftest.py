@@ -7,6 +7,9 @@ import torch
 # Spawned ranks inherit sys.path, so helper modules in tests/ import there too.
 sys.path.insert(0, os.path.dirname(__file__))
 torch.set_num_threads(1)
+# Every job and local group the tests start checks the traffic split (zero/host_memory.py): a host
+# buffer on a training group, or anything else on a host group, fails it at once.
+os.environ["ELASTIC_ZERO_CHECK_TRAFFIC"] = "1"
 
 # The tiers: `pytest -m unit` runs in seconds (pure logic and single-process engine checks);
 # `runtime` tests start Ray or local process groups; `slow` ones take a minute or more.

@@ -31,12 +31,15 @@ def test_run_a_spec_with_overrides_writes_summary_events_and_weights(tmp_path):
 
 def test_bench_step_json_reports_the_contract_fields():
     out = _run("bench", "step", "--stage", "2", "--workers", "2", "--preset", "gpt-tiny",
-               "--steps", "2", "--warmup", "1", "--rounds", "1", "--json")
+               "--steps", "2", "--warmup", "1", "--rounds", "1", "--replicate-every", "1", "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     for key in ("stage", "workers", "median_step_s", "ddp_median_step_s", "ratio_vs_ddp",
-                "optimizer_bytes_per_rank", "optimizer_bytes_theory"):
+                "optimizer_bytes_per_rank", "optimizer_bytes_theory", "replicas_overlapped_blocking_share",
+                "replicas_synchronous_blocking_share", "replicas_overlapped_ratio_vs_off"):
         assert key in report, key
+    assert report["replicas_overlapped_blocking_share"] == pytest.approx(
+        report["replicas_overlapped_blocking_median_s"] / report["median_step_s"])
     assert report["stage"] == "2" and report["workers"] == 2
     assert report["ratio_vs_ddp"] == pytest.approx(report["median_step_s"] / report["ddp_median_step_s"])
     assert 1.0 <= report["optimizer_bytes_per_rank"] / report["optimizer_bytes_theory"] <= 1.02
@@ -54,6 +57,8 @@ def test_bench_step_json_reports_the_contract_fields():
         (("run", "--set", "checkpoint.uri=README.md", "--set", "checkpoint.resume=latest"),
          "checkpoint.uri: cannot read"),  # seen before: a silent fresh start
         (("bench", "step", "--stage", "2", "--steps", "1", "--rounds", "3"), "steps >= rounds"),
+        (("bench", "step", "--stage", "ddp", "--replicate-every", "1"), "--replicate-every needs a ZeRO --stage"),
+        (("run", "--set", "elastic.use_gpu=true"), "elastic.use_gpu: true needs GPUs, but this machine has none"),
         (("run", "--set", "model.factory=no_such_mod:build"),  # replaces the demo's preset
          "model.factory: cannot import 'no_such_mod'"),
         (("run", "--set", "train.loss=json:nope"), "train.loss: module 'json' has no 'nope'"),

@@ -46,3 +46,96 @@ def _abort_nccl(ctx):
 @needs_gpus
 def test_a_nccl_group_can_be_aborted():
     assert run_local_group(_abort_nccl, 2, backend="nccl", timeout_s=120) == [8.0, 8.0]
+
+
+# ---- one GPU: what a lent single-GPU machine can check (the two-rank NCCL path rests on the CPU
+# proof of the traffic split, tests/test_replication.py, and on the tests above where 2 GPUs exist)
+
+needs_a_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_a_gpu
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_bf16_on_one_gpu_matches_torch_adamw_under_autocast(stage):
+    """bf16 compute, fp32 master and optimizer state, against torch's AdamW on fp32 weights under
+    bf16 autocast: equal within bf16's precision."""
+    import copy
+
+    from engine_cases import HYPER, batches, build_model, engine_optimizer, loss_of, relative_diff
+    from elastic_zero.zero import ZeroEngine
+
+    model = build_model("gpt-nobias").cuda()
+    reference = copy.deepcopy(model)
+    engine = ZeroEngine(model, engine_optimizer("adamw"), stage=stage, compute_dtype=torch.bfloat16)
+    assert engine.device.type == "cuda"
+    opt = torch.optim.AdamW(reference.parameters(), **HYPER["adamw"])
+    for x, y in batches("gpt-nobias", 10):
+        x, y = x.cuda(), y.cuda()
+        engine.backward(loss_of("gpt-nobias", engine.module, x, y))
+        engine.step()
+        engine.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of("gpt-nobias", reference, x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    ours = engine.full_state_dict()
+    theirs = {k: v.detach().float().cpu() for k, v in reference.state_dict().items()}
+    assert all(v.dtype == torch.float32 for v in ours.values())  # the fp32 master, not the bf16 copy
+    assert relative_diff(theirs, ours) <= 1e-2
+
+
+@needs_a_gpu
+def test_the_host_copy_of_a_cuda_shard_is_pinned_and_ordered_before_the_next_update():
+    from engine_cases import batches, build_model, engine_optimizer, loss_of
+    from elastic_zero.zero import ZeroEngine
+
+    engine = ZeroEngine(build_model("gpt-nobias").cuda(), engine_optimizer("adamw"), stage=2)
+    data = batches("gpt-nobias", 3)
+    for x, y in data[:2]:
+        engine.backward(loss_of("gpt-nobias", engine.module, x.cuda(), y.cuda()))
+        engine.step()
+        engine.zero_grad()
+    host, copied = engine.host_shard_state()
+    expected = {k: v.cpu() for k, v in engine.shard_state().vectors.items()}
+    x, y = data[2]
+    engine.backward(loss_of("gpt-nobias", engine.module, x.cuda(), y.cuda()))
+    engine.step()  # waits (on the stream) for the copy before it writes the shard
+    copied.synchronize()
+    for name, v in host.vectors.items():
+        assert v.is_pinned() and torch.equal(v, expected[name]), name
+
+
+@needs_a_gpu
+def test_a_nccl_group_is_aborted_and_the_next_one_built_in_the_same_process(monkeypatch):
+    from elastic_zero.rendezvous import loopback_store
+    from elastic_zero.worker.groups import NCCL_ERROR_HANDLING
+    from elastic_zero.zero import TorchComm, new_process_group
+
+    monkeypatch.setenv(*NCCL_ERROR_HANDLING)
+    store = loopback_store(30)
+    first = new_process_group(store, "g0/train/", 0, 1, "nccl", timeout_s=30)
+    t = torch.ones(4, device="cuda")
+    TorchComm(first, role="train").all_reduce(t)
+    first.abort()  # what a survivor does with a broken generation
+    second = new_process_group(store, "g1/train/", 0, 1, "nccl", timeout_s=30)
+    u = torch.full((4,), 2.0, device="cuda")
+    TorchComm(second, role="train").all_reduce(u)
+    assert float(t.sum()) == 4.0 and float(u.sum()) == 8.0
+    from elastic_zero.zero.comm import TrafficError
+
+    with pytest.raises(TrafficError, match="cuda tensor"):  # the host group is gloo: a CUDA tensor never goes there
+        TorchComm(new_process_group(store, "g1/host/", 0, 1, "gloo"), role="host").all_reduce(u)
+
+
+@needs_a_gpu
+def test_a_job_on_one_gpu_trains_like_the_cpu(tmp_path, local_ray):
+    """The whole path under Ray (whose local cluster finds the GPU): num_gpus=1, the device from Ray,
+    NCCL at world size 1, the host group, the overlapped replicas; oracle: the same job on the CPU."""
+    from runtime_jobs import job, relative
+
+    one = dict(workers=1, min_workers=1, max_workers=1)
+    code, summary, _, on_gpu = job(tmp_path, "gpu", train={"steps": 30}, elastic={**one, "use_gpu": True})
+    assert code == 0, summary.get("error")
+    code, _, _, on_cpu = job(tmp_path, "cpu", train={"steps": 30}, elastic=one)
+    assert code == 0 and relative(on_cpu, on_gpu) <= 1e-3

@@ -42,21 +42,21 @@ def _check_elastic(summary):
 
 
 def test_a_hugging_face_llama_survives_a_kill_and_a_scale_up_from_toml_and_python(tmp_path, local_ray):
+    """The oracle is the TOML's job without its faults, run by the CLI; the same job from Python,
+    with the kill and the scale-up, must end with the same weights."""
     example = _hf_example()
-    clean = ez.run(example.job(faults=False, name="llama-clean"), ez.RunConfig(run_dir=str(tmp_path / "clean")))
-    assert clean.ok and clean.metrics["world_size_history"] == [[0, 2]]
+    cli = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "run", "examples/hf_llama/job.toml",
+                          "--set", "faults=[]", "--run-dir", str(tmp_path / "toml"),
+                          "--final-weights", str(tmp_path / "toml.pt")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    clean = json.loads((tmp_path / "toml" / "summary.json").read_text())
+    assert clean["world_size_history"] == [[0, 2]] and 0 < clean["final_metrics"]["accuracy"] <= 1
 
     elastic = ez.run(example.job(name="llama-py"), ez.RunConfig(run_dir=str(tmp_path / "py")))
     assert elastic.ok, elastic.error
     _check_elastic(elastic.metrics)
-    assert relative(clean.state_dict, elastic.state_dict) < 1e-4
-
-    cli = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "run", "examples/hf_llama/job.toml",
-                          "--run-dir", str(tmp_path / "toml"), "--final-weights", str(tmp_path / "toml.pt")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert cli.returncode == 0, cli.stderr[-2000:]
-    _check_elastic(json.loads((tmp_path / "toml" / "summary.json").read_text()))
-    assert relative(clean.state_dict, torch.load(tmp_path / "toml.pt", weights_only=True)) < 1e-4
+    assert relative(torch.load(tmp_path / "toml.pt", weights_only=True), elastic.state_dict) < 1e-4
 
 
 def _ragged_dataset(path, rows=40):
@@ -121,7 +121,7 @@ def _bad(loss=None, data=None, steps=3, model=None):
     def runs(tmp_path, name):
         job = ez.Job(name=name, model=model or {"preset": "gpt-tiny", "kwargs": TINY},
                      data=data or "synthetic", train={"steps": steps, "global_batch": 4, "loss": loss},
-                     elastic={"workers": 2, "max_workers": 2})
+                     elastic={"workers": 1, "max_workers": 1})  # one worker: the checks are each worker's own
         return ez.run(job, ez.RunConfig(run_dir=str(tmp_path / name)))
     return runs
 

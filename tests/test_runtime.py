@@ -48,13 +48,15 @@ def test_a_hung_worker_is_found_by_the_collective_timeout_and_replaced(tmp_path)
     _exactly_once(summary)
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+# stage 2, the default of the other runtime tests, meets each of these faults there (CI time)
+@pytest.mark.parametrize("stage", [1, 3])
 def test_final_weights_do_not_depend_on_kills_scaling_or_preemption(tmp_path, stage, one_worker):
     reference = one_worker(200, stage)
     drill = [
         {"at_step": 1, "action": "scale", "workers": 3},
         {"at_step": 130, "action": "preempt", "rank": 0, "deadline_s": 30},
-        {"at_step": 160, "action": "kill", "rank": 1},
+        # at stage 3 the worker's GPU fails instead: its process ends, recovered like a kill
+        {"at_step": 160, "action": "kill" if stage != 3 else "device_error", "rank": 1},
     ]
     code, summary, events, weights = _job(tmp_path, f"drill{stage}", drill, train={"steps": 200},
                                           zero={"stage": stage})

@@ -173,3 +173,14 @@ def test_callables_outside_installed_packages_travel_by_value():
 
 def _a_local_function(x):
     return x
+
+
+def test_a_gpu_job_names_what_the_cluster_has_when_it_has_no_gpu():
+    from elastic_zero.preflight import check_cluster
+
+    gpu = spec_from_dict({"elastic": {"use_gpu": True}})
+    with pytest.raises(SpecError, match=r"^elastic.use_gpu: true needs GPUs, but the Ray cluster has none "
+                                        r"\(6 CPU\); add GPU nodes or set elastic.use_gpu = false$"):
+        check_cluster(gpu, {"CPU": 6.0, "memory": 2e9, "node:__internal_head__": 1.0})
+    check_cluster(gpu, {"CPU": 6.0, "GPU": 2.0})
+    check_cluster(spec_from_dict({}), {"CPU": 6.0})  # a CPU job asks nothing of the GPUs

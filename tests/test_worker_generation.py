@@ -9,6 +9,7 @@ import pytest
 import torch.distributed as dist
 
 import elastic_zero.worker.actor as actor_module
+import elastic_zero.worker.groups as groups_module
 from elastic_zero.worker.actor import TrainingWorker
 from elastic_zero.zero.abortable import GroupAborted
 
@@ -45,7 +46,7 @@ def _bare_worker():
     worker._aborted = threading.Event()
     worker._safe_point_for = -1
     worker._generation = -1
-    worker._pg = None
+    worker._groups = {}
     worker.engine = None
     return worker
 
@@ -75,16 +76,16 @@ def test_an_abort_that_comes_while_a_group_is_built_aborts_that_group(monkeypatc
     the generation's start and the group's creation aborted the previous group, and the new one
     waited for the collective timeout."""
     worker = _worker_in_generation(7)
-    old = worker._pg = _Group()
+    old = worker._groups["train"] = _Group()
     built = _Group()
 
     def new_group(*args, **kwargs):
         worker.abort_generation(7)  # the coordinator's abort lands while the group is being built
         return built
 
-    monkeypatch.setattr(actor_module, "new_process_group", new_group)
-    with pytest.raises(GroupAborted, match="aborted while its train group was being built"):
-        worker._group(_Plan(7), "train", 0, 2)
+    monkeypatch.setattr(groups_module, "new_process_group", new_group)
+    with pytest.raises(GroupAborted, match="aborted while its groups were being built"):
+        worker._build_groups(_Plan(7), {"train": (0, 2, "gloo")})
     assert built.aborted and old.aborted  # the abort also broke what was current when it came
 
 
@@ -98,11 +99,11 @@ def test_an_abort_gives_up_a_group_whose_members_never_come(monkeypatch):
         release.wait(30)  # the rendezvous waits for a member that is gone
         return built
 
-    monkeypatch.setattr(actor_module, "new_process_group", new_group)
+    monkeypatch.setattr(groups_module, "new_process_group", new_group)
     threading.Timer(0.2, worker.abort_generation, args=(5,)).start()
     started = time.monotonic()
     with pytest.raises(GroupAborted):
-        worker._group(_Plan(5), "train", 1, 2)
+        worker._build_groups(_Plan(5), {"train": (1, 2, "gloo"), "host": (1, 2, "gloo")})
     assert time.monotonic() - started < 5
     release.set()  # the build finishes later: the group it made is aborted, never used
     assert built.was_aborted.wait(5)
@@ -120,11 +121,11 @@ def test_a_group_given_up_does_not_hold_the_next_one_behind_it():
     worker.store = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=datetime.timedelta(seconds=10))
     threading.Timer(0.3, worker.abort_generation, args=(5,)).start()
     with pytest.raises(GroupAborted):
-        worker._group(_Plan(5), "train", 1, 2)  # rank 0 never comes
+        worker._build_groups(_Plan(5), {"train": (1, 2, "gloo")})  # rank 0 never comes
     worker._generation, worker._aborted = 6, threading.Event()
     started = time.monotonic()
-    group = worker._group(_Plan(6), "train", 0, 1)
-    assert time.monotonic() - started < 5 and group.size() == 1
+    groups = worker._build_groups(_Plan(6), {"train": (0, 1, "gloo"), "host": (0, 1, "gloo")})
+    assert time.monotonic() - started < 5 and groups["train"].size() == 1 and groups["host"].size() == 1
 
 
 def test_a_worker_whose_node_is_unknown_says_so(monkeypatch):

@@ -5,7 +5,7 @@ groups (the only place that creates them), moves the shards to the new layout, t
 the job ends, a safe point is agreed, or a collective fails. Every step ends with one small
 all-reduce that carries the loss and "somebody was asked for a safe point", so all ranks stop at
 the same step without asking the coordinator. Every `replicate_every` steps the shard snapshot
-goes to the buddy's host memory.
+goes to the buddy's host memory, over the host group, while the next step computes (replication.py).
 """
 
 from __future__ import annotations
@@ -29,28 +29,31 @@ from elastic_zero.rendezvous import connect
 from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.drills import due_drills
 from elastic_zero.worker.entry import GenerationEntry, committed_key
-from elastic_zero.worker.faults import WorkerStartError, is_communication_failure, named, ray_node_id
+from elastic_zero.worker.device import worker_device
+from elastic_zero.worker.faults import (WorkerStartError, is_communication_failure, is_device_failure, named,
+                                        ray_node_id)
+from elastic_zero.worker.groups import GenerationGroups
 from elastic_zero.worker.node_duties import NodeDuties, coordinator_handle
-from elastic_zero.worker.replica import LayoutReplicas, exchange
-from elastic_zero.zero import ShardState, TorchComm, ZeroEngine, new_process_group
-from elastic_zero.zero.abortable import GroupAborted
+from elastic_zero.worker.replica import LayoutReplicas
+from elastic_zero.worker.replication import InFlight, Replicator
+from elastic_zero.zero import ShardState, TorchComm, ZeroEngine
 
 PROGRESS_EVERY_S = 0.5  # how often rank 0 tells the coordinator its step and loss
 
 
-class TrainingWorker(GenerationEntry, NodeDuties):
+class TrainingWorker(GenerationEntry, GenerationGroups, NodeDuties):
     def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int, store_secret: bytes,
                  coordinator: str | None = None, namespace: str | None = None, joiner: bool = False) -> None:
         torch.set_num_threads(1)
         self.spec = spec_from_dict(spec)
         self.actor_id = actor_id
         self.use_gpu = self.spec.elastic.use_gpu
-        self.device = torch.device("cuda", 0) if self.use_gpu else torch.device("cpu")  # Ray narrows CUDA devices
         self.backend = "nccl" if self.use_gpu else "gloo"
         # a start failure is kept and told by hello(), as one line naming the field: raised here,
         # it would reach the coordinator as an actor death with a traceback
         self.start_error = ""
         try:
+            self.device = worker_device(self.use_gpu)
             self.model = named("model", lambda: build_model(self.spec).to(self.device))
             self.wrap = unit_classes(self.spec, self.model)
             self.source = named("data.source", lambda: build_source(self.spec, self.model))
@@ -69,9 +72,10 @@ class TrainingWorker(GenerationEntry, NodeDuties):
         # the layout before a handover stays until every rank has committed the new one, so that a
         # loss inside the handover is recovered from memory
         self.replicas = LayoutReplicas()
+        self.replicator = Replicator()
         self._safe_point_for = -1  # the latest generation a safe point was requested for
         self._aborted = threading.Event()  # abort_generation() came for the current generation
-        self._pg = None
+        self._groups: dict = {}  # the current generation's process groups, by role (groups.py)
         self._generation = -1
         self._generation_lock = threading.Lock()  # an abort for generation g never reaches g + 1
         self._building: threading.Event | None = None  # set when the group being built is ready or given up
@@ -113,7 +117,7 @@ class TrainingWorker(GenerationEntry, NodeDuties):
                 self._aborted.set()
                 if self.engine is not None:
                     self.engine.interrupt()
-                self._abort_group()
+                self._abort_groups()
                 if self._building is not None:
                     self._building.set()  # a group being built is given up at once
 
@@ -136,55 +140,22 @@ class TrainingWorker(GenerationEntry, NodeDuties):
         except Exception as exc:  # a collective failed (a peer died or timed out), or a bug
             ended = time.time()
             error = f"{type(exc).__name__}: {exc}"[:400]
+            if is_device_failure(exc) and not self._aborted.is_set():  # the CUDA context is gone: end the process, recovered like a kill
+                print(f"elastic_zero worker {self.actor_id}: device failure, exiting: {error}", flush=True)
+                os._exit(1)
             bug = "" if is_communication_failure(exc, self._aborted.is_set()) else error
             if self.writer is not None:
                 self.writer.abandon()  # at once: a slow write must not make this survivor miss its deadline
                 self._take_checkpoint_news(report)
-            self._abort_group()
+            self._abort_groups()
+            flight = self.replicator.settle()  # an exchange that completed before the failure still commits
+            if flight is not None:
+                self._committed(plan, flight, report)
             if self.engine is not None:
                 self.engine.discard_partial_step()
             step = self.engine.step_count if self.engine is not None else plan.step
             outcome = Outcome(self.actor_id, "failed", step, error=error, bug=bug, **self.replicas.report())
             return _finished(report, outcome, ended)
-
-    def _group(self, plan: GenerationPlan, role: str, rank: int, size: int):
-        """A new group of the generation, made the current one. Building it waits in the store for
-        every member; a member that died first would hold this worker there for the whole timeout
-        (seen in the chaos drill: a survivor killed as unresponsive after 30 s), so the build runs
-        on a helper thread and an abort_generation() gives it up at once."""
-        outcome: dict = {}
-        finished = threading.Event()
-
-        def build() -> None:
-            try:
-                # a connection of its own: a build given up still waits in the store until its
-                # timeout, and on a shared client it would hold every later request behind it
-                store = self.store.clone()
-                outcome["pg"] = new_process_group(store, f"g{plan.number}/{role}/", rank, size, self.backend,
-                                                  timeout_s=self.spec.elastic.collective_timeout_s)
-            except Exception as exc:  # handed to the waiting thread, which raises it
-                outcome["error"] = exc
-            finished.set()
-            if outcome.get("given_up") and "pg" in outcome:
-                outcome["pg"].abort()  # built after all, for a generation that is over
-
-        with self._generation_lock:
-            self._building = finished
-            if self._aborted.is_set():
-                finished.set()
-        threading.Thread(target=build, daemon=True, name=f"group-g{plan.number}-{role}").start()
-        finished.wait()
-        with self._generation_lock:
-            self._building = None
-            if self._aborted.is_set():
-                outcome["given_up"] = True
-                if "pg" in outcome:
-                    outcome["pg"].abort()
-                raise GroupAborted(f"generation {plan.number} was aborted while its {role} group was being built")
-            if "error" in outcome:
-                raise outcome["error"]
-            self._pg = outcome["pg"]
-        return self._pg
 
     def _save_checkpoint(self, plan: GenerationPlan, report: dict, now: bool = False) -> None:
         step = self.engine.step_count
@@ -193,45 +164,75 @@ class TrainingWorker(GenerationEntry, NodeDuties):
             return
         if now and self._saved_through == step - 1:  # saved at this step already
             return
-        snapshot = self.replicas.current.own.get(step) or self._host_snapshot()
+        flight = self.replicator.in_flight
+        if flight is not None and flight.step == step:  # the snapshot on its way to the buddy
+            flight.wait_copied()
+            snapshot, in_flight_rows = flight.snapshot, flight.rows
+        else:
+            snapshot, in_flight_rows = self.replicas.current.own.get(step) or self._host_snapshot(), []
         extra = {"cursor": step * self.spec.train.global_batch, "seed": self.spec.train.seed,
                  "generation": plan.number, "optimizer": dict(vars(self.spec.optimizer))}
         # the checkpoint commits every step up to its own, replicated yet or not (checkpoint.every
         # need not be a multiple of replicate_every): their sample records go with it
-        rows = self._unsaved_log + [(plan.number, *row) for row in report["uncommitted"]]
+        rows = self._unsaved_log + [(plan.number, *row) for row in in_flight_rows + report["uncommitted"]]
         self._unsaved_log, self._saved_through = [], step - 1  # rows name a step by its index
         report["checkpoint_stall_s"].append(self.writer.save(snapshot, f"g{plan.number}-s{step}", extra, rows))
         self._take_checkpoint_news(report)
 
     def _commit(self, plan: GenerationPlan, report: dict | None = None, snapshot: ShardState | None = None) -> None:
-        """Snapshot this rank's shard (or take `snapshot`, a host copy of it) and swap replicas with
-        the buddy: the step is now committed. The sample log since the last commit travels along,
-        so a lost rank's record survives."""
-        snap = self._host_snapshot(snapshot)
-        log = torch.tensor(report["uncommitted"], dtype=torch.int64).reshape(-1, 4) if report else None
-        ward, ward_log = exchange(TorchComm(self._pg), snap, plan.generation.buddies, log)
-        built_from = plan.previous.number if plan.previous is not None else None
-        self.replicas.add(plan.number, built_from, self.engine.step_count, snap, ward)
+        """Commit now: snapshot this rank's shard (or take `snapshot`, a host copy of it) and swap
+        replicas with the buddy, waiting for the swap."""
+        self._start_commit(plan, report, snapshot)
+        self._finish_commit(plan, report)
+
+    def _start_commit(self, plan: GenerationPlan, report: dict | None, snapshot: ShardState | None = None) -> None:
+        """Copy this rank's shard to host memory and start swapping it with the buddy's over the host
+        group. The sample records since the last commit travel along, so a lost rank's record survives."""
+        copied = None
+        if snapshot is None:
+            snapshot, copied = self.engine.host_shard_state()
+        rows = report["uncommitted"] if report else []
         if report:
-            self._keep_uncommitted(plan, report)
+            report["uncommitted"] = []
+        self.replicator.start(self._host_comm(), self.engine.step_count, snapshot, copied, plan.generation.buddies, rows)
+
+    def _finish_commit(self, plan: GenerationPlan, report: dict | None) -> float:
+        """Wait for the swap in flight, if any: its step is now committed. Returns the seconds waited."""
+        waited = time.perf_counter()
+        flight = self.replicator.finish()
+        waited = time.perf_counter() - waited
+        if flight is not None:
+            self._committed(plan, flight, report)
+        return waited
+
+    def _committed(self, plan: GenerationPlan, flight: InFlight, report: dict | None) -> None:
+        ward, ward_log = flight.result
+        built_from = plan.previous.number if plan.previous is not None else None
+        self.replicas.add(plan.number, built_from, flight.step, flight.snapshot, ward)
+        if report is not None:
+            self._keep_uncommitted(plan, report, flight.rows)
             if ward_log is not None:
                 report["ward_log"].extend(tuple(row) for row in ward_log.tolist())
 
-    def _keep_uncommitted(self, plan: GenerationPlan, report: dict) -> None:
-        """The steps since the last commit are kept: into the report and the next checkpoint."""
-        self._unsaved_log.extend((plan.number, *row) for row in report["uncommitted"] if row[0] > self._saved_through)
-        report["log"].extend(report["uncommitted"])
-        report["uncommitted"] = []
+    def _keep_uncommitted(self, plan: GenerationPlan, report: dict, rows: list | None = None) -> None:
+        """The steps committed (`rows`, or those since the last commit) are kept: into the report
+        and the next checkpoint."""
+        if rows is None:
+            rows, report["uncommitted"] = report["uncommitted"], []
+        self._unsaved_log.extend((plan.number, *row) for row in rows if row[0] > self._saved_through)
+        report["log"].extend(rows)
 
-    def _host_snapshot(self, taken: ShardState | None = None) -> ShardState:
-        """A host copy of this rank's shard: `taken` (a copy made already) or the engine's."""
-        snap = taken if taken is not None else self.engine.shard_state()  # fresh tensors: copy only off the host
-        return snap if snap.vectors["params"].device.type == "cpu" else snap.to("cpu")
+    def _host_snapshot(self) -> ShardState:
+        """A host copy of this rank's shard, complete on return."""
+        snapshot, copied = self.engine.host_shard_state()
+        if copied is not None:
+            copied.synchronize()
+        return snapshot
 
     def _loop(self, plan: GenerationPlan, rank: int, report: dict) -> str:
         spec = self.spec
         world = plan.generation.world_size
-        comm = TorchComm(self._pg)
+        comm = self._train_comm()
         engine = self.engine
         while engine.step_count < spec.train.steps:
             step = engine.step_count
@@ -243,6 +244,7 @@ class TrainingWorker(GenerationEntry, NodeDuties):
                 report["first_step_at"] = started
             positions = rank_positions(step, spec.train.global_batch, world, rank)
             weight, loss_sum, metric_sums = self._train_step(positions, world, rank, comm, step)
+            blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
             asked = self._safe_point_for == plan.number
             agree = step_summary(asked, weight, loss_sum, metric_sums, self.device)
             committed = self.replicas.generation == plan.number
@@ -256,12 +258,15 @@ class TrainingWorker(GenerationEntry, NodeDuties):
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             stopping = agree[0] > 0 and engine.step_count < spec.train.steps
             trained = time.time()
+            last = engine.step_count == spec.train.steps
             # a safe point always commits: the next generation's fallback is this layout at this step
-            if engine.step_count % spec.elastic.replicate_every == 0 or engine.step_count == spec.train.steps or stopping:
-                self._commit(plan, report)
+            if engine.step_count % spec.elastic.replicate_every == 0 or last or stopping:
+                self._start_commit(plan, report)
+                if last or stopping:  # nothing follows to hide the swap behind: committed before going on
+                    blocked += self._finish_commit(plan, report)
             self._save_checkpoint(plan, report)
             report["step_times"].append(time.time() - started)
-            report["protect_times"].append(time.time() - trained)
+            report["protect_times"].append(time.time() - trained + blocked)
             if rank == 0 and self._coordinator:
                 self._tell_progress(plan, report)
             if stopping:
@@ -359,6 +364,8 @@ class TrainingWorker(GenerationEntry, NodeDuties):
                 continue  # fired once already (before a recovery that repeats this step)
             if fault.action in KILL_ACTIONS:
                 self.store.set(f"fault/{i}/at", repr(time.time()))  # the coordinator times the recovery from here
+                if fault.action == "device_error":  # as a failing GPU shows itself: train() ends the process
+                    raise RuntimeError(f"CUDA error: an illegal memory access was encountered (injected by faults[{i}])")
                 os._exit(1)
             if fault.action == "hang":  # alive but silent: the peers' collectives time out
                 threading.Event().wait()
@@ -367,14 +374,6 @@ class TrainingWorker(GenerationEntry, NodeDuties):
                 coordinator.preemption_notice.remote(self.actor_id, fault.deadline_s)
             elif fault.action == "scale":
                 coordinator.scale.remote(fault.workers)
-
-    def _abort_group(self) -> None:
-        pg = self._pg
-        if pg is not None:
-            try:
-                pg.abort()  # our waits on it return now, not when a peer gives up or at the timeout
-            except Exception:  # noqa: BLE001 - an already broken group may refuse the abort; it is dropped anyway
-                pass
 
     # ---- the end -----------------------------------------------------------------------------
 

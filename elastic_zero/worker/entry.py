@@ -42,6 +42,7 @@ class GenerationEntry:
         with self._generation_lock:
             self._generation = plan.number
             self._aborted.clear()
+            self._groups = {}  # the last generation's are dropped (aborted already if it failed)
             if self.engine is not None:
                 self.engine.clear_interrupt()
         if plan.source == "init":
@@ -55,8 +56,8 @@ class GenerationEntry:
     def _start_fresh(self, plan: GenerationPlan, report: dict, clock: _PhaseClock) -> int:
         """Generation 0: build the engine on its group, from the model or the checkpoint to resume."""
         rank = plan.generation.rank_of(self.actor_id)
-        self._group(plan, "train", rank, plan.generation.world_size)
-        self.engine = ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, process_group=self._pg,
+        self._build_groups(plan, self._member_groups(plan, rank))
+        self.engine = ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, process_group=self._train_comm(),
                                  grad_clip=self.spec.train.grad_clip, wrap=self.wrap,
                                  compute_dtype=DTYPES[self.spec.zero.compute_dtype])
         clock.lap("engine")
@@ -72,11 +73,11 @@ class GenerationEntry:
     def _restore_checkpoint(self, plan: GenerationPlan, report: dict, clock: _PhaseClock) -> int:
         """Every member reads its shard of the newest checkpoint all of them can read."""
         rank = plan.generation.rank_of(self.actor_id)
-        pg = self._group(plan, "train", rank, plan.generation.world_size)
+        self._build_groups(plan, self._member_groups(plan, rank))
         state, report["restored_from"] = self._restore(plan.checkpoints)
         self._forget_log_from(int(state.scalars["step"]))
         clock.lap("read_checkpoint")
-        self.engine.reconfigure(pg, state)
+        self.engine.reconfigure(self._train_comm(), state)
         clock.lap("reconfigure")
         self._commit(plan)
         clock.lap("commit")
@@ -89,33 +90,33 @@ class GenerationEntry:
         if plan.source == "snapshot":
             self._forget_log_from(plan.step)
         me = plan.participants.index(self.actor_id)
-        handover_pg = self._group(plan, "handover", me, len(plan.participants))  # an abort breaks the handover too
-        clock.lap("handover_group")
+        # the participants are the new members in rank order, then the leavers; the members build
+        # their training group (and, with leavers, a host group of their own) alongside the handover's
+        wanted = {"handover": (me, len(plan.participants), "gloo")}
+        if me < world:
+            wanted.update(self._member_groups(plan, me, host=len(plan.participants) != world))
+        self._build_groups(plan, wanted)  # an abort breaks the handover too
+        clock.lap("groups")
         self._fire_drills("handover", plan, me if me < world else None, plan.step)  # participants: new ranks first
         old = partition_layout(self.engine.layout, plan.previous.world_size)
         new = partition_layout(self.engine.layout, world)
         template = ShardState(self.engine.layout, old, 0,
                               {n: torch.empty(0) for n in self.engine.vector_names()},
                               {**self._scalars(), "step": plan.step})
-        mine = hand_over(TorchComm(handover_pg), old, new, plan.holder_of_old, list(range(world)),
-                         self._held_shards(plan), template)
+        mine = hand_over(TorchComm(self._groups["handover"], role="host"), old, new, plan.holder_of_old,
+                         list(range(world)), self._held_shards(plan), template)
         clock.lap("handover")
         if mine is None:
             self._await_new_layout(plan)
             return None
-        rank = plan.generation.rank_of(self.actor_id)
-        # with no leavers the handover group is exactly the new members in rank order: train on it
-        if len(plan.participants) != world:
-            self._group(plan, "train", rank, world)
-        clock.lap("train_group")
-        self.engine.reconfigure(self._pg, mine)
+        self.engine.reconfigure(self._train_comm(), mine)
         clock.lap("reconfigure")
         if plan.source != "live" or plan.leaving:
             self._commit(plan, snapshot=mine)  # reconfigure copied it: it can be the snapshot as it is
             clock.lap("commit")
         # else a scale-up: every member of the layout it was built from is still here with its replicas,
         # which stay the fallback until the first step's commit, so the pause skips a commit of its own
-        return rank
+        return me
 
     def _await_new_layout(self, plan: GenerationPlan) -> None:
         """A leaver stays until every new rank has committed the new layout: until then its shard of
@@ -139,14 +140,23 @@ class GenerationEntry:
         if not candidates:
             return None, None
         fs, _ = open_store(self.spec.checkpoint.uri)
-        world, rank = self._pg.size(), self._pg.rank()
-        return restore_shard(fs, candidates, self.engine.layout, world, rank, self.engine.vector_names(),
-                             TorchComm(self._pg), self.device)
+        comm = self._train_comm()
+        return restore_shard(fs, candidates, self.engine.layout, comm.world_size, comm.rank,
+                             self.engine.vector_names(), comm, self.device)
 
     def _forget_log_from(self, step: int) -> None:
         """Steps from `step` on are trained again: their earlier sample records are void."""
         self._unsaved_log = [row for row in self._unsaved_log if row[1] < step]
         self._saved_through = min(self._saved_through, step - 1)
+
+    def _member_groups(self, plan: GenerationPlan, rank: int, host: bool = True) -> dict:
+        """The groups a member of `plan` builds: its training group, and its host group unless the
+        handover's serves (no leavers)."""
+        world = plan.generation.world_size
+        wanted = {"train": (rank, world, self.backend)}
+        if host:
+            wanted["host"] = (rank, world, "gloo")
+        return wanted
 
     def _standalone_engine(self) -> ZeroEngine:
         return ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, grad_clip=self.spec.train.grad_clip,
@@ -163,7 +173,7 @@ class GenerationEntry:
         if not mine:
             return {}
         if plan.source == "live":
-            return {prev.rank_of(self.actor_id): self.engine.shard_state()}
+            return {prev.rank_of(self.actor_id): self._host_snapshot()}
         replicas = self.replicas.of(prev.number)
         own_rank = prev.rank_of(self.actor_id) if self.actor_id in [m.actor_id for m in prev.members] else None
         return {r: (replicas.own if r == own_rank else replicas.ward)[plan.step] for r in mine}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from elastic_zero.zero.abortable import GroupAborted
@@ -30,6 +31,21 @@ def is_communication_failure(exc: Exception, aborted: bool) -> bool:
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and any(k in text for k in ("gloo", "NCCL", "onnection", "imed out"))
+
+
+def is_device_failure(exc: BaseException) -> bool:
+    """The worker's GPU failed: a CUDA error leaves its context unusable, so the worker ends its
+    process and is recovered like a kill. Running out of memory and a device-side assert are the
+    job's to fix (they would recur on every replacement), so they stay errors that end the job."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return False
+    text = str(exc)
+    if "device-side assert" in text:
+        return False
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    return isinstance(exc, RuntimeError) and ("CUDA error" in text or "cudaError" in text)
 
 
 def ray_node_id() -> tuple[str | None, str]:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-import torch
-
 from elastic_zero.plan.partition import Partition
 from elastic_zero.plan.reshard import plan_reshard
 from elastic_zero.zero.comm import Comm
+from elastic_zero.zero.host_memory import host_empty
 from elastic_zero.zero.shard import ShardState
 
 
@@ -31,7 +30,8 @@ def hand_over(
 
     holder_of_old[r]: the comm rank holding old rank r's shard; member_of_new[r]: the comm rank that
     becomes new rank r; held: the old shards this process holds, by old rank; template: any shard
-    of `old` (for layout, vector names and scalars). Returns this process's new shard, or None when
+    of `old` (for layout, vector names and scalars). `comm` is a host group: the shards held and the
+    one returned are host buffers (host_memory.py). Returns this process's new shard, or None when
     it has no new rank (it is leaving)."""
     if len(holder_of_old) != old.world_size or len(member_of_new) != new.world_size:
         raise ValueError("hand_over: holders must name every old rank and members every new rank")
@@ -45,7 +45,7 @@ def hand_over(
     out = None
     if my_new is not None:
         numel = sum(r.numel for r in new.ranges(my_new))
-        vectors = {n: torch.empty(numel, dtype=template.vectors[n].dtype) for n in names}
+        vectors = {n: host_empty(numel, template.vectors[n].dtype) for n in names}
         out = ShardState(template.layout, new, my_new, vectors, dict(template.scalars))
 
     handles = []

@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 
 from elastic_zero.zero.comm import Comm
+from elastic_zero.zero.host_memory import host_empty
 from elastic_zero.zero.shard import ShardState
 
 
@@ -75,7 +76,8 @@ class LayoutReplicas:
 def exchange(comm: Comm, snapshot: ShardState, buddies: Sequence[int],
              log: torch.Tensor | None = None) -> tuple[ShardState | None, torch.Tensor | None]:
     """Send `snapshot` (and `log`, an int64 [k, c] table with the same k on every rank) to this
-    rank's buddy; return the ward's snapshot and log (None, None when alone)."""
+    rank's buddy; return the ward's snapshot and log (None, None when alone). Everything sent is a
+    host buffer (host_memory.py), and so is everything received: `comm` is the host group."""
     if comm.world_size == 1:
         return None, None
     me = comm.rank
@@ -83,15 +85,15 @@ def exchange(comm: Comm, snapshot: ShardState, buddies: Sequence[int],
     names = sorted(snapshot.vectors)
     ward_numel = sum(r.numel for r in snapshot.partition.ranges(ward))
     # one message per vector, received into slices of one buffer: no packing copy on either side
-    incoming = snapshot.vectors[names[0]].new_empty(ward_numel * len(names))
+    incoming = host_empty(ward_numel * len(names), snapshot.vectors[names[0]].dtype)
     handles = []
     for tag, name in enumerate(names):
-        handles.append(comm.send(snapshot.vectors[name].contiguous(), buddies[me], tag=tag))
+        handles.append(comm.send(snapshot.vectors[name], buddies[me], tag=tag))
         handles.append(comm.recv(incoming[tag * ward_numel : (tag + 1) * ward_numel], ward, tag=tag))
     ward_log = None
     if log is not None and log.numel():
-        ward_log = torch.empty_like(log)
-        handles += [comm.send(log.contiguous(), buddies[me], tag=len(names)),
+        ward_log = host_empty(log.numel(), log.dtype).reshape(log.shape)
+        handles += [comm.send(log, buddies[me], tag=len(names)),
                     comm.recv(ward_log, ward, tag=len(names))]
     for h in handles:
         h.wait()

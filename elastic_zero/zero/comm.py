@@ -10,6 +10,12 @@ an all-reduce of a buffer that is zero outside the rank's chunk (adding zeros is
 
 A gloo group comes wrapped in an AbortableGroup (abortable.py): every wait on its work can be broken
 by an abort from another thread.
+
+A worker has two groups per generation (see worker/groups.py), and its TorchComms say which one
+each is: the "train" group carries the engine's collectives on device tensors, the "host" group
+(always gloo) carries host buffers (host_memory.py) only. A tensor on the wrong one raises
+TrafficError at once: NCCL would fail on a host tensor, or deadlock, and a device tensor on the
+host group would be a hidden copy.
 """
 
 from __future__ import annotations
@@ -28,6 +34,13 @@ from torch._C._distributed_c10d import (
 )
 
 from elastic_zero.zero.abortable import AbortableGroup
+from elastic_zero.zero.host_memory import checking_traffic, is_host_buffer
+
+ROLES = ("train", "host")
+
+
+class TrafficError(RuntimeError):
+    """A tensor was given to the group that must not carry it (a bug in the caller)."""
 
 
 class Handle(Protocol):
@@ -117,21 +130,45 @@ _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.R
 class TorchComm:
     """A Comm over a torch.distributed process group (a ProcessGroup or a backend object)."""
 
-    def __init__(self, process_group) -> None:
+    def __init__(self, process_group, role: str | None = None) -> None:
+        """`role`: "train" or "host" to check every tensor against the group's use; None checks nothing."""
+        if role not in (None, *ROLES):
+            raise ValueError(f"role must be one of {ROLES} or None, got {role!r}")
         self.pg = process_group
         self._wait = process_group.wait if isinstance(process_group, AbortableGroup) else _wait_plain
         self.rank = process_group.rank()
         self.world_size = process_group.size()
         self.backend = _backend_name(process_group)
         self._gather_by_all_reduce = self.backend == "gloo"
+        if role == "host" and self.backend != "gloo":
+            raise ValueError(f"the host group must be gloo, got {self.backend}")
+        self.role = role
+        self._device_type = "cuda" if self.backend == "nccl" else "cpu"
+        self._check_buffers = checking_traffic()
+
+    def _check(self, op: str, *tensors: torch.Tensor) -> None:
+        if self.role is None:
+            return
+        for t in tensors:
+            if self.role == "host":
+                wrong = t.device.type != "cpu" or (self._check_buffers and not is_host_buffer(t))
+            else:
+                wrong = t.device.type != self._device_type or (self._check_buffers and is_host_buffer(t))
+            if wrong:
+                kind = "host buffer" if t.device.type == "cpu" and is_host_buffer(t) else f"{t.device.type} tensor"
+                raise TrafficError(f"{op} of a {kind} ({t.numel()} x {t.dtype}) on the {self.role} group "
+                                   f"({self.backend}): " + ("it carries host buffers only" if self.role == "host"
+                                                            else "it carries device tensors only"))
 
     def all_reduce(self, tensor, op="sum", async_op=False):
+        self._check("all_reduce", tensor)
         opts = AllreduceOptions()
         opts.reduceOp = _REDUCE_OPS[op]
         return self._maybe_wait(self.pg.allreduce([tensor], opts), async_op)
 
     def reduce_scatter(self, output, input, async_op=False):
         _check_chunks(output, input, self.world_size, "reduce_scatter")
+        self._check("reduce_scatter", output, input)
         if not self._gather_by_all_reduce:
             return self._maybe_wait(self.pg._reduce_scatter_base(output, input, ReduceScatterOptions()), async_op)
         work = self._pending(self.pg.allreduce([input], AllreduceOptions()))
@@ -146,6 +183,7 @@ class TorchComm:
 
     def all_gather(self, output, input, async_op=False):
         _check_chunks(input, output, self.world_size, "all_gather")
+        self._check("all_gather", output, input)
         if not self._gather_by_all_reduce:
             return self._maybe_wait(self.pg._allgather_base(output, input, AllgatherOptions()), async_op)
         n = input.numel()
@@ -157,15 +195,18 @@ class TorchComm:
         return self._maybe_wait(self.pg.allreduce([output], AllreduceOptions()), async_op)
 
     def broadcast(self, tensor, src=0):
+        self._check("broadcast", tensor)
         opts = BroadcastOptions()
         opts.rootRank = src
         opts.rootTensor = 0
         self._wait(self.pg.broadcast([tensor], opts))
 
     def send(self, tensor, dst, tag=0):
+        self._check("send", tensor)
         return self._pending(self.pg.send([tensor], dst, tag))
 
     def recv(self, tensor, src, tag=0):
+        self._check("recv", tensor)
         return self._pending(self.pg.recv([tensor], src, tag))
 
     def _pending(self, work) -> Handle:

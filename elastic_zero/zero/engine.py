@@ -92,6 +92,7 @@ class ZeroEngine(ShardIO):
         # The master copy is the rank's own chunk of each parameter buffer where it can be.
         self._master_is_view = stage in (1, 2) and compute_dtype == torch.float32
         self._pending_reduces: list = []
+        self._shard_readers: list = []  # CUDA events of host copies of the shard still running (shard_io.py)
         self._sync = True
         self._interrupted = False
         self._partition_over(self.comm)
@@ -291,6 +292,7 @@ class ZeroEngine(ShardIO):
         # at stages 1-2 the master shard is a chunk of the buffer an unfinished gather (a step with
         # no forward since the last) may still write: let it land before the update
         self.synchronize()
+        self._await_shard_readers()
         lr_scale = self.optimizer.schedule.scale(self.step_count)
         for hyper, views in self._groups:
             states = {name: views[name] for name in self._state}
@@ -300,6 +302,13 @@ class ZeroEngine(ShardIO):
             for unit in self.units:
                 self._launch_gather(unit)
         return True
+
+    def _await_shard_readers(self) -> None:
+        """Order every write of the shard after the host copies of it that are still running (on
+        the device's stream: the host does not wait)."""
+        for event in self._shard_readers:
+            torch.cuda.current_stream(self.device).wait_event(event)
+        self._shard_readers.clear()
 
     def zero_grad(self) -> None:
         self._grad.zero_()

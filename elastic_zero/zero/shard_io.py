@@ -8,6 +8,7 @@ import torch
 
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.zero.comm import as_comm
+from elastic_zero.zero.host_memory import host_empty
 from elastic_zero.zero.shard import ShardState, check_shard_fits
 
 
@@ -42,6 +43,38 @@ class ShardIO:
             scalars["loss_scale"] = self.loss_scale.scale
         return ShardState(self.layout, self.partition, self.rank, vectors, scalars)
 
+    def host_shard_state(self) -> tuple[ShardState, "torch.cuda.Event | None"]:
+        """A copy of this rank's shard in host buffers, made without a device-side concatenation. On
+        CUDA the copy runs on a side stream into pinned buffers: it is complete once the returned
+        event is; on CPU it is complete on return (and the event is None)."""
+        if self._master_is_view:  # the master is the gathered buffer's own chunk, which the gathers rewrite
+            self.synchronize()
+        on_cuda = self.device.type == "cuda"
+        ranges = self.partition.ranges(self.rank)
+        numel = sum(r.numel for r in ranges)
+        vectors = {}
+        stream = torch.cuda.Stream(self.device) if on_cuda else None
+        if on_cuda:
+            stream.wait_stream(torch.cuda.current_stream(self.device))  # after the update that wrote the shard
+        with torch.cuda.stream(stream) if on_cuda else _no_stream():
+            for name in self.vector_names():
+                out = host_empty(numel, self._vector_unit(name, self.units[0]).dtype, pinned=on_cuda)
+                offset = 0
+                for unit, r in zip(self.units, ranges):
+                    source = self._vector_unit(name, unit)[: r.numel]
+                    out[offset : offset + r.numel].copy_(source, non_blocking=on_cuda)
+                    offset += r.numel
+                vectors[name] = out
+        event = None
+        if on_cuda:
+            event = torch.cuda.Event()
+            event.record(stream)
+            self._shard_readers.append(event)  # the next update of the shard waits for the copy
+        scalars: dict = {"step": self.step_count}
+        if self.loss_scale is not None:
+            scalars["loss_scale"] = self.loss_scale.scale
+        return ShardState(self.layout, self.partition, self.rank, vectors, scalars), event
+
     def load_shard_state(self, state: ShardState) -> None:
         """Replace this rank's shard with `state` (same layout, world size and rank) and republish."""
         self._check_shard(state, self.world_size, self.rank)
@@ -67,6 +100,7 @@ class ShardIO:
         check_shard_fits(state, self.layout, partition_layout(self.layout, world_size), rank, self.vector_names())
 
     def _write_shard(self, state: ShardState) -> None:
+        self._await_shard_readers()
         ranges = self.partition.ranges(self.rank)
         for name in self.vector_names():
             offset = 0
@@ -83,3 +117,11 @@ class ShardIO:
         if self.stage != 3:
             for unit in self.units:
                 self._launch_gather(unit)
+
+
+class _no_stream:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,100 @@
+"""The process groups of a generation: built together, aborted together. A mixin of TrainingWorker.
+
+Each generation has up to three groups, keyed by role under the prefix g<number>/<role>/:
+- "train": the training group (NCCL on GPU, gloo on CPU), for the engine's collectives on device
+  tensors and nothing else;
+- "host": gloo over the same ranks, for the replicas, the sample logs and anything else in host
+  memory (worker/replication.py);
+- "handover": gloo over the participants of a handover (the members and the leavers); without
+  leavers it is exactly the members in rank order and serves as the host group too.
+
+NCCL carries only device tensors, and a host transfer on the training group would also queue
+behind (or between) the engine's collectives; TorchComm's role check enforces the split.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from elastic_zero.zero import TorchComm, new_process_group
+from elastic_zero.zero.abortable import GroupAborted
+
+# NCCL's watchdog aborts a broken communicator and fails its work without killing the process
+# (the default, 3, tears the process down): the survivors must live on to build the next generation
+NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+
+
+class GenerationGroups:
+    def _build_groups(self, plan, wanted: dict[str, tuple[int, int, str]]) -> dict:
+        """Build the groups `wanted` ({role: (rank, size, backend)}) of generation `plan.number` at
+        once, and make them the current ones. Building waits in the store for every member; a member
+        that died first would hold this worker there for the whole timeout (seen in the chaos drill: a
+        survivor killed as unresponsive after 30 s), so the builds run on helper threads and an
+        abort_generation() gives them up at once."""
+        if "nccl" in {backend for _, _, backend in wanted.values()}:
+            os.environ.setdefault(*NCCL_ERROR_HANDLING)  # read when the NCCL group is created
+        lock = threading.Lock()
+        outcome: dict = {}
+        given_up: list[bool] = []
+        finished = threading.Event()
+
+        def build(role: str, rank: int, size: int, backend: str) -> None:
+            try:
+                # a connection of its own: a build given up still waits in the store until its
+                # timeout, and on a shared client it would hold every later request behind it
+                store = self.store.clone()
+                result = new_process_group(store, f"g{plan.number}/{role}/", rank, size, backend,
+                                           timeout_s=self.spec.elastic.collective_timeout_s)
+            except Exception as exc:  # handed to the waiting thread, which raises it
+                result = exc
+            with lock:
+                outcome[role] = result
+                late = bool(given_up)
+                if len(outcome) == len(wanted):
+                    finished.set()
+            if late and not isinstance(result, Exception):
+                result.abort()  # built after all, for a generation that is over
+
+        with self._generation_lock:
+            self._building = finished
+            if self._aborted.is_set():
+                finished.set()
+        for role, (rank, size, backend) in wanted.items():
+            threading.Thread(target=build, args=(role, rank, size, backend), daemon=True,
+                             name=f"group-g{plan.number}-{role}").start()
+        finished.wait()
+        with self._generation_lock:
+            self._building = None
+            with lock:
+                if self._aborted.is_set():
+                    given_up.append(True)
+                built = dict(outcome)
+            if given_up:
+                for pg in built.values():
+                    if not isinstance(pg, Exception):
+                        pg.abort()
+                raise GroupAborted(f"generation {plan.number} was aborted while its groups were being built")
+            errors = [e for e in built.values() if isinstance(e, Exception)]
+            if errors:
+                for pg in built.values():
+                    if not isinstance(pg, Exception):
+                        pg.abort()
+                raise errors[0]
+            self._groups.update(built)
+        return built
+
+    def _train_comm(self) -> TorchComm:
+        return TorchComm(self._groups["train"], role="train")
+
+    def _host_comm(self) -> TorchComm:
+        return TorchComm(self._groups.get("host") or self._groups["handover"], role="host")
+
+    def _abort_groups(self) -> None:
+        """Break every group of the current generation: our waits on them return now, not when a
+        peer gives up or at the timeout."""
+        for pg in list(self._groups.values()):
+            try:
+                pg.abort()
+            except Exception:  # noqa: BLE001 - an already broken group may refuse the abort; it is dropped anyway
+                pass

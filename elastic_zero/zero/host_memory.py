@@ -1,0 +1,58 @@
+"""Host buffers: where shard snapshots, replicas, handover shards and sample logs live.
+
+Every host tensor that travels between workers is allocated here, so that it can be told apart
+from a device tensor even on CPU, where both have device "cpu": the host group must carry only
+these, the training group never (see TorchComm's role check). With a GPU the buffers are pinned,
+so that a device-to-host copy can run asynchronously on a side stream; torch's caching host
+allocator reuses pinned blocks, so a buffer per snapshot costs no new pinned allocation.
+
+Knowing which storages are host buffers is done only while ELASTIC_ZERO_CHECK_TRAFFIC is set (the
+tests set it for every job they run); the device check is always on. A storage is known until it is
+freed: torch keeps one Python object per storage for as long as the storage lives, views included,
+so a finalizer on that object says when the address stops being a host buffer.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+import torch
+
+CHECK_TRAFFIC_ENV = "ELASTIC_ZERO_CHECK_TRAFFIC"
+
+_known: set[int] = set()  # addresses of the live host buffers' storages
+_lock = threading.Lock()
+
+
+def _forget(address: int) -> None:
+    with _lock:
+        _known.discard(address)
+
+
+def checking_traffic() -> bool:
+    return bool(os.environ.get(CHECK_TRAFFIC_ENV))
+
+
+def host_empty(numel: int, dtype: torch.dtype, pinned: bool = False) -> torch.Tensor:
+    """A new 1-D host buffer (pinned when `pinned` and CUDA is there)."""
+    t = torch.empty(numel, dtype=dtype, pin_memory=pinned and torch.cuda.is_available())
+    if checking_traffic() and numel:  # an empty tensor has no storage address of its own
+        storage = t.untyped_storage()
+        with _lock:
+            _known.add(storage.data_ptr())
+        weakref.finalize(storage, _forget, storage.data_ptr())
+    return t
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A host buffer holding a copy of `t` (flattened), wherever `t` lives."""
+    out = host_empty(t.numel(), t.dtype)
+    out.copy_(t.reshape(-1))
+    return out
+
+
+def is_host_buffer(t: torch.Tensor) -> bool:
+    """Whether `t` is (a view of) a buffer from host_empty; meaningful only while checking traffic."""
+    return t.device.type == "cpu" and t.numel() > 0 and t.untyped_storage().data_ptr() in _known
