@@ -65,11 +65,11 @@ def _buddy_lost(ctx):
     train, host = _groups(ctx)
     engine = make_engine(train, ctx.rank, CASE, 2)
     run_steps(engine, ctx.rank, 2, CASE, 0, 1)
+    snapshot, copied = engine.host_shard_state()  # after the step's gathers, with both ranks there
     ctx.store.set(f"trained/{ctx.rank}", "1")
     ctx.store.wait(["trained/0", "trained/1"])
     if ctx.rank == 1:
         os._exit(1)  # gone before its part of the exchange
-    snapshot, copied = engine.host_shard_state()
     replicator = Replicator()
     started = time.monotonic()
     replicator.start(host, engine.step_count, snapshot, copied, [1, 0], [(0, 0, 0, 12)])
@@ -92,7 +92,7 @@ def test_a_buddy_lost_during_the_exchange_fails_the_commit_at_once():
 @pytest.mark.parametrize("stage,dtype", [(1, torch.float32), (2, torch.float32), (3, torch.float32),
                                          (2, torch.bfloat16)])
 def test_the_host_copy_of_a_shard_equals_the_shard(stage, dtype):
-    from engine_cases import CASES, build_model, engine_optimizer
+    from engine_cases import CASES, batches, build_model, engine_optimizer, loss_of
 
     engine = ZeroEngine(build_model(CASES[CASE]["model"]), engine_optimizer("adamw"), stage=stage, compute_dtype=dtype)
     run_steps(engine, 0, 1, CASE, 0, 2)
@@ -106,6 +106,15 @@ def test_the_host_copy_of_a_shard_equals_the_shard(stage, dtype):
     run_steps(engine, 0, 1, CASE, 2, 3)  # the copy is a copy: the next step leaves it as it was
     for name, v in plain.vectors.items():
         assert torch.equal(host.vectors[name], v), name
+    # the copy a step makes as it updates, before the parameters are published, is the same shard
+    x, y = batches(CASES[CASE]["model"], 4)[3]
+    engine.backward(loss_of(CASES[CASE]["model"], engine.module, x, y))
+    engine.step(host_copy=True)
+    engine.zero_grad()
+    taken, after = engine.take_host_copy(), engine.shard_state()
+    assert taken is not None and taken[0].scalars == after.scalars and engine.take_host_copy() is None  # once
+    for name, v in after.vectors.items():
+        assert torch.equal(taken[0].vectors[name], v), name
 
 
 @pytest.mark.unit

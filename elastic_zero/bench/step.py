@@ -9,7 +9,8 @@ With --replicate-every N the ZeRO stage also runs with buddy replication every N
 worker does it: overlapped (the snapshot is copied to host memory after the step and swapped with
 the buddy over a host gloo group while the next step computes) and, for comparison, synchronous
 (the swap waited for at once). The blocking time of a replicating step is what the training thread
-spends on replication: the copy, and the wait for the previous swap to arrive.
+spends on replication: the copy (made by the engine as it updates), and the wait for the previous
+swap to arrive.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class _Trainer:
         loss = lm_loss(self.model(x), y)
         if self.engine is not None:
             self.engine.backward(loss)
-            self.engine.step()
+            replicating = bool(self.replicate) and (self.engine.step_count + 1) % self.every == 0
+            self.engine.step(host_copy=replicating)
             self.engine.zero_grad()
             if self.replicate:
                 self._replicate()
@@ -81,12 +83,13 @@ class _Trainer:
         then, every `every` steps, copy the shard and start the next (waited for at once if synchronous)."""
         started = time.perf_counter()
         self.replicator.finish()
+        copy_s = 0.0
         if self.engine.step_count % self.every == 0:
-            snapshot, copied = self.engine.host_shard_state()
+            snapshot, copied, copy_s = self.engine.take_host_copy()  # made by the step as it updated
             self.replicator.start(self.host, self.engine.step_count, snapshot, copied, self.buddies, [])
             if self.replicate == SYNCHRONOUS:
                 self.replicator.finish()
-        self.blocked.append(time.perf_counter() - started)
+        self.blocked.append(time.perf_counter() - started + copy_s)
 
     def finish(self) -> None:
         if self.engine is not None:

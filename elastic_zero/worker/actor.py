@@ -35,13 +35,14 @@ from elastic_zero.worker.faults import (WorkerStartError, is_communication_failu
 from elastic_zero.worker.groups import GenerationGroups
 from elastic_zero.worker.node_duties import NodeDuties, coordinator_handle
 from elastic_zero.worker.replica import LayoutReplicas
-from elastic_zero.worker.replication import InFlight, Replicator
-from elastic_zero.zero import ShardState, TorchComm, ZeroEngine
+from elastic_zero.worker.commits import StepCommits
+from elastic_zero.worker.replication import Replicator
+from elastic_zero.zero import TorchComm, ZeroEngine
 
 PROGRESS_EVERY_S = 0.5  # how often rank 0 tells the coordinator its step and loss
 
 
-class TrainingWorker(GenerationEntry, GenerationGroups, NodeDuties):
+class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties):
     def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int, store_secret: bytes,
                  coordinator: str | None = None, namespace: str | None = None, joiner: bool = False) -> None:
         torch.set_num_threads(1)
@@ -179,56 +180,6 @@ class TrainingWorker(GenerationEntry, GenerationGroups, NodeDuties):
         report["checkpoint_stall_s"].append(self.writer.save(snapshot, f"g{plan.number}-s{step}", extra, rows))
         self._take_checkpoint_news(report)
 
-    def _commit(self, plan: GenerationPlan, report: dict | None = None, snapshot: ShardState | None = None) -> None:
-        """Commit now: snapshot this rank's shard (or take `snapshot`, a host copy of it) and swap
-        replicas with the buddy, waiting for the swap."""
-        self._start_commit(plan, report, snapshot)
-        self._finish_commit(plan, report)
-
-    def _start_commit(self, plan: GenerationPlan, report: dict | None, snapshot: ShardState | None = None) -> None:
-        """Copy this rank's shard to host memory and start swapping it with the buddy's over the host
-        group. The sample records since the last commit travel along, so a lost rank's record survives."""
-        copied = None
-        if snapshot is None:
-            snapshot, copied = self.engine.host_shard_state()
-        rows = report["uncommitted"] if report else []
-        if report:
-            report["uncommitted"] = []
-        self.replicator.start(self._host_comm(), self.engine.step_count, snapshot, copied, plan.generation.buddies, rows)
-
-    def _finish_commit(self, plan: GenerationPlan, report: dict | None) -> float:
-        """Wait for the swap in flight, if any: its step is now committed. Returns the seconds waited."""
-        waited = time.perf_counter()
-        flight = self.replicator.finish()
-        waited = time.perf_counter() - waited
-        if flight is not None:
-            self._committed(plan, flight, report)
-        return waited
-
-    def _committed(self, plan: GenerationPlan, flight: InFlight, report: dict | None) -> None:
-        ward, ward_log = flight.result
-        built_from = plan.previous.number if plan.previous is not None else None
-        self.replicas.add(plan.number, built_from, flight.step, flight.snapshot, ward)
-        if report is not None:
-            self._keep_uncommitted(plan, report, flight.rows)
-            if ward_log is not None:
-                report["ward_log"].extend(tuple(row) for row in ward_log.tolist())
-
-    def _keep_uncommitted(self, plan: GenerationPlan, report: dict, rows: list | None = None) -> None:
-        """The steps committed (`rows`, or those since the last commit) are kept: into the report
-        and the next checkpoint."""
-        if rows is None:
-            rows, report["uncommitted"] = report["uncommitted"], []
-        self._unsaved_log.extend((plan.number, *row) for row in rows if row[0] > self._saved_through)
-        report["log"].extend(rows)
-
-    def _host_snapshot(self) -> ShardState:
-        """A host copy of this rank's shard, complete on return."""
-        snapshot, copied = self.engine.host_shard_state()
-        if copied is not None:
-            copied.synchronize()
-        return snapshot
-
     def _loop(self, plan: GenerationPlan, rank: int, report: dict) -> str:
         spec = self.spec
         world = plan.generation.world_size
@@ -243,7 +194,10 @@ class TrainingWorker(GenerationEntry, GenerationGroups, NodeDuties):
             if report["first_step_at"] is None:
                 report["first_step_at"] = started
             positions = rank_positions(step, spec.train.global_batch, world, rank)
-            weight, loss_sum, metric_sums = self._train_step(positions, world, rank, comm, step)
+            # a step that will replicate has the engine copy its shard as it updates (a safe point's commit,
+            # which only the closing all-reduce announces, makes its copy afterwards)
+            replicating = (step + 1) % spec.elastic.replicate_every == 0 or step + 1 == spec.train.steps
+            weight, loss_sum, metric_sums = self._train_step(positions, world, rank, comm, step, replicating)
             blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
             asked = self._safe_point_for == plan.number
             agree = step_summary(asked, weight, loss_sum, metric_sums, self.device)
@@ -261,7 +215,7 @@ class TrainingWorker(GenerationEntry, GenerationGroups, NodeDuties):
             last = engine.step_count == spec.train.steps
             # a safe point always commits: the next generation's fallback is this layout at this step
             if engine.step_count % spec.elastic.replicate_every == 0 or last or stopping:
-                self._start_commit(plan, report)
+                blocked += self._start_commit(plan, report)
                 if last or stopping:  # nothing follows to hide the swap behind: committed before going on
                     blocked += self._finish_commit(plan, report)
             self._save_checkpoint(plan, report)
@@ -301,7 +255,8 @@ class TrainingWorker(GenerationEntry, GenerationGroups, NodeDuties):
         self._take_checkpoint_news(report)
         return report
 
-    def _train_step(self, positions: range, world: int, rank: int, comm: TorchComm, step: int) -> tuple[float, float, dict]:
+    def _train_step(self, positions: range, world: int, rank: int, comm: TorchComm, step: int,
+                    host_copy: bool = False) -> tuple[float, float, dict]:
         """Forward and backward of this rank's share of the step, then the update. Each micro batch's
         loss (a weighted mean, see losses.py) is scaled by its weight * world / the global weight, so
         that the engine's average over ranks is the weighted mean over the global batch. Returns this
@@ -337,7 +292,7 @@ class TrainingWorker(GenerationEntry, GenerationGroups, NodeDuties):
             loss_sum += value * weight
             for name, v in metrics.items():
                 metric_sums[name] += v * weight
-        engine.step()
+        engine.step(host_copy=host_copy)
         engine.zero_grad()
         return sum(weights), loss_sum, metric_sums or {}
 

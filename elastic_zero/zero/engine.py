@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from typing import Sequence
 
 import torch
@@ -93,6 +94,7 @@ class ZeroEngine(ShardIO):
         self._master_is_view = stage in (1, 2) and compute_dtype == torch.float32
         self._pending_reduces: list = []
         self._shard_readers: list = []  # CUDA events of host copies of the shard still running (shard_io.py)
+        self._host_copy = None  # the one step(host_copy=True) made: (ShardState, event, seconds)
         self._sync = True
         self._interrupted = False
         self._partition_over(self.comm)
@@ -267,8 +269,11 @@ class ZeroEngine(ShardIO):
         finally:
             self._sync = True
 
-    def step(self) -> bool:
+    def step(self, host_copy: bool = False) -> bool:
         """Clip by the global norm over all shards, update the shard, publish the parameters.
+        `host_copy`: also copy the updated shard to host memory, before the parameters are published
+        (take it with take_host_copy()): at stages 1-2 in fp32 the master is the gathered buffer's own
+        chunk, which a copy made later would have to wait for the gathers to finish with.
 
         Returns False when fp16 gradients overflowed: the step is skipped and the loss scale backs off."""
         if self._pending_reduces or any(u.grads_seen for u in self.units):
@@ -298,10 +303,22 @@ class ZeroEngine(ShardIO):
             states = {name: views[name] for name in self._state}
             self.optimizer.update(views["params"], views["grads"], states, hyper, self.step_count + 1, lr_scale)
         self.step_count += 1
+        if host_copy:
+            started = time.perf_counter()
+            snapshot, copied = self.host_shard_state()
+            self._host_copy = (snapshot, copied, time.perf_counter() - started)
         if self.stage in (1, 2):
             for unit in self.units:
                 self._launch_gather(unit)
         return True
+
+    def take_host_copy(self):
+        """(host copy of the shard, its CUDA event or None, seconds the copy took) made by the last
+        step(host_copy=True) if no step followed it, else None; taken once."""
+        taken, self._host_copy = self._host_copy, None
+        if taken is not None and int(taken[0].scalars["step"]) != self.step_count:
+            return None
+        return taken
 
     def _await_shard_readers(self) -> None:
         """Order every write of the shard after the host copies of it that are still running (on

@@ -101,6 +101,7 @@ class ShardIO:
 
     def _write_shard(self, state: ShardState) -> None:
         self._await_shard_readers()
+        self._host_copy = None  # of the shard replaced
         ranges = self.partition.ranges(self.rank)
         for name in self.vector_names():
             offset = 0

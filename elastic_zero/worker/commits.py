@@ -1,0 +1,69 @@
+"""How a worker commits a step: its shard copied to host memory and swapped with the buddy's over
+the host group (replication.py), and the step's sample records kept once the swap arrived. A mixin
+of TrainingWorker (actor.py), kept apart so the actor module holds the step loop and its control."""
+
+from __future__ import annotations
+
+import time
+
+from elastic_zero.protocol import GenerationPlan
+from elastic_zero.worker.replication import InFlight
+from elastic_zero.zero import ShardState
+
+
+class StepCommits:
+    def _commit(self, plan: GenerationPlan, report: dict | None = None, snapshot: ShardState | None = None) -> None:
+        """Commit now: snapshot this rank's shard (or take `snapshot`, a host copy of it) and swap
+        replicas with the buddy, waiting for the swap."""
+        self._start_commit(plan, report, snapshot)
+        self._finish_commit(plan, report)
+
+    def _start_commit(self, plan: GenerationPlan, report: dict | None, snapshot: ShardState | None = None) -> float:
+        """Copy this rank's shard to host memory and start swapping it with the buddy's over the host
+        group. The sample records since the last commit travel along, so a lost rank's record survives.
+        Returns the seconds the step spent copying, when the step made the copy as it updated."""
+        copied, copy_s = None, 0.0
+        if snapshot is None:  # the copy the step made as it updated, or one made now
+            taken = self.engine.take_host_copy()
+            if taken is not None:
+                snapshot, copied, copy_s = taken
+            else:
+                snapshot, copied = self.engine.host_shard_state()
+        rows = report["uncommitted"] if report else []
+        if report:
+            report["uncommitted"] = []
+        self.replicator.start(self._host_comm(), self.engine.step_count, snapshot, copied, plan.generation.buddies, rows)
+        return copy_s
+
+    def _finish_commit(self, plan: GenerationPlan, report: dict | None) -> float:
+        """Wait for the swap in flight, if any: its step is now committed. Returns the seconds waited."""
+        waited = time.perf_counter()
+        flight = self.replicator.finish()
+        waited = time.perf_counter() - waited
+        if flight is not None:
+            self._committed(plan, flight, report)
+        return waited
+
+    def _committed(self, plan: GenerationPlan, flight: InFlight, report: dict | None) -> None:
+        ward, ward_log = flight.result
+        built_from = plan.previous.number if plan.previous is not None else None
+        self.replicas.add(plan.number, built_from, flight.step, flight.snapshot, ward)
+        if report is not None:
+            self._keep_uncommitted(plan, report, flight.rows)
+            if ward_log is not None:
+                report["ward_log"].extend(tuple(row) for row in ward_log.tolist())
+
+    def _keep_uncommitted(self, plan: GenerationPlan, report: dict, rows: list | None = None) -> None:
+        """The steps committed (`rows`, or those since the last commit) are kept: into the report
+        and the next checkpoint."""
+        if rows is None:
+            rows, report["uncommitted"] = report["uncommitted"], []
+        self._unsaved_log.extend((plan.number, *row) for row in rows if row[0] > self._saved_through)
+        report["log"].extend(rows)
+
+    def _host_snapshot(self) -> ShardState:
+        """A host copy of this rank's shard, complete on return."""
+        snapshot, copied = self.engine.host_shard_state()
+        if copied is not None:
+            copied.synchronize()
+        return snapshot
