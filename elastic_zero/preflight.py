@@ -26,7 +26,7 @@ def preflight(spec: JobSpec, import_user_code: bool = True) -> int | None:
         size = _dataset_size(spec)
     if spec.model.init_from:
         _check_exists("model.init_from", spec.model.init_from)
-    if import_user_code and spec.elastic.use_gpu:  # an embedded Ray: its workers' torch is this one
+    if import_user_code and spec.elastic.use_gpu and not _ray_connected():  # an embedded Ray: its workers' torch is this one
         import torch
 
         if not torch.cuda.is_available():
@@ -64,6 +64,14 @@ def check_cluster(spec: JobSpec, resources: dict) -> None:
         has = ", ".join(f"{resources[k]:g} {k}" for k in ("CPU", "GPU", "TPU") if resources.get(k)) or "no resources"
         raise SpecError(f"elastic.use_gpu: true needs GPUs, but the Ray cluster has none ({has}); "
                         f"add GPU nodes or set elastic.use_gpu = false")
+
+
+def _ray_connected() -> bool:
+    """This process is connected to a Ray cluster already (the job runs there, not embedded)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 def _check_exists(field: str, path: str) -> None:

@@ -153,3 +153,13 @@ def test_the_cuda_index_of_the_gpu_ray_assigned():
     assert cuda_index([3], "3") == 0  # Ray narrowed CUDA_VISIBLE_DEVICES to the assigned GPU
     assert cuda_index([3], "1,3,5") == 1  # not narrowed: its place among the visible ones
     assert cuda_index([2], None) == 2  # nothing narrowed at all: the id is the index
+
+
+@pytest.mark.unit
+def test_a_tensor_on_the_wrong_group_is_a_bug_not_a_lost_peer():
+    from elastic_zero.worker.faults import is_communication_failure
+
+    error = TrafficError("send of a host buffer (8 x torch.float32) on the train group (gloo): it carries device "
+                         "tensors only")
+    assert not is_communication_failure(error, aborted=False)  # its text names gloo: still the job's bug
+    assert is_communication_failure(RuntimeError("[gloo/transport/tcp/pair.cc:537] Connection reset by peer"), False)

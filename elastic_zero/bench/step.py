@@ -164,7 +164,8 @@ def run_step_bench(stage: str, workers: int, preset: str = "gpt-small", micro_ba
         report["fsdp2_median_step_s"] = medians["fsdp2"]
         report["ratio_vs_fsdp2"] = medians[stage] / medians["fsdp2"]
     if replicate_every:
-        # the blocking time of the steps that replicate, over every rank (the slowest rank sets the pace)
+        # the blocking time of every timed step, the slowest rank's (it sets the pace); with
+        # --replicate-every N > 1 the steps between replicas block only to collect the last swap
         for suffix, key in ((OVERLAPPED, "overlapped"), (SYNCHRONOUS, "synchronous")):
             v = stage + suffix
             per_step = [max(b) for b in zip(*(r["blocked"][v] for r in results))]

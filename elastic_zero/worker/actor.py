@@ -130,6 +130,8 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
                   "first_step_at": None, "last_loss": None, "checkpoint_stall_s": [], "entered_at": time.time(),
                   "checkpoint_errors": [], "checkpoints": [], "restored_from": None}
         try:
+            if self.device.type == "cuda":  # set_device holds per thread, and Ray may call on another
+                torch.cuda.set_device(self.device)
             rank = self._enter(plan, report)
             if rank is None:
                 return _finished(report, Outcome(self.actor_id, "left", plan.step), time.time())
@@ -217,7 +219,7 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
             if engine.step_count % spec.elastic.replicate_every == 0 or last or stopping:
                 blocked += self._start_commit(plan, report)
                 if last or stopping:  # nothing follows to hide the swap behind: committed before going on
-                    blocked += self._finish_commit(plan, report)
+                    self._finish_commit(plan, report)  # (its wait is in the time since `trained`)
             self._save_checkpoint(plan, report)
             report["step_times"].append(time.time() - started)
             report["protect_times"].append(time.time() - trained + blocked)
@@ -300,8 +302,9 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
         try:
             return self.loss_fn(self.engine.module, batch)
         except Exception as exc:
-            # a lost peer shows here too (stage 3 gathers inside the forward): a fault, not the loss's bug
-            if is_communication_failure(exc, self._aborted.is_set()):
+            # a lost peer shows here too (stage 3 gathers inside the forward), and a failing GPU: faults,
+            # not the loss's bug
+            if is_communication_failure(exc, self._aborted.is_set()) or is_device_failure(exc):
                 raise
             text = str(exc).splitlines()[0][:300] if str(exc) else ""
             raise ValueError(f"train.loss: raised {type(exc).__name__}: {text}") from exc
@@ -318,6 +321,10 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
             if self.store.add(f"fault/{i}", 1) != 1:
                 continue  # fired once already (before a recovery that repeats this step)
             if fault.action in KILL_ACTIONS:
+                # a kill at step N hits after step N - 1 committed, as it did before the swap ran in the
+                # background: the swap in flight arrives first (a buddy lost inside one: test_replication.py)
+                if self.replicator.in_flight is not None:
+                    self.replicator.in_flight.done.wait()
                 self.store.set(f"fault/{i}/at", repr(time.time()))  # the coordinator times the recovery from here
                 if fault.action == "device_error":  # as a failing GPU shows itself: train() ends the process
                     raise RuntimeError(f"CUDA error: an illegal memory access was encountered (injected by faults[{i}])")

@@ -12,11 +12,11 @@ from elastic_zero.zero import ShardState
 
 
 class StepCommits:
-    def _commit(self, plan: GenerationPlan, report: dict | None = None, snapshot: ShardState | None = None) -> None:
-        """Commit now: snapshot this rank's shard (or take `snapshot`, a host copy of it) and swap
-        replicas with the buddy, waiting for the swap."""
-        self._start_commit(plan, report, snapshot)
-        self._finish_commit(plan, report)
+    def _commit(self, plan: GenerationPlan, snapshot: ShardState | None = None) -> None:
+        """Commit now, entering a generation: snapshot this rank's shard (or take `snapshot`, a host
+        copy of it) and swap replicas with the buddy, waiting for the swap."""
+        self._start_commit(plan, None, snapshot)
+        self._finish_commit(plan, None)
 
     def _start_commit(self, plan: GenerationPlan, report: dict | None, snapshot: ShardState | None = None) -> float:
         """Copy this rank's shard to host memory and start swapping it with the buddy's over the host

@@ -19,10 +19,10 @@ def worker_device(use_gpu: bool) -> torch.device:
                          f"torch {torch.__version__}, CUDA build {torch.version.cuda})")
     index = cuda_index(_ray_gpu_ids(), visible)
     if index >= torch.cuda.device_count():
-        raise ValueError(f"elastic.use_gpu: Ray assigned GPU {index}, but this worker sees "
+        raise ValueError(f"elastic.use_gpu: the GPU Ray assigned is CUDA device {index}, but this worker sees "
                          f"{torch.cuda.device_count()} (CUDA_VISIBLE_DEVICES={visible!r})")
     device = torch.device("cuda", index)
-    torch.cuda.set_device(device)  # NCCL and every allocation without a device name use it
+    torch.cuda.set_device(device)  # on this thread; train() sets it again on the thread it runs on
     return device
 
 

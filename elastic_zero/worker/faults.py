@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from elastic_zero.zero.abortable import GroupAborted
+from elastic_zero.zero.comm import TrafficError
 from elastic_zero.zero.engine import StepInterrupted
 
 
@@ -27,6 +28,8 @@ def named(field: str, build):
 def is_communication_failure(exc: Exception, aborted: bool) -> bool:
     """A fault of the group (a lost peer, a timeout, an abort) rather than a bug of this worker.
     gloo reports a lost peer or a timeout as a plain RuntimeError from its sources."""
+    if isinstance(exc, TrafficError):  # a tensor on the wrong group: a bug, whatever its text says
+        return False
     if aborted or isinstance(exc, (GroupAborted, StepInterrupted, dist.DistError, ConnectionError, TimeoutError)):
         return True
     text = str(exc)

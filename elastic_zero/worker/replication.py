@@ -34,7 +34,6 @@ class InFlight:
     snapshot: ShardState
     rows: list  # the sample records this commit carries: (step, rank, first position, count)
     copied: object | None  # a CUDA event marking the end of the device-to-host copy; None on CPU
-    started_at: float
     done: threading.Event = field(default_factory=threading.Event)
     result: tuple | None = None  # (ward snapshot, ward log) once the exchange succeeded
     error: BaseException | None = None
@@ -55,7 +54,7 @@ class Replicator:
         buddies in the background."""
         if self.in_flight is not None:
             raise RuntimeError(f"replication of step {self.in_flight.step} is still in flight")
-        flight = InFlight(step, snapshot, list(rows), copied, time.perf_counter())
+        flight = InFlight(step, snapshot, list(rows), copied)
         log = _log_tensor(rows) if rows else None
 
         def run() -> None:

@@ -4,6 +4,8 @@ the engine module holds the training path only."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from elastic_zero.plan.partition import partition_layout
@@ -56,7 +58,7 @@ class ShardIO:
         stream = torch.cuda.Stream(self.device) if on_cuda else None
         if on_cuda:
             stream.wait_stream(torch.cuda.current_stream(self.device))  # after the update that wrote the shard
-        with torch.cuda.stream(stream) if on_cuda else _no_stream():
+        with torch.cuda.stream(stream) if on_cuda else contextlib.nullcontext():
             for name in self.vector_names():
                 out = host_empty(numel, self._vector_unit(name, self.units[0]).dtype, pinned=on_cuda)
                 offset = 0
@@ -78,6 +80,7 @@ class ShardIO:
     def load_shard_state(self, state: ShardState) -> None:
         """Replace this rank's shard with `state` (same layout, world size and rank) and republish."""
         self._check_shard(state, self.world_size, self.rank)
+        self._await_shard_readers()
         self.synchronize()
         self._write_shard(state)
 
@@ -88,6 +91,7 @@ class ShardIO:
         self._check_shard(state, comm.world_size, comm.rank)
         if self._pending_reduces or any(u.grads_seen for u in self.units):
             raise RuntimeError("reconfigure() at a safe point only: a backward has not been stepped")
+        self._await_shard_readers()  # before the buffers a host copy may still read are freed
         self.synchronize()
         self._partition_over(comm)
         for unit in self.units:
@@ -118,11 +122,3 @@ class ShardIO:
         if self.stage != 3:
             for unit in self.units:
                 self._launch_gather(unit)
-
-
-class _no_stream:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
