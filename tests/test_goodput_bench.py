@@ -31,7 +31,11 @@ def test_elastic_zero_rides_out_the_goodput_schedule(tmp_path):
     # hold whatever the timing: the job ends well, every sample of every step is counted once, the
     # frozen node's workers are lost by their silence, together, and the survivors go on from memory.
     assert r["recoveries"] >= 1 and r["reconfigurations"] >= 1, r
-    assert r["samples_kept"] == r["samples_trained"] == r["steps_kept"] * 16 and r["skipped_samples"] == 0
+    assert r["samples_kept"] == r["samples_trained"] and r["samples_kept"] % 16 == 0 and r["skipped_samples"] == 0
+    # a step's time is known from its ranks' reports: the steps of a generation all of whose members
+    # were lost (the drained node gone before the replacements joined) are kept, from the checkpoint,
+    # without a time, and count as unproductive
+    assert 0 < r["steps_kept"] * 16 <= r["samples_kept"]
     assert 0 < r["productive_s"] < r["wall_s"] and 0 < r["goodput"] <= 1 and r["first_step_done_s"] < 65
     (events_path,) = glob.glob(str(tmp_path / "ez-goodput-elastic_zero-*" / "out" / "events.jsonl"))
     events = [json.loads(line) for line in open(events_path)]

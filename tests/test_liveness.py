@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_zero.plan.liveness import silent_members
+from elastic_zero.plan.liveness import nodes_gone_silent, silent_members
 
 pytestmark = pytest.mark.unit
 
@@ -61,3 +61,14 @@ def test_the_lost_are_watched_silent_members_and_someone_was_heard(heard_at, tim
         silent = [a for a in watched if now - heard_at[a] > timeout_s]
         assert not silent or all(now - heard_at[a] > timeout_s / 2 for a in watched)
     assert reason
+
+
+def test_a_node_is_lost_only_when_none_of_its_workers_is_heard():
+    node_of = {"w0": "head", "w1": "head", "w2": "b", "w3": "b", "w4": "c"}
+    heard = {"w0": 8.0, "w1": 9.9, "w2": 8.2, "w3": 8.1, "w4": 9.9}
+    # w0 alone went silent on a node where w1 is heard: its process, not its node
+    assert nodes_gone_silent(["w0"], node_of, heard, now=10.0, timeout_s=1.0) == set()
+    # both workers of b silent: b is gone; c, heard, is not named
+    assert nodes_gone_silent(["w2", "w3"], node_of, heard, now=10.0, timeout_s=1.0) == {"b"}
+    # a worker whose node is unknown names no node
+    assert nodes_gone_silent(["w9"], node_of, heard, now=10.0, timeout_s=1.0) == set()

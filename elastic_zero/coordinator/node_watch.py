@@ -14,7 +14,7 @@ import time
 import ray
 
 from elastic_zero.coordinator.events import NodeNotice, PreemptionNotice
-from elastic_zero.plan.liveness import silent_members
+from elastic_zero.plan.liveness import nodes_gone_silent, silent_members
 from elastic_zero.preemption.notices import Notice
 from elastic_zero.preemption.ray_drain import RayDrains
 from elastic_zero.protocol import Outcome, Report
@@ -82,8 +82,8 @@ class NodeWatch:
         self._log("decision", on="Silence", reason=reason)
         for actor_id in lost:
             self._log("worker_lost", actor_id=actor_id, silent_s=round(now - self._heard[actor_id], 2))
-        self._nodes_lost(lost)
-        self._retire(lost, "silent: presumed lost with its node", lost=True)
+        self._nodes_lost(lost, now)
+        self._retire(lost, "silent: presumed lost (with its node, unless others are heard there)", lost=True)
         self._generation_failed()
 
     def _listen_to(self, participants) -> None:
@@ -119,12 +119,12 @@ class NodeWatch:
         now = time.monotonic()
         return set(self._noticed) | {node for node, until in self._lost_nodes.items() if until > now}
 
-    def _nodes_lost(self, actor_ids) -> None:
-        """Workers lost by their silence: their nodes are kept out of new placements for a while."""
-        until = time.monotonic() + LOST_NODE_AVOID_S
-        for actor_id in actor_ids:
-            if actor_id in self._worker_nodes:
-                self._lost_nodes[self._worker_nodes[actor_id]] = until
+    def _nodes_lost(self, actor_ids, now: float) -> None:
+        """Workers lost by their silence: their nodes, where no other worker is heard either, are kept
+        out of new placements for a while."""
+        node_of = {a: n for a, n in self._worker_nodes.items() if a in self._workers}
+        for node in nodes_gone_silent(actor_ids, node_of, self._heard, now, self.spec.elastic.heartbeat_timeout_s):
+            self._lost_nodes[node] = now + LOST_NODE_AVOID_S
 
     def _spawn_options(self) -> dict:
         """Keep new workers off the nodes that go."""

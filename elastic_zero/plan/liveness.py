@@ -33,3 +33,16 @@ def silent_members(last_heard: Mapping[str, float], watched: Iterable[str], now:
     worst = max(silent, key=lambda a: silence[a])
     return silent, (f"no heartbeat from {', '.join(silent)} for {silence[worst]:.1f} s (timeout {timeout_s:g} s) "
                     f"while {', '.join(heard)} were heard")
+
+
+def nodes_gone_silent(lost: Iterable[str], node_of: Mapping[str, str], last_heard: Mapping[str, float],
+                      now: float, timeout_s: float) -> set[str]:
+    """The nodes of the `lost` workers that went silent as a whole: no worker there (node_of: every
+    worker of the job and its node) was heard within `timeout_s`. A node whose other workers are heard
+    is alive: the lost worker's process hung or died alone, and new workers may still go there.
+    (Seen in CI: a worker starved for a second on a one-node cluster made the node "lost", and
+    every replacement was refused there for good.)"""
+    lost = set(lost)
+    nodes = {node_of[a] for a in lost if a in node_of}
+    heard_on = {node_of[a] for a in node_of if a not in lost and now - last_heard.get(a, float("-inf")) <= timeout_s}
+    return nodes - heard_on
