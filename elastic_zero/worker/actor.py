@@ -143,7 +143,8 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
         except Exception as exc:  # a collective failed (a peer died or timed out), or a bug
             ended = time.time()
             error = f"{type(exc).__name__}: {exc}"[:400]
-            if is_device_failure(exc) and not self._aborted.is_set():  # the CUDA context is gone: end the process, recovered like a kill
+            # the GPU failed, and its CUDA context with it: the process ends, recovered like a kill
+            if is_device_failure(exc) and not self._aborted.is_set():
                 print(f"elastic_zero worker {self.actor_id}: device failure, exiting: {error}", flush=True)
                 os._exit(1)
             bug = "" if is_communication_failure(exc, self._aborted.is_set()) else error
