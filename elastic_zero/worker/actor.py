@@ -199,8 +199,8 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
             positions = rank_positions(step, spec.train.global_batch, world, rank)
             # a step that will replicate has the engine copy its shard as it updates (a safe point's commit,
             # which only the closing all-reduce announces, makes its copy afterwards)
-            replicating = (step + 1) % spec.elastic.replicate_every == 0 or step + 1 == spec.train.steps
-            weight, loss_sum, metric_sums = self._train_step(positions, world, rank, comm, step, replicating)
+            weight, loss_sum, metric_sums = self._train_step(positions, world, rank, comm, step,
+                                                             self._commit_due(step + 1))
             blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
             asked = self._safe_point_for == plan.number
             agree = step_summary(asked, weight, loss_sum, metric_sums, self.device)
@@ -217,7 +217,7 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
             trained = time.time()
             last = engine.step_count == spec.train.steps
             # a safe point always commits: the next generation's fallback is this layout at this step
-            if engine.step_count % spec.elastic.replicate_every == 0 or last or stopping:
+            if self._commit_due(engine.step_count) or stopping:
                 blocked += self._start_commit(plan, report)
                 if last or stopping:  # nothing follows to hide the swap behind: committed before going on
                     self._finish_commit(plan, report)  # (its wait is in the time since `trained`)
@@ -226,8 +226,7 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
             report["protect_times"].append(time.time() - trained + blocked)
             if rank == 0 and self._coordinator:
                 self._tell_progress(plan, report)
-            if stopping:
-                self._keep_uncommitted(plan, report)  # a planned change keeps the live state
+            if stopping:  # its commit above kept the steps since the last one
                 return "safe_point"
         if self.writer is not None:
             self.writer.wait()  # the final checkpoint is committed before the job reports success

@@ -12,6 +12,11 @@ from elastic_zero.zero import ShardState
 
 
 class StepCommits:
+    def _commit_due(self, step_count: int) -> bool:
+        """Whether the step that brings the count to `step_count` commits (safe points aside, which
+        commit too): every `replicate_every` steps, and the last."""
+        return step_count % self.spec.elastic.replicate_every == 0 or step_count == self.spec.train.steps
+
     def _commit(self, plan: GenerationPlan, snapshot: ShardState | None = None) -> None:
         """Commit now, entering a generation: snapshot this rank's shard (or take `snapshot`, a host
         copy of it) and swap replicas with the buddy, waiting for the swap."""
@@ -53,11 +58,9 @@ class StepCommits:
             if ward_log is not None:
                 report["ward_log"].extend(tuple(row) for row in ward_log.tolist())
 
-    def _keep_uncommitted(self, plan: GenerationPlan, report: dict, rows: list | None = None) -> None:
-        """The steps committed (`rows`, or those since the last commit) are kept: into the report
-        and the next checkpoint."""
-        if rows is None:
-            rows, report["uncommitted"] = report["uncommitted"], []
+    def _keep_uncommitted(self, plan: GenerationPlan, report: dict, rows: list) -> None:
+        """The sample records of the steps a commit made safe are kept: into the report and the next
+        checkpoint."""
         self._unsaved_log.extend((plan.number, *row) for row in rows if row[0] > self._saved_through)
         report["log"].extend(rows)
 

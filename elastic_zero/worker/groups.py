@@ -70,16 +70,13 @@ class GenerationGroups:
                 if self._aborted.is_set():
                     given_up.append(True)
                 built = dict(outcome)
-            if given_up:
-                for pg in built.values():
-                    if not isinstance(pg, Exception):
-                        pg.abort()
-                raise GroupAborted(f"generation {plan.number} was aborted while its groups were being built")
             errors = [e for e in built.values() if isinstance(e, Exception)]
-            if errors:
+            if given_up or errors:  # no group of a generation that cannot have them all is kept
                 for pg in built.values():
                     if not isinstance(pg, Exception):
                         pg.abort()
+                if given_up:
+                    raise GroupAborted(f"generation {plan.number} was aborted while its groups were being built")
                 raise errors[0]
             self._groups.update(built)
         return built
