@@ -88,9 +88,13 @@ def test_a_job_run_again_resumes_from_its_latest_good_checkpoint_at_another_size
         byte = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0xFF]))
-    code, second, _, weights = _job(tmp_path, "part2", train={"steps": 30}, checkpoint=ckpt,
-                                    elastic={"workers": 3, "max_workers": 3})
+    code, second, events, weights = _job(tmp_path, "part2", train={"steps": 30}, checkpoint=ckpt,
+                                         elastic={"workers": 3, "max_workers": 3})
     assert code == 0 and second["resumed_from_step"] == 15 and second["steps"] == 15
+    # the user is told: one warning (from the rank that read the damage), in the events and the summary
+    (warned,) = [e for e in events if e["event"] == "warning"]
+    assert "step-0000000020 is damaged" in warned["message"] and "checksum mismatch" in warned["message"]
+    assert second["warnings"] == [warned["message"]]
     _exactly_once(second)
     assert _relative(reference, weights) <= 1e-4
 

@@ -35,5 +35,7 @@ def restore_shard(fs: pafs.FileSystem, candidates: Sequence[str], layout: FlatLa
         if loaded.item() == 1.0:
             return state, directory
         problems.append(f"{directory}: {problem or 'damaged on another rank'}")
-        warnings.warn(f"checkpoint {problems[-1]}; trying the one committed before it", stacklevel=2)
+        if problem:  # said by the ranks that read the damage; the others only follow them
+            warnings.warn(f"checkpoint {directory} is damaged ({problem}); trying the one committed before it",
+                          stacklevel=2)
     raise RestoreError("no checkpoint could be restored: " + ("; ".join(problems) or "none was given"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import ray
 
@@ -14,6 +15,7 @@ from elastic_zero.coordinator.events import GenerationStepped, PreemptionNotice,
 from elastic_zero.observe.live import final_status_key, last_events, status_record
 
 NAMESPACE_KV = "elastic_zero"
+_WARNINGS_LOCK = threading.Lock()  # workers' warnings arrive on the actor's threads at once
 
 
 class CoordinatorFace:
@@ -45,6 +47,15 @@ class CoordinatorFace:
         """Worker `actor_id` goes in `deadline_s` (a SIGTERM it caught, a drill)."""
         self._log("preemption_notice", actor_id=actor_id, deadline_s=deadline_s, source=source)
         self._inbox.put(PreemptionNotice(actor_id))
+
+    def worker_warning(self, actor_id: str, message: str) -> None:
+        """A Python warning a worker showed (worker/warnings_relay.py): one `warning` event, a line in
+        the driver's output, and one summary entry per distinct message, whichever workers said it."""
+        with _WARNINGS_LOCK:
+            if message in self.books.warnings:
+                return
+            self.books.warnings.append(message)
+        self._log("warning", actor_id=actor_id, message=message)
 
     # ---- notes from rank 0 -----------------------------------------------------------------------
 

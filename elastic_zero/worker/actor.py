@@ -37,6 +37,7 @@ from elastic_zero.worker.node_duties import NodeDuties, coordinator_handle
 from elastic_zero.worker.replica import LayoutReplicas
 from elastic_zero.worker.commits import StepCommits
 from elastic_zero.worker.replication import Replicator
+from elastic_zero.worker.warnings_relay import relay_warnings
 from elastic_zero.zero import TorchComm, ZeroEngine
 
 PROGRESS_EVERY_S = 0.5  # how often rank 0 tells the coordinator its step and loss
@@ -90,6 +91,7 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
                                              self.spec.elastic.collective_timeout_s) if c.uri and c.every else None)
         if coordinator:
             self._start_node_duties()
+            relay_warnings(lambda text: coordinator_handle(coordinator, namespace).worker_warning.remote(actor_id, text))
 
     # ---- control, called concurrently with train() ----------------------------------------
 

@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_flatten
 
 from elastic_zero.plan.layout import build_layout
 from elastic_zero.plan.partition import partition_layout
+from elastic_zero.zero import exit_guard
 from elastic_zero.zero.comm import agree_on_all_ranks, as_comm
 from elastic_zero.zero.loss_scale import DynamicLossScale
 from elastic_zero.zero.shard_io import ShardIO
@@ -106,6 +107,7 @@ class ZeroEngine(ShardIO):
             unit.take_values(full32)
             self._after_bind(unit)
         self._install_hooks()
+        exit_guard.track(self)  # closed at interpreter exit if still open: see exit_guard.py
 
     def _partition_over(self, comm) -> None:
         """Cut the layout over `comm`'s ranks and allocate this rank's buffers (values not set)."""
@@ -344,7 +346,11 @@ class ZeroEngine(ShardIO):
 
     def close(self) -> None:
         """Finish pending work, remove the hooks and let go of the process group, so that it can be
-        destroyed now rather than during interpreter shutdown (where gloo's threads may abort)."""
+        destroyed now rather than during interpreter shutdown (where gloo's threads may abort). Not
+        needed at the end of a program: an engine still open then is closed by exit_guard.py."""
+        exit_guard.untrack(self)
+        if self.comm is None:
+            return
         self.synchronize()
         for hook in self._hooks:
             hook.remove()
