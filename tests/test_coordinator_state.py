@@ -1,7 +1,7 @@
 """The coordinator's state machine, driven by events alone: no Ray, no clock."""
 
 from elastic_zero.coordinator.state import (
-    CoordinatorState, Fail, FinalStateGathered, Finish, GenerationEnded, GenerationStepped, PreemptionNotice,
+    CheckpointNow, CoordinatorState, Fail, FinalStateGathered, Finish, GenerationEnded, GenerationStepped, PreemptionNotice,
     RequestSafePoint, Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, decide,
 )
 from elastic_zero.plan.membership import Member
@@ -251,6 +251,31 @@ def test_a_preempted_worker_waits_for_its_replacement_when_leaving_would_go_belo
     s, cmds, _ = _end(s, plan)
     swap = _cmd(cmds, StartGeneration).plan
     assert [m.actor_id for m in swap.generation.members] == ["w1", "w2"] and swap.leaving == ("w0",)
+
+
+def test_a_notice_for_every_member_asks_for_a_checkpoint_once_and_plans_no_resize():
+    """One notice for the whole node (every member at once): nobody can take the shards, and each
+    shard's replica is on a leaver too, so a checkpoint now; no safe point (the same members would
+    only be planned again), and one request per generation however many notices come."""
+    s, plan = _started(2, min_workers=1, max_workers=2)
+    s, cmds, reason = decide(s, PreemptionNotice("w0", ("w1",)), 2.0)
+    assert cmds == (Spawn(2), CheckpointNow()) and "checkpoint now" in reason
+    assert s.leaving == ("w0", "w1") and not s.safe_point_requested
+    s, cmds, _ = decide(s, PreemptionNotice("w1"), 2.5)  # a second source says the same
+    assert _cmd(cmds, CheckpointNow) is None and _cmd(cmds, RequestSafePoint) is None
+    # the replacements join at a safe point, and the leavers hand over then
+    s, cmds, _ = decide(s, WorkersReady(_members("w2", "w3")), 3.0)
+    assert cmds == (RequestSafePoint(),)
+    s, cmds, _ = _end(s, plan)
+    swap = _cmd(cmds, StartGeneration).plan
+    assert [m.actor_id for m in swap.generation.members] == ["w2", "w3"] and swap.leaving == ("w0", "w1")
+
+
+def test_a_leaver_whose_replica_stays_asks_for_no_checkpoint():
+    """w0 waits for its replacement (min_workers 2), but its buddy w1 stays: memory covers it."""
+    s, plan = _started(2, min_workers=2, max_workers=2)
+    s, cmds, _ = decide(s, PreemptionNotice("w0"), 2.0)
+    assert _cmd(cmds, CheckpointNow) is None
 
 
 def test_a_worker_that_cannot_start_ends_a_job_that_has_not_started():

@@ -127,7 +127,7 @@ def test_event_lines_and_progress_lines():
         "preemption notice from sigterm for w3 (deadline 25.5 s)"
     assert describe({"event": "preemption_notice", "node": "6bb0bd6116f5aa01", "source": "ray-drain", "deadline_s": None,
                      "detail": "", "actor_ids": ["w1", "w2"]}) == \
-        "preemption notice from ray-drain for node 6bb0bd6116f5: w1, w2 leave"
+        "preemption notice from ray-drain for node 6bb0bd6116f5: w1, w2 to leave at a safe point"
     assert describe({"event": "worker_lost", "actor_id": "w1", "silent_s": 1.04}) == "worker w1 lost (silent for 1.0 s)"
     assert describe({"event": "watcher", "node": "ab" * 20, "message": "no metadata server", "problem": False}) is None
     assert describe({"event": "watcher", "node": "ab" * 20, "message": "a GCP preempted value of 'x'",

@@ -28,9 +28,11 @@ class SaveAbandoned(Exception):
 
 
 class AsyncCheckpointWriter:
-    def __init__(self, uri: str, store, keep: int, stage: int, timeout_s: float = 300.0) -> None:
+    def __init__(self, uri: str, store, keep: int, stage: int, timeout_s: float = 300.0, on_commit=None) -> None:
+        """`on_commit(directory)`: called on the writing thread as soon as this rank commits a save."""
         self.fs, self.root = open_store(uri)
         self.store, self.keep, self.stage, self.timeout_s = store, keep, stage, timeout_s
+        self._on_commit = on_commit
         self._thread: threading.Thread | None = None
         self._abandoned = threading.Event()  # of the save in flight; each save has its own
         self._lock = threading.Lock()
@@ -92,6 +94,8 @@ class AsyncCheckpointWriter:
             done = commit(self.fs, self.root, manifest, self.keep, directory)
             with self._lock:
                 self._committed.append(done)
+            if self._on_commit is not None:
+                self._on_commit(done)
         except SaveAbandoned as exc:
             self._error(tag, f"not committed: {exc}")
         except Exception as exc:  # a failed save must not stop training: reported, and the previous checkpoint stands

@@ -29,7 +29,7 @@ from elastic_zero.coordinator.face import CoordinatorFace
 from elastic_zero.coordinator.final_gather import FinalGather
 from elastic_zero.coordinator.node_watch import NodeWatch
 from elastic_zero.coordinator.state import (
-    CoordinatorState, Fail, Finish, GenerationEnded, RequestSafePoint, Retire, Spawn, Start, StartGeneration, Stop, Tick,
+    CheckpointNow, CoordinatorState, Fail, Finish, GenerationEnded, RequestSafePoint, Retire, Spawn, Start, StartGeneration, Stop, Tick,
     WorkersReady, WorkerStartFailed, decide,
 )
 from elastic_zero.observe.event_log import EventLog
@@ -93,6 +93,7 @@ class Coordinator(CoordinatorFace, NodeWatch, FinalGather):
         self.live = LiveProgress(self.spec.train.global_batch, self.spec.train.steps)
         self.metrics = JobMetrics(job_id)
         self.restarts = self.events.count("coordinator_restarted") + (1 if self.restarted else 0)
+        self._commits_told = {r["directory"] for r in self.events.records if r.get("event") == "checkpoint_committed"}
         numbers = [r["generation"] for r in self.events.records if r.get("event") == "generation_start"]
         self.state = dataclasses.replace(self.state, first_generation=max(numbers) + 1 if numbers else 0)
         self._done = threading.Event()
@@ -249,8 +250,7 @@ class Coordinator(CoordinatorFace, NodeWatch, FinalGather):
                 self._add_checkpoint_logs(directory)
         for r in results.values():
             for directory in r.checkpoints:
-                self._log("checkpoint_committed", generation=plan.number, directory=directory)
-                self.live.checkpoint = directory
+                self._checkpoint_committed(directory, plan.number)
             for error in r.checkpoint_errors:
                 self._log("checkpoint_failed", generation=plan.number, actor_id=r.outcome.actor_id, error=error)
         changes_before = len(self.books.recoveries), len(self.books.reconfigurations)
@@ -290,6 +290,8 @@ class Coordinator(CoordinatorFace, NodeWatch, FinalGather):
                 self._workers[actor_id] = handle
                 self._ready_refs[handle.hello.remote()] = actor_id
             self._log("spawn", count=command.count)
+        elif isinstance(command, CheckpointNow):
+            self._checkpoint_before_leaving()
         elif isinstance(command, RequestSafePoint):
             for m in self.state.generation.members:
                 self._workers[m.actor_id].request_safe_point.remote(self.state.generation.number)
@@ -384,8 +386,7 @@ class Coordinator(CoordinatorFace, NodeWatch, FinalGather):
             reports = ray.get([self._workers[a].checkpoint_now.remote(plan) for a in members])
             for r in reports:
                 for directory in r["checkpoints"]:
-                    self._log("checkpoint_committed", generation=plan.number, directory=directory)
-                    self.live.checkpoint = directory
+                    self._checkpoint_committed(directory, plan.number)
                 for error in r["checkpoint_errors"]:
                     self._log("checkpoint_failed", generation=plan.number, error=error)
         states = ray.get([self._workers[a].final_state.remote(True) for a in members])

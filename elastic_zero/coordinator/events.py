@@ -33,7 +33,15 @@ class ScaleRequested:
 
 @dataclass(frozen=True)
 class PreemptionNotice:
+    """Workers that go soon: one (its SIGTERM, a drill), or every worker of the job on a noticed node,
+    decided on together, so that the hand-off is planned knowing all of them."""
+
     actor_id: str
+    others: tuple[str, ...] = ()
+
+    @property
+    def actor_ids(self) -> tuple[str, ...]:
+        return (self.actor_id, *self.others)
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,12 @@ class Spawn:
 @dataclass(frozen=True)
 class RequestSafePoint:
     pass
+
+
+@dataclass(frozen=True)
+class CheckpointNow:
+    """Members told to leave cannot hand their shards to anyone before they go (no worker would stay
+    above min_workers): every member saves a checkpoint at its next step, and training goes on."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from elastic_zero.coordinator.events import GenerationStepped, PreemptionNotice,
 from elastic_zero.observe.live import final_status_key, last_events, status_record
 
 NAMESPACE_KV = "elastic_zero"
-_WARNINGS_LOCK = threading.Lock()  # workers' warnings arrive on the actor's threads at once
+_WARNINGS_LOCK = threading.Lock()  # workers' warnings and commits arrive on the actor's threads at once
 
 
 class CoordinatorFace:
@@ -47,6 +47,22 @@ class CoordinatorFace:
         """Worker `actor_id` goes in `deadline_s` (a SIGTERM it caught, a drill)."""
         self._log("preemption_notice", actor_id=actor_id, deadline_s=deadline_s, source=source)
         self._inbox.put(PreemptionNotice(actor_id))
+
+    def checkpoint_note(self, actor_id: str, directory: str) -> None:
+        """Rank 0 committed a checkpoint just now (its writer's thread tells, whatever training does)."""
+        self._checkpoint_committed(directory)
+
+    def _checkpoint_committed(self, directory: str, generation: int | None = None) -> None:
+        """A `checkpoint_committed` event, once per directory: rank 0 tells it as it happens, and the
+        generation's reports name it again at its end."""
+        with _WARNINGS_LOCK:
+            if directory in self._commits_told:
+                return
+            self._commits_told.add(directory)
+        if generation is None and self.state.generation is not None:
+            generation = self.state.generation.number
+        self._log("checkpoint_committed", generation=generation, directory=directory)
+        self.live.checkpoint = directory
 
     def worker_warning(self, actor_id: str, message: str) -> None:
         """A Python warning a worker showed (worker/warnings_relay.py): one `warning` event, a line in

@@ -111,8 +111,23 @@ class NodeWatch:
         deadline_s = round(notice.deadline_at - time.time(), 1) if notice.deadline_at is not None else None
         self._log("preemption_notice", node=node, source=notice.source, deadline_s=deadline_s, detail=notice.detail,
                   actor_ids=here)
-        for actor_id in here:  # members leave at a safe point; ready ones that have not joined just go
-            self._apply(PreemptionNotice(actor_id))
+        if here:  # members leave at a safe point; ready ones that have not joined just go: decided together
+            self._apply(PreemptionNotice(here[0], tuple(here[1:])))
+
+    def _checkpoint_before_leaving(self) -> None:
+        """Workers told to go have nobody to hand their shards to (the state machine's CheckpointNow):
+        every member saves the step it reaches next, and training goes on until replacements join
+        or the workers go. Without checkpoints, the user is told what will be lost."""
+        gen = self.state.generation
+        leaving = [a for a in self.state.leaving if any(m.actor_id == a for m in gen.members)]
+        if not (self.spec.checkpoint.uri and self.spec.checkpoint.every):
+            self._log("warning", message=f"{', '.join(leaving)} must leave and no worker can take their shards, but "
+                                         f"the job saves no checkpoints (checkpoint.uri, checkpoint.every): its state "
+                                         f"since the start goes with them unless replacements join first")
+            return
+        self._log("notice_checkpoint", generation=gen.number, actor_ids=leaving)
+        for m in gen.members:
+            self._workers[m.actor_id].request_checkpoint.remote(gen.number)
 
     def _nodes_that_go(self) -> set[str]:
         """Told to go, or their workers went silent lately: no new worker should be or stay there."""

@@ -10,7 +10,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from elastic_zero.coordinator.events import (  # noqa: F401 - the events and commands are part of this module's API
-    Event, Fail, FinalStateGathered, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint,
+    CheckpointNow, Event, Fail, FinalStateGathered, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint,
     Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, WorkerStartFailed,
 )
 from elastic_zero.plan.membership import Generation, Member, next_generation
@@ -76,6 +76,8 @@ class CoordinatorState:
     start_losses: int = 0  # starting workers lost in a row (their process or node died, not their start)
     stop_requested: bool = False  # a graceful stop: the job ends at the next safe point
     stop_checkpoint: bool = False  # ... with a final checkpoint there
+    # the generation whose members were asked for a checkpoint because its leavers cannot hand over
+    checkpoint_asked_in: int | None = None
 
     @property
     def phase(self) -> "Phase":
@@ -115,7 +117,7 @@ def _decide(state: CoordinatorState, event: Event, now: float):
     if isinstance(event, ScaleRequested):
         return _on_scale(state, event.workers)
     if isinstance(event, PreemptionNotice):
-        return _on_preemption(state, event.actor_id)
+        return _on_preemption(state, event.actor_ids)
     if isinstance(event, StopRequested):
         if state.phase in (Phase.STARTING, Phase.WAITING):  # no safe point to wait for: stop now
             return (replace(state, done=True), (Stop(-1, False), Retire(state.members() + tuple(m.actor_id for m in state.ready))),
@@ -200,10 +202,22 @@ def _on_start_failure(state, event: WorkerStartFailed):
 def _ask_for_safe_point_if_needed(state, reason):
     wants = state.leaving or (state.ready and len(state.staying()) < state.target)
     if wants and len(state.staying()) + len(state.ready) < state.min_workers:
-        return state, (), f"{reason}: leavers wait for replacements (min_workers {state.min_workers})"
+        reason = f"{reason}: leavers wait for replacements (min_workers {state.min_workers})"
+        number = state.generation.number if state.generation is not None else None
+        if state.running and state.checkpoint_asked_in != number and _unreplicated_if_gone(state.generation, state.leaving):
+            # if they go before replacements join, shards go with them: a checkpoint of the step reached
+            return replace(state, checkpoint_asked_in=number), (CheckpointNow(),), \
+                f"{reason}; a shard has no replica outside the leavers: checkpoint now"
+        return state, (), reason
     if state.running and wants and not state.safe_point_requested:
         return replace(state, safe_point_requested=True), (RequestSafePoint(),), f"{reason}: safe point requested"
     return state, (), reason
+
+
+def _unreplicated_if_gone(generation: Generation, leaving) -> bool:
+    """Whether some leaver's shard has its only replica on a leaver too (or on itself: one rank)."""
+    going = {generation.rank_of(a) for a in leaving if any(m.actor_id == a for m in generation.members)}
+    return any(generation.buddies[r] in going for r in going)
 
 
 def _on_scale(state, workers):
@@ -225,16 +239,22 @@ def _on_scale(state, workers):
     return state, tuple(commands) + spawn + more, reason
 
 
-def _on_preemption(state, actor_id):
-    if any(m.actor_id == actor_id for m in state.ready):  # ready to join, not yet in: it goes, another is asked for
-        state = replace(state, ready=tuple(m for m in state.ready if m.actor_id != actor_id))
-        state, spawn = _top_up(state)
-        return state, (Retire((actor_id,)),) + spawn, f"{actor_id} will be preempted before it joined: retired"
-    if actor_id not in state.staying():
-        return state, (), f"preemption notice for {actor_id}, which is not a staying member"
-    state, spawn = _top_up(replace(state, leaving=state.leaving + (actor_id,)))
-    state, more, reason = _ask_for_safe_point_if_needed(state, f"{actor_id} will be preempted")
-    return state, spawn + more, reason
+def _on_preemption(state, actor_ids):
+    ready = tuple(m.actor_id for m in state.ready if m.actor_id in actor_ids)
+    members = tuple(a for a in actor_ids if a in state.staying())
+    others = [a for a in actor_ids if a not in ready + members]
+    # ready to join, not yet in: they go now; members leave at a safe point; others are not ours to move
+    state = replace(state, ready=tuple(m for m in state.ready if m.actor_id not in ready),
+                    leaving=state.leaving + members)
+    state, spawn = _top_up(state)
+    retire = (Retire(ready),) if ready else ()
+    said = ([f"{', '.join(ready)} will be preempted before {'it' if len(ready) == 1 else 'they'} joined: retired"]
+            if ready else []) + \
+        ([f"not staying members: {', '.join(others)}"] if others else [])
+    if not members:
+        return state, retire + spawn, "preemption notice: " + "; ".join(said)
+    state, more, reason = _ask_for_safe_point_if_needed(state, f"{', '.join(members)} will be preempted")
+    return state, retire + spawn + more, "; ".join([reason] + said)
 
 
 def _top_up(state):

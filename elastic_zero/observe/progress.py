@@ -39,8 +39,11 @@ def describe(record: dict) -> str | None:
         source = f" from {r['source']}" if r.get("source") not in (None, "drill") else ""
         if r.get("node"):  # a node's notice: every worker of the job there leaves
             return (f"preemption notice{source} for node {r['node'][:12]}{deadline}: "
-                    f"{', '.join(r['actor_ids']) or 'no worker of this job'} leave")
+                    f"{', '.join(r['actor_ids']) or 'no worker of this job'} to leave at a safe point")
         return f"preemption notice{source} for {r['actor_id']}{deadline}"
+    if kind == "notice_checkpoint":
+        return (f"no worker can take the shards of {', '.join(r['actor_ids'])} before they go: a checkpoint of the "
+                f"next step is saved now, and they train on until replacements join or they go")
     if kind == "watcher":
         if not r.get("problem", True):
             return None

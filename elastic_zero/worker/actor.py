@@ -87,8 +87,15 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
         self._progress_told_at = 0.0
         self.store = connect(store_host, store_port, store_secret, self.spec.elastic.collective_timeout_s)
         c = self.spec.checkpoint
+        # rank 0 commits; the coordinator hears of each commit as it happens
+        told = (lambda d: coordinator_handle(coordinator, namespace).checkpoint_note.remote(actor_id, d)) \
+            if coordinator else None
         self.writer = (AsyncCheckpointWriter(c.uri, self.store, c.keep, self.spec.zero.stage,
-                                             self.spec.elastic.collective_timeout_s) if c.uri and c.every else None)
+                                             self.spec.elastic.collective_timeout_s, on_commit=told)
+                       if c.uri and c.every else None)
+        # a checkpoint at the next step asked for in generation _checkpoint_for, taken unless a checkpoint
+        # was saved for a request of that generation or a later one (_checkpoint_taken)
+        self._checkpoint_for = self._checkpoint_taken = -1
         if coordinator:
             self._start_node_duties()
             relay_warnings(lambda text: coordinator_handle(coordinator, namespace).worker_warning.remote(actor_id, text))
@@ -111,6 +118,12 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
         starts it; one for an older generation, arriving late, is ignored)."""
         with self._generation_lock:
             self._safe_point_for = max(self._safe_point_for, number)
+
+    def request_checkpoint(self, number: int) -> None:
+        """Save a checkpoint at the next step of generation `number` (all ranks agree on the step
+        through the step's closing all-reduce), then train on."""
+        with self._generation_lock:
+            self._checkpoint_for = max(self._checkpoint_for, number)
 
     def abort_generation(self, number: int) -> None:
         """A peer of generation `number` is gone: break our group now, so the training thread's
@@ -205,7 +218,8 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
                                                              self._commit_due(step + 1))
             blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
             asked = self._safe_point_for == plan.number
-            agree = step_summary(asked, weight, loss_sum, metric_sums, self.device)
+            checkpoint_asked = self._checkpoint_for > self._checkpoint_taken  # asked in this generation or before
+            agree = step_summary(asked, weight, loss_sum, metric_sums, self.device, checkpoint_asked)
             committed = self.replicas.generation == plan.number
             comm.all_reduce(agree)
             if committed:  # every rank got here after a commit in this layout: it is complete in memory
@@ -223,7 +237,10 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
                 blocked += self._start_commit(plan, report)
                 if last or stopping:  # nothing follows to hide the swap behind: committed before going on
                     self._finish_commit(plan, report)  # (its wait is in the time since `trained`)
-            self._save_checkpoint(plan, report)
+            checkpoint_now = agree[-1] > 0
+            if checkpoint_now:  # on every rank: a request still on its way to one is for this checkpoint too
+                self._checkpoint_taken = max(self._checkpoint_for, plan.number)
+            self._save_checkpoint(plan, report, now=checkpoint_now)
             report["step_times"].append(time.time() - started)
             report["protect_times"].append(time.time() - trained + blocked)
             if rank == 0 and self._coordinator:
