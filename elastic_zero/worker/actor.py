@@ -237,7 +237,7 @@ class TrainingWorker(GenerationEntry, GenerationGroups, StepCommits, NodeDuties)
                 blocked += self._start_commit(plan, report)
                 if last or stopping:  # nothing follows to hide the swap behind: committed before going on
                     self._finish_commit(plan, report)  # (its wait is in the time since `trained`)
-            checkpoint_now = agree[-1] > 0
+            checkpoint_now = bool(agree[-1] > 0)
             if checkpoint_now:  # on every rank: a request still on its way to one is for this checkpoint too
                 self._checkpoint_taken = max(self._checkpoint_for, plan.number)
             self._save_checkpoint(plan, report, now=checkpoint_now)
