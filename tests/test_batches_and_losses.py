@@ -131,7 +131,10 @@ def test_the_step_summary_catches_ranks_whose_losses_return_different_metrics():
 
     ranks = [(False, 3.0, 6.0, {"acc": 1.5}), (True, 1.0, 1.0, {"acc": 0.5})]
     reduced = sum(step_summary(*r, "cpu") for r in ranks)
-    assert reduced.shape == (5 + MAX_METRICS,) and reduced[0] == 1
+    assert reduced.shape == (6 + MAX_METRICS,) and reduced[0] == 1 and reduced[-1] == 0
+    # the last slot: a checkpoint asked for on any rank is seen on every rank
+    asked = step_summary(False, 1.0, 1.0, {}, "cpu", checkpoint_asked=True) + step_summary(False, 1.0, 1.0, {}, "cpu")
+    assert asked[-1] == 1 and asked[0] == 0
     assert read_step_summary(reduced, ["acc"], 2, 0) == (7.0 / 4, {"acc": 0.5})
     mixed = step_summary(False, 1.0, 1.0, {"acc": 1.0}, "cpu") + step_summary(False, 1.0, 1.0, {"f1": 1.0}, "cpu")
     for names in (["acc"], ["f1"]):
