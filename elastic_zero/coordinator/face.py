@@ -15,7 +15,7 @@ from elastic_zero.coordinator.events import GenerationStepped, PreemptionNotice,
 from elastic_zero.observe.live import final_status_key, last_events, status_record
 
 NAMESPACE_KV = "elastic_zero"
-_WARNINGS_LOCK = threading.Lock()  # workers' warnings and commits arrive on the actor's threads at once
+_NOTES_LOCK = threading.Lock()  # workers' warnings and rank 0's commits arrive on the actor's threads at once
 
 
 class CoordinatorFace:
@@ -55,7 +55,7 @@ class CoordinatorFace:
     def _checkpoint_committed(self, directory: str, generation: int | None = None) -> None:
         """A `checkpoint_committed` event, once per directory: rank 0 tells it as it happens, and the
         generation's reports name it again at its end."""
-        with _WARNINGS_LOCK:
+        with _NOTES_LOCK:
             if directory in self._commits_told:
                 return
             self._commits_told.add(directory)
@@ -67,7 +67,7 @@ class CoordinatorFace:
     def worker_warning(self, actor_id: str, message: str) -> None:
         """A Python warning a worker showed (worker/warnings_relay.py): one `warning` event, a line in
         the driver's output, and one summary entry per distinct message, whichever workers said it."""
-        with _WARNINGS_LOCK:
+        with _NOTES_LOCK:
             if message in self.books.warnings:
                 return
             self.books.warnings.append(message)
