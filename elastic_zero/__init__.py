@@ -11,7 +11,7 @@ from elastic_zero.api import (  # noqa: E402 - the version first, for tools that
     CheckpointConfig, DataConfig, Job, ModelConfig, Result, RunConfig, ScalingConfig, TrainConfig, run,
 )
 from elastic_zero.service.client import Client, ClusterError  # noqa: E402
-from elastic_zero.spec import SpecError  # noqa: E402
+from elastic_zero.job.spec import SpecError  # noqa: E402
 
 __all__ = ["CheckpointConfig", "Client", "ClusterError", "DataConfig", "Job", "ModelConfig", "Result", "RunConfig",
            "ScalingConfig", "SpecError", "TrainConfig", "run"]

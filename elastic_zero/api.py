@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from elastic_zero.driver import drive
-from elastic_zero.spec import CheckpointSpec, DataSpec, ElasticSpec, JobSpec, ModelSpec, SpecError, TrainSpec
+from elastic_zero.job.spec import CheckpointSpec, DataSpec, ElasticSpec, JobSpec, ModelSpec, SpecError, TrainSpec
 
 Job = JobSpec
 ScalingConfig = ElasticSpec
@@ -54,9 +54,9 @@ def run(job: JobSpec, run_config: RunConfig | None = None, *, started_at: float 
     the error. `job_id` names the job on the cluster (default: its name)."""
     started_at = started_at or time.time()
     run_config = run_config or RunConfig()
-    from elastic_zero.job import settle_steps
-    from elastic_zero.preflight import preflight
-    from elastic_zero.user_code import ship_by_value
+    from elastic_zero.job.build import settle_steps
+    from elastic_zero.job.preflight import preflight
+    from elastic_zero.job.user_code import ship_by_value
 
     job = job.normalized()
     size = preflight(job, import_user_code=run_config.address is None)

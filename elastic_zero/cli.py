@@ -165,7 +165,7 @@ def _run(args, started_at: float) -> int:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     from elastic_zero.api import RunConfig, run_job
-    from elastic_zero.spec import apply_override, load_spec, spec_from_dict
+    from elastic_zero.job.spec import apply_override, load_spec, spec_from_dict
 
     if args.spec_env:  # a submitted job: the spec was validated where it was submitted
         spec = spec_from_dict(json.loads(os.environ[args.spec_env]))
@@ -193,7 +193,7 @@ def _service(args) -> int:
         if name.startswith("ray"):
             logging.getLogger(name).setLevel(logging.ERROR)
     if args.command == "submit":
-        from elastic_zero.spec import load_spec
+        from elastic_zero.job.spec import load_spec
 
         spec = load_spec(args.spec, args.overrides)
         working_dir = None if args.no_working_dir else args.working_dir

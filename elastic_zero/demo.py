@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from elastic_zero.spec import JobSpec, spec_from_dict
+from elastic_zero.job.spec import JobSpec, spec_from_dict
 
 # `elastic-zero bench recovery` (docs/benchmarks.md): from a kill to the next completed step under an
 # elastic Ray Train TorchTrainer, which restarts its workers from the last checkpoint

@@ -16,7 +16,7 @@ import time
 
 from elastic_zero.observe.progress import ProgressView
 from elastic_zero.observe.ray_noise import quiet_worker_deaths
-from elastic_zero.spec import JobSpec, SpecError
+from elastic_zero.job.spec import JobSpec, SpecError
 
 HEAD_RESOURCE = "node:__internal_head__"
 COORDINATOR_RESTARTS = 3
@@ -43,7 +43,7 @@ def drive(job: JobSpec, job_id: str, run_dir: str, run_config, started_at: float
     view = ProgressView() if run_config.progress else None
     restore = _stop_on_sigterm()
     try:
-        from elastic_zero.preflight import check_cluster
+        from elastic_zero.job.preflight import check_cluster
 
         check_cluster(job, ray.cluster_resources())
         actor = _start_coordinator(job, job_id, run_dir, started_at, detached=bool(run_config.address))

@@ -5,7 +5,7 @@ import json
 import torch
 
 from elastic_zero.api import RunConfig, run_job
-from elastic_zero.spec import spec_from_dict
+from elastic_zero.job.spec import spec_from_dict
 
 
 def job(tmp_path, name, faults=(), **sections):

@@ -15,7 +15,7 @@ from elastic_zero.data.source import open_source
 from elastic_zero.losses import IGNORE, WEIGHT_KEY, batch_weight, checked, next_token_loss
 from elastic_zero.models import build_preset
 from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
-from elastic_zero.spec import DataSpec
+from elastic_zero.job.spec import DataSpec
 
 
 def _rows(*lengths, start=0):

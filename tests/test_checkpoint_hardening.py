@@ -18,7 +18,7 @@ from elastic_zero.checkpoint import (
 from elastic_zero.checkpoint.manifest import Manifest
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.models import build_preset
-from elastic_zero.spec import SpecError, spec_from_dict
+from elastic_zero.job.spec import SpecError, spec_from_dict
 from elastic_zero.zero import SGD, TorchComm, ZeroEngine
 from engine_cases import shards_at
 

@@ -16,7 +16,7 @@ import pytest
 import ray
 import yaml
 
-from elastic_zero.spec import spec_from_dict
+from elastic_zero.job.spec import spec_from_dict
 
 pytestmark = pytest.mark.unit
 

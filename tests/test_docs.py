@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from elastic_zero.spec import _SECTIONS
-from elastic_zero.spec_reference import field_docs, spec_reference
-from elastic_zero.spec_sections import FaultSpec
+from elastic_zero.job.spec import _SECTIONS
+from elastic_zero.job.reference import field_docs, spec_reference
+from elastic_zero.job.sections import FaultSpec
 
 pytestmark = pytest.mark.unit
 
@@ -23,7 +23,7 @@ _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 def test_the_spec_reference_is_the_generated_one():
     with open(os.path.join(ROOT, "docs", "spec.md")) as fh:
-        assert fh.read() == spec_reference(), "docs/spec.md drifted: python -m elastic_zero.spec_reference > docs/spec.md"
+        assert fh.read() == spec_reference(), "docs/spec.md drifted: python -m elastic_zero.job.reference > docs/spec.md"
 
 
 def test_every_spec_field_has_a_description_in_the_code():

@@ -1,6 +1,6 @@
 """Which fault drill is due when: pure, no Ray."""
 
-from elastic_zero.spec import FaultSpec
+from elastic_zero.job.spec import FaultSpec
 from elastic_zero.worker.drills import due_drills
 
 FAULTS = (

@@ -19,7 +19,7 @@ from elastic_zero.data.source import open_source
 from elastic_zero.losses import next_token_loss
 from elastic_zero.models import build_preset
 from elastic_zero.plan.batches import rank_positions
-from elastic_zero.spec import DataSpec, load_spec
+from elastic_zero.job.spec import DataSpec, load_spec
 from runtime_jobs import exactly_once, relative
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -164,7 +164,7 @@ def test_the_byte_gpt_example_makes_its_corpus_and_its_spec_reads_it(tmp_path):
     """The byte_gpt example's script makes the corpus its TOML trains on (the training itself, on the
     same corpus and model shape, is the demo's: tests/test_demo.py)."""
     from elastic_zero.data.arrow_rows import ArrowRows
-    from elastic_zero.spec import load_spec
+    from elastic_zero.job.spec import load_spec
 
     data = tmp_path / "bytes"
     made = subprocess.run([sys.executable, "examples/byte_gpt/make_dataset.py", "--out", str(data), "--max-mb", "0.2"],

@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-from elastic_zero.spec import SpecError, load_spec, spec_from_dict
+from elastic_zero.job.spec import SpecError, load_spec, spec_from_dict
 
 EXAMPLE = "examples/jobs/tiny.toml"
 
@@ -70,7 +70,7 @@ def test_bad_files_and_overrides(tmp_path):
 def test_a_factory_needs_no_preset_and_python_shortcuts_make_the_same_spec():
     """From TOML a factory alone is enough (the preset default used to get in the way); from Python
     a section may be a table, the model a callable or a name, the data a path."""
-    from elastic_zero.spec import JobSpec
+    from elastic_zero.job.spec import JobSpec
 
     spec = load_spec(None, ["model.factory=examples.hf_llama.model:build", "model.kwargs={vocab_size = 64}"])
     assert spec.model.preset is None and spec.model.factory == "examples.hf_llama.model:build"
@@ -100,7 +100,7 @@ def test_a_factory_needs_no_preset_and_python_shortcuts_make_the_same_spec():
     ],
 )
 def test_preflight_names_what_cannot_be_had(data, message):
-    from elastic_zero.preflight import preflight
+    from elastic_zero.job.preflight import preflight
 
     with pytest.raises(SpecError) as info:
         preflight(spec_from_dict(data))
@@ -111,7 +111,7 @@ def test_preflight_reads_the_datasets_schema(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from elastic_zero.preflight import preflight
+    from elastic_zero.job.preflight import preflight
 
     pq.write_table(pa.table({"ids": [[1, 2]]}), tmp_path / "rows.parquet")
     pq.write_table(pa.table({"tokens": pa.array([], pa.list_(pa.int32()))}), tmp_path / "empty.parquet")
@@ -146,7 +146,7 @@ def test_a_python_job_is_checked_like_toml_and_keeps_the_users_objects():
     import functools
 
     from elastic_zero.models import GPTConfig
-    from elastic_zero.spec import JobSpec, ModelSpec, OptimizerSpec
+    from elastic_zero.job.spec import JobSpec, ModelSpec, OptimizerSpec
 
     config = GPTConfig(vocab_size=64)
     job = JobSpec(model=ModelSpec(factory=functools.partial(print), kwargs={"config": config}, wrap=("Block",)),
@@ -165,7 +165,7 @@ def test_callables_outside_installed_packages_travel_by_value():
 
     import ray.cloudpickle as cloudpickle
 
-    from elastic_zero.user_code import ship_by_value
+    from elastic_zero.job.user_code import ship_by_value
 
     ship_by_value(functools.partial(_a_local_function, 2), "pkg.mod:fn", None)
     assert cloudpickle.cloudpickle._is_registered_pickle_by_value(sys.modules[__name__])
@@ -176,7 +176,7 @@ def _a_local_function(x):
 
 
 def test_a_gpu_job_names_what_the_cluster_has_when_it_has_no_gpu():
-    from elastic_zero.preflight import check_cluster
+    from elastic_zero.job.preflight import check_cluster
 
     gpu = spec_from_dict({"elastic": {"use_gpu": True}})
     with pytest.raises(SpecError, match=r"^elastic.use_gpu: true needs GPUs, but the Ray cluster has none "

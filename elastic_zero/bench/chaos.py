@@ -48,7 +48,7 @@ def _relative(a: dict, b: dict) -> float:
 
 def _run(data: dict, run_dir: str) -> tuple[int, dict, list, dict | None]:
     from elastic_zero.api import RunConfig, run_job
-    from elastic_zero.spec import spec_from_dict
+    from elastic_zero.job.spec import spec_from_dict
 
     weights = os.path.join(run_dir, "final.pt")
     os.makedirs(run_dir, exist_ok=True)

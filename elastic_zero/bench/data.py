@@ -115,7 +115,7 @@ class _OursReader:
 
     def __init__(self, path: str, seq_len: int, global_batch: int, workers: int, rank: int, steps: int) -> None:
         from elastic_zero.data.source import open_source
-        from elastic_zero.spec import DataSpec
+        from elastic_zero.job.spec import DataSpec
 
         self.source = open_source(DataSpec(source=path, column=COLUMN), seed=0, vocab_size=None, seq_len=seq_len,
                                   collate=None)

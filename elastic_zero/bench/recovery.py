@@ -18,7 +18,7 @@ from elastic_zero.models import PRESETS
 
 def _elastic_zero(preset, workers, steps, kill_step, micro_batch, work_dir) -> dict:
     from elastic_zero.api import RunConfig, run_job
-    from elastic_zero.spec import spec_from_dict
+    from elastic_zero.job.spec import spec_from_dict
 
     spec = spec_from_dict({
         "name": "bench-recovery",

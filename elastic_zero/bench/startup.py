@@ -51,7 +51,7 @@ def _elastic_zero_round(preset: str, workers: int, work: str) -> dict:
 
     from elastic_zero.api import RunConfig, run
     from elastic_zero.coordinator.actor import NAMESPACE
-    from elastic_zero.spec import spec_from_dict
+    from elastic_zero.job.spec import spec_from_dict
 
     spec = spec_from_dict({"name": "bench-startup", "model": {"preset": preset},
                            "train": {"steps": 3, "global_batch": 8 * workers, "micro_batch": 8},

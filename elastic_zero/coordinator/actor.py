@@ -37,7 +37,7 @@ from elastic_zero.observe.live import LiveProgress
 from elastic_zero.observe.metrics import JobMetrics
 from elastic_zero.protocol import Outcome, Report
 from elastic_zero.rendezvous import RendezvousServer, new_secret
-from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
+from elastic_zero.job.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.actor import TrainingWorker
 
 NAMESPACE = "elastic_zero"

@@ -27,7 +27,7 @@ from elastic_zero.service.auth import explain, use_cluster_token
 from elastic_zero.service.submission import (
     CONTROL_KIND, JOB_KIND, control_entrypoint, job_entrypoint, job_runtime_env, new_job_id, read_control_answer,
 )
-from elastic_zero.spec import JobSpec, SpecError
+from elastic_zero.job.spec import JobSpec, SpecError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")  # the Ray job's
 OVER = ("finished", "stopped", "failed")  # the elastic-zero job's

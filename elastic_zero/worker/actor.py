@@ -20,13 +20,13 @@ import torch
 from elastic_zero.checkpoint import load_initial_weights, load_into
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.data.source import read_ahead_for_step
-from elastic_zero.job import build_loss, build_model, build_optimizer, build_source, unit_classes
+from elastic_zero.job.build import build_loss, build_model, build_optimizer, build_source, unit_classes
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.membership import Member
 from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report
 from elastic_zero.rendezvous import connect
-from elastic_zero.spec import KILL_ACTIONS, spec_from_dict
+from elastic_zero.job.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.drills import due_drills
 from elastic_zero.worker.entry import GenerationEntry, committed_key
 from elastic_zero.worker.device import worker_device

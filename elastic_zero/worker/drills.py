@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from elastic_zero.spec import FaultSpec
+from elastic_zero.job.spec import FaultSpec
 
 MOMENT_OF = {"kill_in_handover": "handover", "kill_after_handover": "first_step", "kill_in_final_gather": "final"}  # every other action: "step"
 

@@ -10,7 +10,7 @@ import time
 import torch
 
 from elastic_zero.checkpoint import open_store, resolve, restore_candidates, restore_shard
-from elastic_zero.job import DTYPES
+from elastic_zero.job.build import DTYPES
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.protocol import GenerationPlan
 from elastic_zero.worker.handover import hand_over

@@ -12,7 +12,7 @@ import time
 
 from elastic_zero.preemption.cloud_watcher import CloudWatcher
 from elastic_zero.preemption.sigterm import catch_sigterm, termination_grace_s
-from elastic_zero.spec import HEARTBEAT_EVERY_S
+from elastic_zero.job.spec import HEARTBEAT_EVERY_S
 
 
 @functools.lru_cache(maxsize=4)

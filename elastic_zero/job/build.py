@@ -7,8 +7,8 @@ from torch import nn
 
 from elastic_zero.losses import next_token_loss
 from elastic_zero.models import build_preset
-from elastic_zero.spec import DEFAULT_PRESET, JobSpec
-from elastic_zero.user_code import UserCodeError, resolve
+from elastic_zero.job.spec import DEFAULT_PRESET, JobSpec
+from elastic_zero.job.user_code import UserCodeError, resolve
 from elastic_zero.zero import SGD, AdamW, Constant, WarmupCosine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

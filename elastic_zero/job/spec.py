@@ -1,4 +1,4 @@
-"""The job spec: its sections (spec_sections.py) put together, loaded from TOML (or a dict), with
+"""The job spec: its sections (sections.py) put together, loaded from TOML (or a dict), with
 `--set section.key=value`.
 
 Every wrong field raises SpecError naming the field and what is allowed; the CLI turns it into
@@ -13,12 +13,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_zero.spec_sections import (
+from elastic_zero.job.sections import (
     DEFAULT_PRESET, DEFAULT_STEPS, HEARTBEAT_EVERY_S, KILL_ACTIONS, WATCH_SOURCES, CheckpointSpec, DataSpec,
     ElasticSpec, FaultSpec, ModelSpec, OptimizerSpec, PreemptionSpec, SpecError, TrainSpec, ZeroSpec, _fail,
 )
 
-# the sections are part of this module's API: `from elastic_zero.spec import FaultSpec` and the like
+# the sections are part of this module's API: `from elastic_zero.job.spec import FaultSpec` and the like
 __all__ = ["JobSpec", "spec_from_dict", "load_spec", "apply_override", "SpecError", "ModelSpec", "DataSpec",
            "TrainSpec", "OptimizerSpec", "ZeroSpec", "ElasticSpec", "CheckpointSpec", "PreemptionSpec", "FaultSpec",
            "DEFAULT_PRESET", "DEFAULT_STEPS", "HEARTBEAT_EVERY_S", "KILL_ACTIONS", "WATCH_SOURCES"]

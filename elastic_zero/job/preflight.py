@@ -13,7 +13,7 @@ import os
 
 import pyarrow.fs as pafs
 
-from elastic_zero.spec import JobSpec, SpecError
+from elastic_zero.job.spec import JobSpec, SpecError
 
 
 def preflight(spec: JobSpec, import_user_code: bool = True) -> int | None:
@@ -34,7 +34,7 @@ def preflight(spec: JobSpec, import_user_code: bool = True) -> int | None:
                             f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES="
                             f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); set elastic.use_gpu = false")
     if import_user_code:
-        from elastic_zero.user_code import UserCodeError, resolve
+        from elastic_zero.job.user_code import UserCodeError, resolve
 
         for where, ref in (("model.factory", spec.model.factory), ("train.loss", spec.train.loss),
                            ("data.collate", spec.data.collate)):
@@ -88,7 +88,7 @@ def _check_exists(field: str, path: str) -> None:
 def _dataset_size(spec: JobSpec) -> int:
     """The dataset's samples, once it opens and has rows and the columns the job reads (metadata only)."""
     from elastic_zero.data.arrow_rows import DataError
-    from elastic_zero.job import dataset_size
+    from elastic_zero.job.build import dataset_size
 
     try:
         return dataset_size(spec)
