@@ -54,8 +54,7 @@ def run(job: JobSpec, run_config: RunConfig | None = None, *, started_at: float 
     the error. `job_id` names the job on the cluster (default: its name)."""
     started_at = started_at or time.time()
     run_config = run_config or RunConfig()
-    from elastic_zero.job.build import settle_steps
-    from elastic_zero.job.preflight import preflight
+    from elastic_zero.job.preflight import preflight, settle_steps
     from elastic_zero.job.user_code import ship_by_value
 
     job = job.normalized()

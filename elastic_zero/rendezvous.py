@@ -10,6 +10,10 @@ cluster has it); it never touches the network in the clear.
 
 Store traffic is small (rendezvous, a few keys per step at most), so the relays are plain
 threads copying bytes.
+
+The coordinator opens its store on a thread of its own: the store is torch's, and importing torch
+takes a second of a two-core machine, which the coordinator spends while its workers start (they
+import torch too) rather than before it spawns them. A connection that arrives first waits for it.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ import hmac
 import os
 import socket
 import threading
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 NONCE_BYTES = 16
 _DIGEST_BYTES = hashlib.sha256().digest_size
@@ -42,6 +48,8 @@ def _listener(host: str) -> socket.socket:
 
 def loopback_store(timeout_s: float) -> dist.TCPStore:
     """A TCPStore server that listens on 127.0.0.1 only (torch's own would listen everywhere)."""
+    import torch.distributed as dist
+
     sock = _listener("127.0.0.1")
     # torch takes the descriptor over; the socket object must not close it behind torch's back
     fd = sock.detach()
@@ -61,11 +69,30 @@ class RendezvousServer:
     """The coordinator's side: the store on loopback and the relay that guards it."""
 
     def __init__(self, host: str, secret: bytes, timeout_s: float) -> None:
-        self.store = loopback_store(timeout_s)
         self.host, self._secret = host, secret
         self._sock = _listener(host)
         self.port = self._sock.getsockname()[1]
+        self._store: dist.TCPStore | None = None
+        self._store_error: BaseException | None = None
+        self._store_opened = threading.Event()
+        threading.Thread(target=self._open_store, args=(timeout_s,), daemon=True, name="rendezvous-store").start()
         threading.Thread(target=self._serve, daemon=True, name="rendezvous-relay").start()
+
+    def _open_store(self, timeout_s: float) -> None:
+        try:
+            self._store = loopback_store(timeout_s)
+        except BaseException as exc:  # noqa: BLE001 - told to whoever asks for the store
+            self._store_error = exc
+        finally:
+            self._store_opened.set()
+
+    @property
+    def store(self) -> dist.TCPStore:
+        """The store, once open (the first caller may wait for torch's import)."""
+        self._store_opened.wait()
+        if self._store is None:
+            raise RuntimeError(f"the rendezvous store could not be opened: {self._store_error!r}")
+        return self._store
 
     def _serve(self) -> None:
         while True:
@@ -86,7 +113,7 @@ class RendezvousServer:
                 return
             conn.settimeout(None)
             upstream = socket.create_connection(("127.0.0.1", self.store.port))
-        except OSError:  # the client went away during the challenge: nothing to serve
+        except (OSError, RuntimeError):  # the client went away during the challenge, or no store: nothing to serve
             conn.close()
             return
         _splice(conn, upstream)
@@ -98,6 +125,8 @@ class RendezvousServer:
 def connect(host: str, port: int, secret: bytes, timeout_s: float) -> dist.TCPStore:
     """A TCPStore client of the job's store at (host, port), through a local relay that answers
     the coordinator's challenge with `secret`."""
+    import torch.distributed as dist
+
     local = _listener("127.0.0.1")
 
     def serve() -> None:

@@ -8,9 +8,9 @@ import time
 import pytest
 import torch.distributed as dist
 
-import elastic_zero.worker.actor as actor_module
+import elastic_zero.worker.trainer as trainer_module
 import elastic_zero.worker.groups as groups_module
-from elastic_zero.worker.actor import TrainingWorker
+from elastic_zero.worker.trainer import Trainer
 from elastic_zero.zero.abortable import GroupAborted
 
 pytestmark = pytest.mark.unit
@@ -41,7 +41,7 @@ class _Plan:
 def _bare_worker():
     """The parts of a worker that the control calls touch (its constructor builds a model and
     connects to a store)."""
-    worker = object.__new__(TrainingWorker)
+    worker = object.__new__(Trainer)
     worker._generation_lock = threading.Lock()
     worker._aborted = threading.Event()
     worker._safe_point_for = -1
@@ -134,7 +134,7 @@ def test_a_worker_whose_node_is_unknown_says_so(monkeypatch):
     worker = _bare_worker()
     worker.start_error, worker.actor_id = "", "w3"
     monkeypatch.delenv("ELASTIC_ZERO_NODE", raising=False)
-    monkeypatch.setattr(actor_module, "ray_node_id", lambda: (None, "RuntimeError: no runtime context"))
+    monkeypatch.setattr(trainer_module, "ray_node_id", lambda: (None, "RuntimeError: no runtime context"))
     hello = worker.hello()
     assert hello.member.node == "unknown-w3"  # its own failure domain, not one shared by every such worker
     assert hello.warning == "the Ray node of w3 is unknown (RuntimeError: no runtime context)"

@@ -79,7 +79,7 @@ class _Trainer:
         return loss.item()
 
     def _replicate(self) -> None:
-        """What the worker's loop does after a step (worker/actor.py): collect the previous swap,
+        """What the worker's loop does after a step (worker/trainer.py): collect the previous swap,
         then, every `every` steps, copy the shard and start the next (waited for at once if synchronous)."""
         started = time.perf_counter()
         self.replicator.finish()

@@ -9,7 +9,11 @@ Its loop runs on a thread of its own from the start, so the job goes on whoever 
 nobody: on a cluster it is a detached actor, and its driver may die). Ray restarts it if its process
 dies; the new one resumes from the latest checkpoint (its workers died with it). What the outside
 sees of it (status, progress, stop) is in face.py; its side of nodes that go (notices, silence) in
-node_watch.py; the gather of the final weights in final_gather.py.
+node_watch.py; spawning and retiring workers in spawner.py; the gather of the final weights in
+final_gather.py.
+
+It imports no torch: its workers are spawned first, and its store (torch's) opens on a thread of
+its own while they start (rendezvous.py).
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from elastic_zero.coordinator.events import NodeNotice
 from elastic_zero.coordinator.face import CoordinatorFace
 from elastic_zero.coordinator.final_gather import FinalGather
 from elastic_zero.coordinator.node_watch import NodeWatch
+from elastic_zero.coordinator.spawner import WorkerSpawner
 from elastic_zero.coordinator.state import (
     CheckpointNow, CoordinatorState, Fail, Finish, GenerationEnded, RequestSafePoint, Retire, Spawn, Start, StartGeneration, Stop, Tick,
-    WorkersReady, WorkerStartFailed, decide,
+    decide,
 )
 from elastic_zero.observe.event_log import EventLog
 from elastic_zero.observe.live import LiveProgress
@@ -38,7 +43,6 @@ from elastic_zero.observe.metrics import JobMetrics
 from elastic_zero.protocol import Outcome, Report
 from elastic_zero.rendezvous import RendezvousServer, new_secret
 from elastic_zero.job.spec import KILL_ACTIONS, spec_from_dict
-from elastic_zero.worker.actor import TrainingWorker
 
 NAMESPACE = "elastic_zero"
 LINGER_S = 120.0  # a finished coordinator nobody collected from goes after this long (ELASTIC_ZERO_LINGER_S)
@@ -48,26 +52,7 @@ def coordinator_name(job: str) -> str:
     return f"elastic-zero:{job}"
 
 
-def _start_error(exc: Exception) -> str:
-    """One line for a worker that could not start: its own message when it raised one (a
-    WorkerStartError names the field), else the first line of Ray's (the process died)."""
-    cause = getattr(exc, "cause", None)
-    if cause is not None and str(cause):
-        return str(cause).splitlines()[0][:300]
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return (lines[0] if lines else type(exc).__name__)[:300]
-
-
-def _lost_while_starting(exc: Exception) -> bool:
-    """The starting actor's process or node died (Ray's doing), rather than its start failing:
-    hello() raising is a RayTaskError (our one-line start error), a constructor that raised is an
-    ActorDiedError whose creation task failed."""
-    if not isinstance(exc, ray.exceptions.RayActorError):
-        return False
-    return not getattr(exc, "actor_init_failed", False)
-
-
-class Coordinator(CoordinatorFace, NodeWatch, FinalGather):
+class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalGather):
     def __init__(self, spec: dict, job_id: str, run_dir: str, started_at: float) -> None:
         self.job_id, self.run_dir, self.started_at = job_id, run_dir, started_at
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
@@ -84,7 +69,6 @@ class Coordinator(CoordinatorFace, NodeWatch, FinalGather):
         # address that admits only holders of this job's secret
         self._secret = new_secret()
         self.rendezvous = RendezvousServer(self.host, self._secret, e.collective_timeout_s)
-        self.store = self.rendezvous.store
         c = self.spec.checkpoint
         self.state = CoordinatorState(min_workers=e.min_workers, max_workers=e.max_workers, target=e.workers,
                                       min_wait_s=e.min_wait_s, checkpoints=bool(c.uri and c.every))
@@ -100,18 +84,16 @@ class Coordinator(CoordinatorFace, NodeWatch, FinalGather):
         self._collected = threading.Event()  # the driver took the result
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
-        self._workers: dict[str, object] = {}
-        self._ready_refs: dict = {}
+        self._coordinator_name, self._namespace = coordinator_name(job_id), NAMESPACE
         self._train_refs: dict = {}
         self._results: dict[str, Report] = {}
         self._plan = self._last_plan = None
-        self._spawned = 0
         self._result: dict | None = None
         self._last_end: dict[str, Report] = {}
         self._timed_faults: set[str] = set()
         self._candidate_logs: list = []  # (directory, sample records) of a checkpoint generation's candidates
         self._failure_seen_at: float | None = None  # a participant of the current generation failed
-        self._worker_cls = ray.remote(TrainingWorker)
+        self._start_spawner()
         self._start_node_watch()
         threading.Thread(target=self._main, daemon=True, name="coordinator-loop").start()
 
@@ -184,26 +166,14 @@ class Coordinator(CoordinatorFace, NodeWatch, FinalGather):
                 last_tick = time.monotonic()
                 self._apply(Tick())
 
+    @property
+    def store(self):
+        """The job's rendezvous store (its first use may wait for it to open)."""
+        return self.rendezvous.store
+
     def _collect(self, ref) -> None:
         if ref in self._ready_refs:
-            actor_id = self._ready_refs.pop(ref)
-            try:
-                hello = ray.get(ref)
-            except ray.exceptions.RayError as exc:
-                error = _start_error(exc)
-                self._log("worker_start_failed", actor_id=actor_id, error=error)
-                self._apply(WorkerStartFailed(actor_id, error, lost=_lost_while_starting(exc)))
-                return
-            self._log("worker_ready", actor_id=actor_id, node=hello.member.node)
-            if hello.member.node in self._nodes_that_go():  # placed there before Ray or we knew: another is asked for
-                self._retire((actor_id,), "it started on a node that goes")
-                self._apply(WorkerStartFailed(actor_id, "it started on a node that goes", lost=True))
-                return
-            self._worker_at(actor_id, hello.member.node)
-            if hello.warning:
-                self._log("warning", actor_id=actor_id, message=hello.warning)
-                self.books.warnings.append(hello.warning)
-            self._apply(WorkersReady((hello.member,)))
+            self._hello_arrived(ref)
             return
         actor_id = self._train_refs.pop(ref)
         try:
@@ -279,17 +249,7 @@ class Coordinator(CoordinatorFace, NodeWatch, FinalGather):
 
     def _carry_out(self, command) -> None:
         if isinstance(command, Spawn):
-            opts = {"num_gpus": 1} if self.spec.elastic.use_gpu else {"num_cpus": 1}
-            joiner = self.state.generation is not None  # it will receive its shard by handover
-            for _ in range(command.count):
-                actor_id = f"w{self._spawned}"
-                self._spawned += 1
-                handle = self._worker_cls.options(max_concurrency=4, **opts, **self._spawn_options()).remote(
-                    self.spec_dict, actor_id, self.host, self.rendezvous.port, self._secret,
-                    coordinator_name(self.job_id), NAMESPACE, joiner)
-                self._workers[actor_id] = handle
-                self._ready_refs[handle.hello.remote()] = actor_id
-            self._log("spawn", count=command.count)
+            self._spawn(command.count)
         elif isinstance(command, CheckpointNow):
             self._checkpoint_before_leaving()
         elif isinstance(command, RequestSafePoint):
@@ -394,15 +354,6 @@ class Coordinator(CoordinatorFace, NodeWatch, FinalGather):
         self._log("job_stopped", step=command.step, checkpoint=command.checkpoint)
         summary = {**self.books.summary(memory.get("param_count"), end_step=command.step), "stopped_at_step": command.step}
         self._result = {"ok": True, "summary": summary, "final_state": states[0]}
-
-    def _retire(self, actor_ids, why: str, lost: bool = False) -> None:
-        for actor_id in actor_ids:
-            handle = self._workers.pop(actor_id, None)
-            if handle is not None:
-                self._leaving_worker_retired(actor_id, handle, lost)
-                ray.kill(handle, no_restart=True)
-        if actor_ids:
-            self._log("retire", actor_ids=list(actor_ids), why=why)
 
     def _log(self, kind: str, **fields) -> None:
         self.events.add(kind, **fields)

@@ -1,16 +1,17 @@
 """Training data: batches addressed by a global sample position (see source.py)."""
 
-from elastic_zero.data.order import BlockShuffledOrder
-from elastic_zero.data.synthetic import MarkovTokens
-
 __all__ = ["ArrowRows", "BlockShuffledOrder", "DataError", "MarkovTokens"]
+
+# Each name is imported on first use: a driver that only checks a dataset's size needs neither torch
+# (order, synthetic) nor pyarrow.dataset and the pandas it loads (arrow_rows), each a second of a
+# process's start on two cores.
+_HOMES = {"ArrowRows": "arrow_rows", "DataError": "arrow_rows", "BlockShuffledOrder": "order",
+          "MarkovTokens": "synthetic"}
 
 
 def __getattr__(name: str):
-    # pyarrow.dataset (and the pandas it loads) only for a job that reads a dataset: a half second
-    # of every process's start otherwise (the coordinator's and each worker's)
-    if name in ("ArrowRows", "DataError"):
-        from elastic_zero.data import arrow_rows
+    if name in _HOMES:
+        import importlib
 
-        return getattr(arrow_rows, name)
+        return getattr(importlib.import_module(f"elastic_zero.data.{_HOMES[name]}"), name)
     raise AttributeError(f"module 'elastic_zero.data' has no attribute {name!r}")

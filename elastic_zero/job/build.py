@@ -72,26 +72,3 @@ def build_source(spec: JobSpec, model: nn.Module):
     vocab, seq = model_limits(model)
     collate = resolve("data.collate", spec.data.collate) if spec.data.collate is not None else None
     return open_source(spec.data, spec.train.seed, vocab, seq, collate)
-
-
-def dataset_size(spec: JobSpec) -> int | None:
-    """Samples in the job's dataset (None for endless synthetic data), from metadata only."""
-    if spec.data.source == "synthetic":
-        return None
-    from elastic_zero.data.arrow_rows import ArrowRows
-
-    return ArrowRows(spec.data.source, spec.data.columns_read(own_collate=spec.data.collate is not None)).num_samples
-
-
-def settle_steps(spec: JobSpec, size: int | None) -> JobSpec:
-    """train.epochs as a step count, for a dataset of `size` samples (None: synthetic): every sample
-    `epochs` times, in whole global batches (a last partial batch is dropped)."""
-    if spec.train.epochs is None:
-        return spec
-    if size is None:
-        raise ValueError("train.epochs: synthetic data is endless; give train.steps")
-    steps = spec.train.epochs * size // spec.train.global_batch
-    if steps < 1:
-        raise ValueError(f"train.epochs: {spec.train.epochs} epoch(s) of {size} samples is less than one "
-                         f"global batch of {spec.train.global_batch}")
-    return spec.with_steps(steps)

@@ -88,9 +88,31 @@ def _check_exists(field: str, path: str) -> None:
 def _dataset_size(spec: JobSpec) -> int:
     """The dataset's samples, once it opens and has rows and the columns the job reads (metadata only)."""
     from elastic_zero.data.arrow_rows import DataError
-    from elastic_zero.job.build import dataset_size
 
     try:
         return dataset_size(spec)
     except DataError as exc:
         raise SpecError(str(exc)) from None
+
+
+def dataset_size(spec: JobSpec) -> int | None:
+    """Samples in the job's dataset (None for endless synthetic data), from metadata only."""
+    if spec.data.source == "synthetic":
+        return None
+    from elastic_zero.data.arrow_rows import ArrowRows
+
+    return ArrowRows(spec.data.source, spec.data.columns_read(own_collate=spec.data.collate is not None)).num_samples
+
+
+def settle_steps(spec: JobSpec, size: int | None) -> JobSpec:
+    """train.epochs as a step count, for a dataset of `size` samples (None: synthetic): every sample
+    `epochs` times, in whole global batches (a last partial batch is dropped)."""
+    if spec.train.epochs is None:
+        return spec
+    if size is None:
+        raise ValueError("train.epochs: synthetic data is endless; give train.steps")
+    steps = spec.train.epochs * size // spec.train.global_batch
+    if steps < 1:
+        raise ValueError(f"train.epochs: {spec.train.epochs} epoch(s) of {size} samples is less than one "
+                         f"global batch of {spec.train.global_batch}")
+    return spec.with_steps(steps)

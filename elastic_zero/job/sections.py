@@ -51,7 +51,7 @@ class ModelSpec:
     init_from: Optional[str] = None  # a torch.save'd state dict or one of our checkpoints, loaded before step 0
 
     def validate(self) -> None:
-        from elastic_zero.models import PRESETS
+        from elastic_zero.models.presets import PRESETS
 
         if self.preset is not None and self.factory is not None:
             _fail("model", "give one of 'preset' and 'factory', not both")

@@ -1,22 +1,18 @@
-"""Models for tests, benchmarks and examples, and the named presets."""
+"""Models for tests, benchmarks and examples, and the named presets (presets.py, torch-free)."""
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from elastic_zero.models.presets import PRESETS, GPTConfig
 
-from elastic_zero.models.gpt import GPT, GPTConfig, lm_loss
-from elastic_zero.models.mlp import MLP
-
-PRESETS: dict[str, GPTConfig] = {
-    # 4 layers, d_model 256, 4 heads, vocab 4096, seq 128: 5,289,472 parameters (untied head)
-    "gpt-small": GPTConfig(vocab_size=4096, seq_len=128, n_layer=4, n_head=4, d_model=256),
-    "gpt-tiny": GPTConfig(vocab_size=256, seq_len=64, n_layer=2, n_head=2, d_model=64),
-}
+__all__ = ["GPT", "GPTConfig", "MLP", "PRESETS", "build_preset", "lm_loss"]
 
 
-def build_preset(name: str, seed: int = 0, **overrides) -> nn.Module:
-    """A freshly initialised preset model; the same seed gives the same weights."""
+def build_preset(name: str, seed: int = 0, **overrides):
+    """A freshly initialised preset model (a torch.nn.Module); the same seed gives the same weights."""
+    import torch
+
+    from elastic_zero.models.gpt import GPT
+
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; allowed: {', '.join(sorted(PRESETS))}")
     cfg = PRESETS[name]
@@ -26,4 +22,14 @@ def build_preset(name: str, seed: int = 0, **overrides) -> nn.Module:
     return GPT(cfg)
 
 
-__all__ = ["GPT", "GPTConfig", "MLP", "PRESETS", "build_preset", "lm_loss"]
+def __getattr__(name: str):
+    # the modules (and torch) on first use: a driver that checks model.preset needs only the presets
+    if name in ("GPT", "lm_loss"):
+        from elastic_zero.models import gpt
+
+        return getattr(gpt, name)
+    if name == "MLP":
+        from elastic_zero.models.mlp import MLP
+
+        return MLP
+    raise AttributeError(f"module 'elastic_zero.models' has no attribute {name!r}")

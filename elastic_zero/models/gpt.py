@@ -3,29 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True)
-class GPTConfig:
-    vocab_size: int = 4096
-    seq_len: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 256
-    tied_head: bool = False
-    bias: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"GPTConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"GPTConfig.d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+from elastic_zero.models.presets import GPTConfig
 
 
 class CausalSelfAttention(nn.Module):

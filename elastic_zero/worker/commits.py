@@ -1,6 +1,6 @@
 """How a worker commits a step: its shard copied to host memory and swapped with the buddy's over
 the host group (replication.py), and the step's sample records kept once the swap arrived. A mixin
-of TrainingWorker (actor.py), kept apart so the actor module holds the step loop and its control."""
+of Trainer (trainer.py), kept apart so the trainer module holds the step loop and its control."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """How a worker enters a generation, by where the generation's state comes from: a fresh start
 (or a resume), the checkpoints (when memory holds no complete step), or a handover between the
 participants (a planned change from the live state, or a recovery from replicas). A mixin of
-TrainingWorker (actor.py), kept apart so the actor module holds the step loop and its control."""
+Trainer (trainer.py), kept apart so the trainer module holds the step loop and its control."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The process groups of a generation: built together, aborted together. A mixin of TrainingWorker.
+"""The process groups of a generation: built together, aborted together. A mixin of Trainer (trainer.py).
 
 Each generation has up to three groups, keyed by role under the prefix g<number>/<role>/:
 - "train": the training group (NCCL on GPU, gloo on CPU), for the engine's collectives on device

@@ -1,0 +1,83 @@
+"""The coordinator's side of workers coming and going: spawning them where they may run, hearing
+their hello, retiring them. A mixin of Coordinator (actor.py), which owns the handles.
+
+Workers are spawned off the nodes that go (node_watch.py). A worker that could not start is told as
+one line: its own message when it raised one (a WorkerStartError names the field), else the first
+line of Ray's.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from elastic_zero.coordinator.events import WorkersReady, WorkerStartFailed
+from elastic_zero.worker.actor import TrainingWorker
+
+
+def start_error(exc: Exception) -> str:
+    """One line for a worker that could not start: its own message when it raised one (a
+    WorkerStartError names the field), else the first line of Ray's (the process died)."""
+    cause = getattr(exc, "cause", None)
+    if cause is not None and str(cause):
+        return str(cause).splitlines()[0][:300]
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def lost_while_starting(exc: Exception) -> bool:
+    """The starting actor's process or node died (Ray's doing), rather than its start failing:
+    hello() raising is a RayTaskError (our one-line start error), a constructor that raised is an
+    ActorDiedError whose creation task failed."""
+    if not isinstance(exc, ray.exceptions.RayActorError):
+        return False
+    return not getattr(exc, "actor_init_failed", False)
+
+
+class WorkerSpawner:
+    def _start_spawner(self) -> None:
+        self._workers: dict[str, object] = {}  # actor id -> handle, from spawn to retirement
+        self._ready_refs: dict = {}  # hello() in flight -> actor id
+        self._spawned = 0
+        self._worker_cls = ray.remote(TrainingWorker)
+
+    def _spawn(self, count: int) -> None:
+        opts = {"num_gpus": 1} if self.spec.elastic.use_gpu else {"num_cpus": 1}
+        joiner = self.state.generation is not None  # it will receive its shard by handover
+        for _ in range(count):
+            actor_id = f"w{self._spawned}"
+            self._spawned += 1
+            handle = self._worker_cls.options(max_concurrency=4, **opts, **self._spawn_options()).remote(
+                self.spec_dict, actor_id, self.host, self.rendezvous.port, self._secret,
+                self._coordinator_name, self._namespace, joiner)
+            self._workers[actor_id] = handle
+            self._ready_refs[handle.hello.remote()] = actor_id
+        self._log("spawn", count=count)
+
+    def _hello_arrived(self, ref) -> None:
+        actor_id = self._ready_refs.pop(ref)
+        try:
+            hello = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            error = start_error(exc)
+            self._log("worker_start_failed", actor_id=actor_id, error=error)
+            self._apply(WorkerStartFailed(actor_id, error, lost=lost_while_starting(exc)))
+            return
+        self._log("worker_ready", actor_id=actor_id, node=hello.member.node)
+        if hello.member.node in self._nodes_that_go():  # placed there before Ray or we knew: another is asked for
+            self._retire((actor_id,), "it started on a node that goes")
+            self._apply(WorkerStartFailed(actor_id, "it started on a node that goes", lost=True))
+            return
+        self._worker_at(actor_id, hello.member.node)
+        if hello.warning:
+            self._log("warning", actor_id=actor_id, message=hello.warning)
+            self.books.warnings.append(hello.warning)
+        self._apply(WorkersReady((hello.member,)))
+
+    def _retire(self, actor_ids, why: str, lost: bool = False) -> None:
+        for actor_id in actor_ids:
+            handle = self._workers.pop(actor_id, None)
+            if handle is not None:
+                self._leaving_worker_retired(actor_id, handle, lost)
+                ray.kill(handle, no_restart=True)
+        if actor_ids:
+            self._log("retire", actor_ids=list(actor_ids), why=why)

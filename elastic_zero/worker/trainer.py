@@ -1,0 +1,378 @@
+"""The worker's state and work: one device, one ZeRO shard, the step loop of a generation, safe
+points. Its Ray face is actor.py, which builds it in the worker's own process.
+
+The coordinator calls train(plan) once per generation. train() joins the generation's process
+groups (the only place that creates them), moves the shards to the new layout, then steps until
+the job ends, a safe point is agreed, or a collective fails. Every step ends with one small
+all-reduce that carries the loss and "somebody was asked for a safe point", so all ranks stop at
+the same step without asking the coordinator. Every `replicate_every` steps the shard snapshot
+goes to the buddy's host memory, over the host group, while the next step computes (replication.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+
+import torch
+
+from elastic_zero.checkpoint import load_initial_weights, load_into
+from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
+from elastic_zero.data.source import read_ahead_for_step
+from elastic_zero.job.build import build_loss, build_model, build_optimizer, build_source, unit_classes
+from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
+from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
+from elastic_zero.plan.membership import Member
+from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report
+from elastic_zero.rendezvous import connect
+from elastic_zero.job.spec import KILL_ACTIONS, spec_from_dict
+from elastic_zero.worker.drills import due_drills
+from elastic_zero.worker.entry import GenerationEntry, committed_key
+from elastic_zero.worker.device import worker_device
+from elastic_zero.worker.faults import (WorkerStartError, is_communication_failure, is_device_failure, named,
+                                        ray_node_id)
+from elastic_zero.worker.groups import GenerationGroups
+from elastic_zero.worker.node_duties import NodeDuties, coordinator_handle
+from elastic_zero.worker.replica import LayoutReplicas
+from elastic_zero.worker.commits import StepCommits
+from elastic_zero.worker.replication import Replicator
+from elastic_zero.worker.warnings_relay import relay_warnings
+from elastic_zero.zero import TorchComm, ZeroEngine
+
+PROGRESS_EVERY_S = 0.5  # how often rank 0 tells the coordinator its step and loss
+
+
+class Trainer(GenerationEntry, GenerationGroups, StepCommits, NodeDuties):
+    def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int, store_secret: bytes,
+                 coordinator: str | None = None, namespace: str | None = None, joiner: bool = False) -> None:
+        torch.set_num_threads(1)
+        self.spec = spec_from_dict(spec)
+        self.actor_id = actor_id
+        self.use_gpu = self.spec.elastic.use_gpu
+        self.backend = "nccl" if self.use_gpu else "gloo"
+        # a start failure is kept and told by hello(), as one line naming the field: raised here,
+        # it would reach the coordinator as an actor death with a traceback
+        self.start_error = ""
+        try:
+            self.device = worker_device(self.use_gpu)
+            self.model = named("model", lambda: build_model(self.spec).to(self.device))
+            self.wrap = unit_classes(self.spec, self.model)
+            self.source = named("data.source", lambda: build_source(self.spec, self.model))
+            self.loss_fn = build_loss(self.spec)
+            # float16 overflows are the loss scaler's to skip; elsewhere a non-finite loss is a bug
+            self._finite_loss = self.spec.zero.compute_dtype != "float16"
+            if self.spec.model.init_from:  # every worker: the same buffers everywhere, a bad file a start error
+                named("model.init_from", lambda: load_into(self.model, load_initial_weights(self.spec.model.init_from)))
+            self.optimizer = build_optimizer(self.spec)
+        except Exception as exc:
+            self.start_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return
+        self.engine: ZeroEngine | None = None
+        if joiner:  # warm up now, while the others train: an engine of its own until the handover fills it
+            self.engine = self._standalone_engine()
+        # the layout before a handover stays until every rank has committed the new one, so that a
+        # loss inside the handover is recovered from memory
+        self.replicas = LayoutReplicas()
+        self.replicator = Replicator()
+        self._safe_point_for = -1  # the latest generation a safe point was requested for
+        self._aborted = threading.Event()  # abort_generation() came for the current generation
+        self._groups: dict = {}  # the current generation's process groups, by role (groups.py)
+        self._generation = -1
+        self._generation_lock = threading.Lock()  # an abort for generation g never reaches g + 1
+        self._building: threading.Event | None = None  # set when the group being built is ready or given up
+        self._unsaved_log: list[tuple] = []  # (generation, step, rank, start, count) not yet in a checkpoint
+        self._saved_through = -1  # the index of the last step whose sample records went into a checkpoint
+        self._coordinator, self._namespace = coordinator, namespace
+        self._progress_told_at = 0.0
+        self.store = connect(store_host, store_port, store_secret, self.spec.elastic.collective_timeout_s)
+        c = self.spec.checkpoint
+        # rank 0 commits; the coordinator hears of each commit as it happens
+        told = (lambda d: coordinator_handle(coordinator, namespace).checkpoint_note.remote(actor_id, d)) \
+            if coordinator else None
+        self.writer = (AsyncCheckpointWriter(c.uri, self.store, c.keep, self.spec.zero.stage,
+                                             self.spec.elastic.collective_timeout_s, on_commit=told)
+                       if c.uri and c.every else None)
+        # a checkpoint at the next step asked for in generation _checkpoint_for, taken unless a checkpoint
+        # was saved for a request of that generation or a later one (_checkpoint_taken)
+        self._checkpoint_for = self._checkpoint_taken = -1
+        if coordinator:
+            self._start_node_duties()
+            relay_warnings(lambda text: coordinator_handle(coordinator, namespace).worker_warning.remote(actor_id, text))
+
+    # ---- control, called concurrently with train() ----------------------------------------
+
+    def hello(self) -> Hello:
+        """Where this worker runs; raises WorkerStartError (one line) if it could not start."""
+        if self.start_error:
+            raise WorkerStartError(self.start_error)
+        node, warning = os.environ.get("ELASTIC_ZERO_NODE"), ""
+        if not node:
+            node, problem = ray_node_id()
+            if node is None:  # buddies may then share this machine: said, not hidden
+                node, warning = f"unknown-{self.actor_id}", f"the Ray node of {self.actor_id} is unknown ({problem})"
+        return Hello(Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")), warning)
+
+    def request_safe_point(self, number: int) -> None:
+        """Stop at the next safe point of generation `number` (a request may arrive before train()
+        starts it; one for an older generation, arriving late, is ignored)."""
+        with self._generation_lock:
+            self._safe_point_for = max(self._safe_point_for, number)
+
+    def request_checkpoint(self, number: int) -> None:
+        """Save a checkpoint at the next step of generation `number` (all ranks agree on the step
+        through the step's closing all-reduce), then train on."""
+        with self._generation_lock:
+            self._checkpoint_for = max(self._checkpoint_for, number)
+
+    def abort_generation(self, number: int) -> None:
+        """A peer of generation `number` is gone: break our group now, so the training thread's
+        next collective fails at once instead of when it reaches the dead peer or the timeout."""
+        with self._generation_lock:
+            if self._generation == number:
+                self._aborted.set()
+                if self.engine is not None:
+                    self.engine.interrupt()
+                self._abort_groups()
+                if self._building is not None:
+                    self._building.set()  # a group being built is given up at once
+
+    # ---- a generation ------------------------------------------------------------------------
+
+    def train(self, plan: GenerationPlan) -> Report:
+        # the report in the making; "uncommitted" (steps since the last commit) stays here
+        report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [], "protect_times": [], "losses": [],
+                  "first_step_at": None, "last_loss": None, "checkpoint_stall_s": [], "entered_at": time.time(),
+                  "checkpoint_errors": [], "checkpoints": [], "restored_from": None}
+        try:
+            if self.device.type == "cuda":  # set_device holds per thread, and Ray may call on another
+                torch.cuda.set_device(self.device)
+            rank = self._enter(plan, report)
+            if rank is None:
+                return _finished(report, Outcome(self.actor_id, "left", plan.step), time.time())
+            report["rank"] = rank
+            kind = self._loop(plan, rank, report)
+            # finished: the replicas of the last step back a recovery should the final gather lose a member
+            replicas = self.replicas.report() if kind == "finished" else {}
+            return _finished(report, Outcome(self.actor_id, kind, self.engine.step_count, **replicas), time.time())
+        except Exception as exc:  # a collective failed (a peer died or timed out), or a bug
+            ended = time.time()
+            error = f"{type(exc).__name__}: {exc}"[:400]
+            # the GPU failed, and its CUDA context with it: the process ends, recovered like a kill
+            if is_device_failure(exc) and not self._aborted.is_set():
+                print(f"elastic_zero worker {self.actor_id}: device failure, exiting: {error}", flush=True)
+                os._exit(1)
+            bug = "" if is_communication_failure(exc, self._aborted.is_set()) else error
+            if self.writer is not None:
+                self.writer.abandon()  # at once: a slow write must not make this survivor miss its deadline
+                self._take_checkpoint_news(report)
+            self._abort_groups()
+            flight = self.replicator.settle()  # an exchange that completed before the failure still commits
+            if flight is not None:
+                self._committed(plan, flight, report)
+            if self.engine is not None:
+                self.engine.discard_partial_step()
+            step = self.engine.step_count if self.engine is not None else plan.step
+            outcome = Outcome(self.actor_id, "failed", step, error=error, bug=bug, **self.replicas.report())
+            return _finished(report, outcome, ended)
+
+    def _save_checkpoint(self, plan: GenerationPlan, report: dict, now: bool = False) -> None:
+        step = self.engine.step_count
+        every = self.spec.checkpoint.every
+        if self.writer is None or (step % every and step != self.spec.train.steps and not now):
+            return
+        if now and self._saved_through == step - 1:  # saved at this step already
+            return
+        flight = self.replicator.in_flight
+        if flight is not None and flight.step == step:  # the snapshot on its way to the buddy
+            flight.wait_copied()
+            snapshot, in_flight_rows = flight.snapshot, flight.rows
+        else:
+            snapshot, in_flight_rows = self.replicas.current.own.get(step) or self._host_snapshot(), []
+        extra = {"cursor": step * self.spec.train.global_batch, "seed": self.spec.train.seed,
+                 "generation": plan.number, "optimizer": dict(vars(self.spec.optimizer))}
+        # the checkpoint commits every step up to its own, replicated yet or not (checkpoint.every
+        # need not be a multiple of replicate_every): their sample records go with it
+        rows = self._unsaved_log + [(plan.number, *row) for row in in_flight_rows + report["uncommitted"]]
+        self._unsaved_log, self._saved_through = [], step - 1  # rows name a step by its index
+        report["checkpoint_stall_s"].append(self.writer.save(snapshot, f"g{plan.number}-s{step}", extra, rows))
+        self._take_checkpoint_news(report)
+
+    def _loop(self, plan: GenerationPlan, rank: int, report: dict) -> str:
+        spec = self.spec
+        world = plan.generation.world_size
+        comm = self._train_comm()
+        engine = self.engine
+        while engine.step_count < spec.train.steps:
+            step = engine.step_count
+            if not report["step_times"]:
+                self._fire_drills("first_step", plan, rank, step)
+            self._fire_drills("step", plan, rank, step)
+            started = time.time()
+            if report["first_step_at"] is None:
+                report["first_step_at"] = started
+            positions = rank_positions(step, spec.train.global_batch, world, rank)
+            # a step that will replicate has the engine copy its shard as it updates (a safe point's commit,
+            # which only the closing all-reduce announces, makes its copy afterwards)
+            weight, loss_sum, metric_sums = self._train_step(positions, world, rank, comm, step,
+                                                             self._commit_due(step + 1))
+            blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
+            asked = self._safe_point_for == plan.number
+            checkpoint_asked = self._checkpoint_for > self._checkpoint_taken  # asked in this generation or before
+            agree = step_summary(asked, weight, loss_sum, metric_sums, self.device, checkpoint_asked)
+            committed = self.replicas.generation == plan.number
+            comm.all_reduce(agree)
+            if committed:  # every rank got here after a commit in this layout: it is complete in memory
+                self.replicas.drop_earlier()
+                if rank == 0 and plan.leaving and not report["step_times"]:
+                    self.store.set(committed_key(plan), "1")  # the leavers may go
+            report["last_loss"], report["last_metrics"] = read_step_summary(agree, sorted(metric_sums), world, step)
+            report["losses"].append((step, round(report["last_loss"], 6)))  # every rank: one may be lost
+            report["uncommitted"].append((step, rank, positions.start, len(positions)))
+            stopping = agree[0] > 0 and engine.step_count < spec.train.steps
+            trained = time.time()
+            last = engine.step_count == spec.train.steps
+            # a safe point always commits: the next generation's fallback is this layout at this step
+            if self._commit_due(engine.step_count) or stopping:
+                blocked += self._start_commit(plan, report)
+                if last or stopping:  # nothing follows to hide the swap behind: committed before going on
+                    self._finish_commit(plan, report)  # (its wait is in the time since `trained`)
+            checkpoint_now = bool(agree[-1] > 0)
+            if checkpoint_now:  # on every rank: a request still on its way to one is for this checkpoint too
+                self._checkpoint_taken = max(self._checkpoint_for, plan.number)
+            self._save_checkpoint(plan, report, now=checkpoint_now)
+            report["step_times"].append(time.time() - started)
+            report["protect_times"].append(time.time() - trained + blocked)
+            if rank == 0 and self._coordinator:
+                self._tell_progress(plan, report)
+            if stopping:  # its commit above kept the steps since the last one
+                return "safe_point"
+        if self.writer is not None:
+            self.writer.wait()  # the final checkpoint is committed before the job reports success
+            self._take_checkpoint_news(report)
+        return "finished"
+
+    def _tell_progress(self, plan: GenerationPlan, report: dict) -> None:
+        """Rank 0 tells the coordinator (fire and forget) that the generation stepped, once, and
+        its step and loss at most every PROGRESS_EVERY_S: the live view, the progress line, the metrics."""
+        coordinator = coordinator_handle(self._coordinator, self._namespace)
+        if len(report["step_times"]) == 1:
+            coordinator.generation_stepped.remote(plan.number)
+        now = time.time()
+        if now - self._progress_told_at >= PROGRESS_EVERY_S or self.engine.step_count == self.spec.train.steps:
+            self._progress_told_at = now
+            coordinator.progress_note.remote(plan.number, self.engine.step_count, report["last_loss"],
+                                             report["step_times"][-1], now,
+                                             report["checkpoints"][-1] if report["checkpoints"] else None)
+
+    def checkpoint_now(self, plan: GenerationPlan) -> dict:
+        """The job stops on request at the safe point `plan` reached: save that step (every rank;
+        rank 0 commits) and wait for the commit. Returns the commits and errors of this rank."""
+        report = {"uncommitted": [], "checkpoint_stall_s": [], "checkpoint_errors": [], "checkpoints": []}
+        if self.writer is None:
+            return report
+        self._save_checkpoint(plan, report, now=True)
+        self.writer.wait()
+        self._take_checkpoint_news(report)
+        return report
+
+    def _train_step(self, positions: range, world: int, rank: int, comm: TorchComm, step: int,
+                    host_copy: bool = False) -> tuple[float, float, dict]:
+        """Forward and backward of this rank's share of the step, then the update. Each micro batch's
+        loss (a weighted mean, see losses.py) is scaled by its weight * world / the global weight, so
+        that the engine's average over ranks is the weighted mean over the global batch. Returns this
+        rank's (weight, weight * loss, {metric: weight * value}) for the step's all-reduce."""
+        spec, engine = self.spec, self.engine
+        micro = micro_batches(positions, micro_batch_count(spec.train.global_batch, world, spec.train.micro_batch))
+        read_ahead_for_step(self.source, step, spec.train.steps,
+                            lambda s: rank_positions(s, spec.train.global_batch, world, rank))
+        # every rank runs as many micro batches (and so collectives) as the others: an empty piece
+        # runs a stand-in sample with weight 0
+        batches = [self.source.batch(m or positions[:1]) for m in micro]
+        weights = [batch_weight(b, len(m)) if m else 0.0 for b, m in zip(batches, micro)]
+        global_weight = float(spec.train.global_batch)  # synthetic data: one per sample, known up front
+        if self.source.num_samples is not None:  # a collate may weigh samples: the total is known only by asking
+            weighed = sum(WEIGHT_KEY in b for b in batches)
+            total = torch.tensor([sum(weights), weighed, len(batches)], dtype=torch.float64, device=self.device)
+            comm.all_reduce(total)
+            global_weight = float(total[0])
+            if float(total[1]) not in (0.0, float(total[2])):  # counts of samples and of tokens do not add up
+                raise ValueError(f"data.collate: {int(total[1])} of the step's {int(total[2])} micro batches have a "
+                                 f"{WEIGHT_KEY!r}: give it always or never")
+        if global_weight <= 0:
+            raise ValueError(f"data: the global batch of step {step} carries no loss terms (every {WEIGHT_KEY} is 0)")
+        loss_sum, metric_sums = 0.0, None
+        for i, (batch, weight) in enumerate(zip(batches, weights)):
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            loss, value, metrics = checked(self._call_loss(batch), step, finite=self._finite_loss)
+            if metric_sums is not None and sorted(metrics) != sorted(metric_sums):
+                raise ValueError(f"train.loss: returned metrics {sorted(metrics)} and {sorted(metric_sums)} in one "
+                                 f"step: every call must return the same ones")
+            metric_sums = metric_sums or dict.fromkeys(metrics, 0.0)
+            engine.backward(loss * (weight * world / global_weight), sync=i == len(micro) - 1)
+            loss_sum += value * weight
+            for name, v in metrics.items():
+                metric_sums[name] += v * weight
+        engine.step(host_copy=host_copy)
+        engine.zero_grad()
+        return sum(weights), loss_sum, metric_sums or {}
+
+    def _call_loss(self, batch: dict):
+        try:
+            return self.loss_fn(self.engine.module, batch)
+        except Exception as exc:
+            # a lost peer shows here too (stage 3 gathers inside the forward), and a failing GPU: faults,
+            # not the loss's bug
+            if is_communication_failure(exc, self._aborted.is_set()) or is_device_failure(exc):
+                raise
+            text = str(exc).splitlines()[0][:300] if str(exc) else ""
+            raise ValueError(f"train.loss: raised {type(exc).__name__}: {text}") from exc
+
+    def _take_checkpoint_news(self, report: dict) -> None:
+        """The commits and failures of background saves since the last look go into the report."""
+        report["checkpoint_errors"].extend(self.writer.take_errors())
+        report["checkpoints"].extend(self.writer.take_committed())
+
+    def _fire_drills(self, moment: str, plan: GenerationPlan, rank: int | None, step: int) -> None:
+        for i, fault in due_drills(self.spec.faults, moment, rank, step, plan.step, plan.source):
+            if fault.action == "raise":  # a bug, not a fault: it happens every time the step is run
+                raise RuntimeError(f"injected error at step {step} (faults[{i}])")
+            if self.store.add(f"fault/{i}", 1) != 1:
+                continue  # fired once already (before a recovery that repeats this step)
+            if fault.action in KILL_ACTIONS:
+                # a kill at step N hits after step N - 1 committed, as it did before the swap ran in the
+                # background: the swap in flight arrives first (a buddy lost inside one: test_replication.py)
+                if self.replicator.in_flight is not None:
+                    self.replicator.in_flight.done.wait()
+                self.store.set(f"fault/{i}/at", repr(time.time()))  # the coordinator times the recovery from here
+                if fault.action == "device_error":  # as a failing GPU shows itself: train() ends the process
+                    raise RuntimeError(f"CUDA error: an illegal memory access was encountered (injected by faults[{i}])")
+                os._exit(1)
+            if fault.action == "hang":  # alive but silent: the peers' collectives time out
+                threading.Event().wait()
+            coordinator = coordinator_handle(self._coordinator, self._namespace)
+            if fault.action == "preempt":
+                coordinator.preemption_notice.remote(self.actor_id, fault.deadline_s)
+            elif fault.action == "scale":
+                coordinator.scale.remote(fault.workers)
+
+    # ---- the end -----------------------------------------------------------------------------
+
+    def final_state(self, rank0_only: bool = True, plan: GenerationPlan | None = None) -> dict:
+        """The full weights, gathered over the group of `plan` (the generation that finished)."""
+        if plan is not None:
+            self._fire_drills("final", plan, plan.generation.rank_of(self.actor_id), self.engine.step_count)
+        return self.engine.full_state_dict(rank0_only=rank0_only)
+
+    def memory_report(self) -> dict:
+        return self.engine.memory_report() if self.engine is not None else {}
+
+
+_REPORT_FIELDS = {f.name for f in dataclasses.fields(Report)}
+
+
+def _finished(report: dict, outcome: Outcome, ended_at: float) -> Report:
+    """The report in the making, frozen, with how the generation ended for this worker."""
+    return Report(outcome=outcome, ended_at=ended_at, **{
+        k: tuple(v) if isinstance(v, list) else v for k, v in report.items() if k in _REPORT_FIELDS})
