@@ -409,3 +409,43 @@ def test_a_stop_asked_during_a_failure_is_asked_again_of_the_recovered_generatio
     s, _, _ = decide(s, StopRequested(), 2.0)
     s, cmds, _ = _end(s, plan, w0="finished", w1="finished")
     assert _cmd(cmds, Finish) == Finish() and _cmd(cmds, Stop) is None
+
+
+def test_joiners_ready_within_the_window_join_at_one_safe_point():
+    """The issue's case: a replacement after a loss and a scale-up start together; the first ready
+    waits for the other (still starting) instead of a resize of its own."""
+    s, plan = _started(2)
+    s, cmds, _ = _end(s, plan, w1="dead")
+    recovered = _cmd(cmds, StartGeneration).plan
+    s, cmds, _ = decide(s, GenerationStepped(recovered.number), 10.5)
+    assert cmds == (Spawn(1),)
+    s, cmds, _ = decide(s, ScaleRequested(3), 10.6)
+    assert cmds == (Spawn(1),)
+    s, cmds, reason = decide(s, WorkersReady(_members("w2")), 12.0)
+    assert cmds == () and "1 still starting" in reason
+    assert decide(s, Tick(), 14.0)[1] == ()  # within the window: still waiting
+    s, cmds, _ = decide(s, WorkersReady(_members("w3")), 15.0)
+    assert cmds == (RequestSafePoint(),)
+    s, cmds, _ = _end(s, recovered)
+    joined = _cmd(cmds, StartGeneration).plan
+    assert [m.actor_id for m in joined.generation.members] == ["w0", "w2", "w3"] and s.ready == ()
+
+
+def test_a_joiner_waits_no_longer_than_the_window_and_leavers_never_wait():
+    s, plan = _started(2)
+    s, cmds, _ = decide(s, ScaleRequested(4), 2.0)
+    assert cmds == (Spawn(2),)
+    s, cmds, _ = decide(s, WorkersReady(_members("w2")), 3.0)
+    assert cmds == ()
+    s_late, cmds, _ = decide(s, Tick(), 3.0 + s.join_window_s)  # the other is late: w2 joins alone
+    assert cmds == (RequestSafePoint(),)
+    s_late, cmds, _ = _end(s_late, plan)
+    assert [m.actor_id for m in _cmd(cmds, StartGeneration).plan.generation.members] == ["w0", "w1", "w2"]
+    # a notice while a joiner waits: the leaver does not wait for the window
+    s, cmds, _ = decide(s, PreemptionNotice("w0"), 3.5)
+    assert RequestSafePoint() in cmds
+    # with no window, a ready joiner asks at once, as before
+    s0, plan0 = _started(2)
+    s0 = CoordinatorState(**{**s0.__dict__, "join_window_s": 0.0})
+    s0, cmds, _ = decide(s0, ScaleRequested(4), 2.0)
+    assert decide(s0, WorkersReady(_members("w2")), 3.0)[1] == (RequestSafePoint(),)

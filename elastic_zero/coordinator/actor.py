@@ -71,7 +71,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalGather):
         self.rendezvous = RendezvousServer(self.host, self._secret, e.collective_timeout_s)
         c = self.spec.checkpoint
         self.state = CoordinatorState(min_workers=e.min_workers, max_workers=e.max_workers, target=e.workers,
-                                      min_wait_s=e.min_wait_s, checkpoints=bool(c.uri and c.every))
+                                      min_wait_s=e.min_wait_s, join_window_s=e.join_window_s,
+                                      checkpoints=bool(c.uri and c.every))
         self.books = Books(self.spec.train.global_batch, self.spec.train.steps, started_at)
         self.events = EventLog(run_dir, go_on=self.restarted)
         self.live = LiveProgress(self.spec.train.global_batch, self.spec.train.steps)

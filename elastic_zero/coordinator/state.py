@@ -50,6 +50,7 @@ class CoordinatorState:
     max_workers: int
     target: int
     min_wait_s: float = 60.0
+    join_window_s: float = 5.0  # how long a ready joiner waits for workers still starting (a safe point each costs a stall)
     checkpoints: bool = False  # the job saves checkpoints it can fall back to
     first_generation: int = 0  # a restarted coordinator numbers on after its predecessor's generations
     generation: Generation | None = None
@@ -60,6 +61,7 @@ class CoordinatorState:
     spawning: int = 0
     leaving: tuple[str, ...] = ()
     safe_point_requested: bool = False
+    joiners_wait_since: float | None = None  # ready joiners wait for workers still starting, since then
     recovery: _Recovery | None = None  # waiting for workers to reach min_workers
     waiting_since: float | None = None
     # After a failure the survivors go on first and replacements are asked for once this
@@ -115,9 +117,9 @@ def _decide(state: CoordinatorState, event: Event, now: float):
     if isinstance(event, WorkerStartFailed):
         return _on_start_failure(state, event)
     if isinstance(event, ScaleRequested):
-        return _on_scale(state, event.workers)
+        return _on_scale(state, event.workers, now)
     if isinstance(event, PreemptionNotice):
-        return _on_preemption(state, event.actor_ids)
+        return _on_preemption(state, event.actor_ids, now)
     if isinstance(event, StopRequested):
         if state.phase in (Phase.STARTING, Phase.WAITING):  # no safe point to wait for: stop now
             return (replace(state, done=True), (Stop(-1, False), Retire(state.members() + tuple(m.actor_id for m in state.ready))),
@@ -138,6 +140,8 @@ def _decide(state: CoordinatorState, event: Event, now: float):
             return (replace(state, done=True), (Fail(
                 f"only {len(state.recovery.survivors)} workers after a failure, below min_workers "
                 f"{state.min_workers}, for {state.min_wait_s:.0f} s"),), "gave up waiting for workers")
+        if state.joiners_wait_since is not None:
+            return _ask_for_safe_point_if_needed(state, "workers ready to join", now)
         return state, (), "nothing to do"
     raise TypeError(f"unknown event {event!r}")
 
@@ -177,7 +181,7 @@ def _on_ready(state, members, now):
         return _begin(state, plan, state.target), (StartGeneration(plan),), f"generation {gen.number} with {gen.world_size} workers"
     if state.recovery is not None:
         return _try_recover(state, now)
-    return _ask_for_safe_point_if_needed(state, "workers ready to join")
+    return _ask_for_safe_point_if_needed(state, "workers ready to join", now)
 
 
 def _on_start_failure(state, event: WorkerStartFailed):
@@ -199,7 +203,7 @@ def _on_start_failure(state, event: WorkerStartFailed):
     return state, spawn, f"{message}; another is asked for"
 
 
-def _ask_for_safe_point_if_needed(state, reason):
+def _ask_for_safe_point_if_needed(state, reason, now):
     wants = state.leaving or (state.ready and len(state.staying()) < state.target)
     if wants and len(state.staying()) + len(state.ready) < state.min_workers:
         reason = f"{reason}: leavers wait for replacements (min_workers {state.min_workers})"
@@ -210,7 +214,16 @@ def _ask_for_safe_point_if_needed(state, reason):
                 f"{reason}; a shard has no replica outside the leavers: checkpoint now"
         return state, (), reason
     if state.running and wants and not state.safe_point_requested:
-        return replace(state, safe_point_requested=True), (RequestSafePoint(),), f"{reason}: safe point requested"
+        if not state.leaving and state.spawning > 0:
+            # joiners only (nobody has to go): those still starting may join at the same safe point,
+            # one stall instead of one each, if they are ready within the window
+            since = now if state.joiners_wait_since is None else state.joiners_wait_since
+            if now - since < state.join_window_s:
+                return replace(state, joiners_wait_since=since), (), \
+                    (f"{reason}: {len(state.ready)} ready, {state.spawning} still starting; they join together "
+                     f"if ready within {state.join_window_s:g} s")
+        return replace(state, safe_point_requested=True, joiners_wait_since=None), (RequestSafePoint(),), \
+            f"{reason}: safe point requested"
     return state, (), reason
 
 
@@ -220,7 +233,7 @@ def _unreplicated_if_gone(generation: Generation, leaving) -> bool:
     return any(generation.buddies[r] in going for r in going)
 
 
-def _on_scale(state, workers):
+def _on_scale(state, workers, now):
     if not state.min_workers <= workers <= state.max_workers:
         return state, (), f"scale to {workers} refused: outside [{state.min_workers}, {state.max_workers}]"
     state = replace(state, target=workers)
@@ -235,11 +248,11 @@ def _on_scale(state, workers):
         state = replace(state, ready=state.ready[: len(state.ready) - len(drop)])
         commands.append(Retire(tuple(m.actor_id for m in drop)))
     state, spawn = _top_up(state)
-    state, more, reason = _ask_for_safe_point_if_needed(state, f"scale to {workers}")
+    state, more, reason = _ask_for_safe_point_if_needed(state, f"scale to {workers}", now)
     return state, tuple(commands) + spawn + more, reason
 
 
-def _on_preemption(state, actor_ids):
+def _on_preemption(state, actor_ids, now):
     ready = tuple(m.actor_id for m in state.ready if m.actor_id in actor_ids)
     members = tuple(a for a in actor_ids if a in state.staying())
     others = [a for a in actor_ids if a not in ready + members]
@@ -253,7 +266,7 @@ def _on_preemption(state, actor_ids):
         ([f"not staying members: {', '.join(others)}"] if others else [])
     if not members:
         return state, retire + spawn, "preemption notice: " + "; ".join(said)
-    state, more, reason = _ask_for_safe_point_if_needed(state, f"{', '.join(members)} will be preempted")
+    state, more, reason = _ask_for_safe_point_if_needed(state, f"{', '.join(members)} will be preempted", now)
     return state, retire + spawn + more, "; ".join([reason] + said)
 
 
@@ -367,7 +380,8 @@ def _holdings(by_id, generation: int):
 def _begin(state, plan: GenerationPlan, joined: int, leaving: tuple[str, ...] = ()):
     """The state once `plan` starts: `joined` ready workers became members; `leaving` still to go."""
     return replace(state, generation=plan.generation, previous=plan.previous, handover_leavers=plan.leaving,
-                   running=True, ready=state.ready[joined:], recovery=None, waiting_since=None, leaving=leaving)
+                   running=True, ready=state.ready[joined:], recovery=None, waiting_since=None, leaving=leaving,
+                   joiners_wait_since=None)
 
 
 def _try_recover(state, now):

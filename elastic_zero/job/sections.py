@@ -167,9 +167,11 @@ class ElasticSpec:
     collective_timeout_s: float = 30.0  # a collective waiting longer fails the generation; its hung member is killed
     min_wait_s: float = 60.0  # how long to wait for workers while below min_workers
     heartbeat_timeout_s: float = 1.0  # a member silent this long, while others are heard, is lost (0: off)
+    join_window_s: float = 5.0  # a ready joiner waits this long at most for workers still starting, to join with them
 
     def validate(self) -> None:
         _at_least("elastic.min_workers", self.min_workers, 1)
+        _at_least("elastic.join_window_s", self.join_window_s, 0.0)
         _at_least("elastic.replicate_every", self.replicate_every, 1)
         if not self.min_workers <= self.workers <= self.max_workers:
             _fail("elastic.workers", f"must lie in [min_workers, max_workers] = "
