@@ -184,3 +184,11 @@ def test_a_gpu_job_names_what_the_cluster_has_when_it_has_no_gpu():
         check_cluster(gpu, {"CPU": 6.0, "memory": 2e9, "node:__internal_head__": 1.0})
     check_cluster(gpu, {"CPU": 6.0, "GPU": 2.0})
     check_cluster(spec_from_dict({}), {"CPU": 6.0})  # a CPU job asks nothing of the GPUs
+
+
+def test_the_spec_module_keeps_its_public_names():
+    """The job spec moved into elastic_zero/job/; what users write still works (docs/service.md)."""
+    import elastic_zero as ez
+    from elastic_zero.spec import load_spec as by_old_path
+
+    assert ez.spec.load_spec is by_old_path is load_spec and ez.SpecError is SpecError
