@@ -89,6 +89,7 @@ def test_ray_train_figures_count_the_kept_runs_the_redone_steps_and_the_restarts
     assert f["productive_s"] == 4 * 0.5 + 4 * 0.75 and f["goodput"] == round(5.0 / 40, 3)
     assert (f["samples_trained"], f["samples_kept"]) == (10 * 16, 8 * 16) and f["useful_samples_per_s"] == 3.2
     assert f["first_step_done_s"] == 10.5 and f["world_sizes"] == [[0, 4], [4, 2]]
+    assert f["step_s_median"] == 0.625  # the kept runs: four of 0.5 s (attempt x), four of 0.75 s (y)
 
 
 def test_elastic_zero_figures_leave_the_commit_and_checkpoint_time_out_of_the_steps():
@@ -103,6 +104,7 @@ def test_elastic_zero_figures_leave_the_commit_and_checkpoint_time_out_of_the_st
     assert f["productive_s"] == 1.7 and f["goodput"] == 0.17 and f["steps_kept"] == 3
     assert (f["steps_redone"], f["recoveries"], f["reconfigurations"], f["restarts"]) == (0, 1, 2, 0)
     assert f["first_step_done_s"] == 6.0 and f["useful_samples_per_s"] == 4.8
+    assert f["step_s_median"] == 0.6  # the whole step, its commit included
     # a coordinator that ended without a summary: no figures, no crash
     assert elastic_zero_figures({}, [], 100.0, 10.0)["steps_kept"] == 0
 
@@ -119,4 +121,4 @@ def test_the_report_prints_both_systems_side_by_side_and_a_failure_by_its_reason
     lines = format_goodput(report).splitlines()
     assert lines[1] == "  schedule: 600 s end"
     assert lines[3] == "  elastic_zero   failed: no summary; see /tmp/x"
-    assert lines[4].split() == ["ray_train", "0.125", "40.0", "5.0", "8", "2", "1", "160", "128", "3.2", "10.5"]
+    assert lines[4].split() == ["ray_train", "0.125", "40.0", "5.0", "8", "2", "1", "160", "128", "3.2", "10.5", "0.625"]

@@ -253,7 +253,7 @@ def format_goodput(r: dict) -> str:
              "  schedule: " + ", ".join(f"{e['at_s']:g} s {e['action']}" + (f" {e['node']}" if e["node"] else "")
                                        for e in r["schedule"]),
              f"  {'':14s}{'goodput':>8s}{'wall s':>8s}{'in steps s':>11s}{'steps':>7s}{'redone':>7s}"
-             f"{'restarts':>9s}{'samples':>9s}{'kept':>8s}{'kept/s':>8s}{'1st step s':>11s}"]
+             f"{'restarts':>9s}{'samples':>9s}{'kept':>8s}{'kept/s':>8s}{'1st step s':>11s}{'step s':>8s}"]
     for name in SYSTEMS:
         if name not in r:
             continue
@@ -264,7 +264,8 @@ def format_goodput(r: dict) -> str:
         lines.append(f"  {name:14s}{m['goodput']:8.3f}{m['wall_s']:8.1f}{m['productive_s']:11.1f}{m['steps_kept']:7d}"
                      f"{m['steps_redone']:7d}{m['restarts']:9d}{m['samples_trained']:9d}{m['samples_kept']:8d}"
                      f"{m['useful_samples_per_s']:8.1f}"
-                     f"{m['first_step_done_s'] if m['first_step_done_s'] is not None else float('nan'):11.1f}")
+                     f"{m['first_step_done_s'] if m['first_step_done_s'] is not None else float('nan'):11.1f}"
+                     f"{m['step_s_median'] if m['step_s_median'] is not None else float('nan'):8.3f}")
         lines.append(f"  {'':14s}world sizes [step, size]: {m['world_sizes']}"
                      + (f"; ended with an error: {m['error']}" if m["error"] else ""))
     return "\n".join(lines)

@@ -15,6 +15,7 @@ completed and later recomputed counts once, in its last run) over the job's wall
 from __future__ import annotations
 
 import random
+import statistics
 from dataclasses import dataclass
 
 ACTIONS = ("node_lost", "node_back", "notice", "preempted", "scale_up", "end")
@@ -72,11 +73,13 @@ def elastic_zero_figures(summary: dict, events: list[dict], launched_at: float, 
     # a step's commit (replicas to its buddy) and checkpoint save protect it, as Ray Train's
     # checkpoints do; the time in steps that count is the training itself
     protect = dict(summary.get("protect_time_curve", []))
+    steps = [seconds for _, seconds in summary.get("step_time_curve", [])]
     kept = [seconds - protect.get(step, 0.0) for step, seconds in summary.get("step_time_curve", [])]
     recoveries = summary.get("recoveries", [])
     # rank 0 tells the coordinator when its first step is done: from the launch, as for Ray Train
     stepped = [e["t"] for e in events if e["event"] == "decision" and e.get("on") == "GenerationStepped"]
     return {"steps_kept": len(kept), "productive_s": round(sum(kept), 1), "goodput": round(goodput(kept, wall_s), 3),
+            "step_s_median": _median(steps),  # the whole step, its commit and checkpoint included
             "steps_redone": sum(r.get("lost_steps") or 0 for r in recoveries),
             "samples_trained": summary.get("samples_consumed", 0) + summary.get("duplicate_samples", 0),
             "samples_kept": summary.get("samples_consumed", 0), "skipped_samples": summary.get("skipped_samples", 0),
@@ -92,12 +95,17 @@ def ray_train_figures(records: list[dict], global_batch: int, launched_at: float
     seconds = [r["done"] - r["started"] for r in kept.values()]
     first = min((r["done"] for r in records), default=None)
     return {"steps_kept": len(kept), "productive_s": round(sum(seconds), 1),
-            "goodput": round(goodput(seconds, wall_s), 3), "steps_redone": redone,
+            "goodput": round(goodput(seconds, wall_s), 3), "step_s_median": _median(seconds), "steps_redone": redone,
             "samples_trained": len(records) * global_batch, "samples_kept": len(kept) * global_batch,
             "skipped_samples": 0, "useful_samples_per_s": round(len(kept) * global_batch / wall_s, 2),
             "restarts": len({r["attempt"] for r in records}) - 1, "recoveries": None, "reconfigurations": None,
             "first_step_done_s": None if first is None else round(first - launched_at, 1),
             "world_sizes": world_changes(records)}
+
+
+def _median(seconds: list[float]) -> float | None:
+    """The steady state's step time: the median of the kept steps (None without a step)."""
+    return round(statistics.median(seconds), 4) if seconds else None
 
 
 def world_changes(records: list[dict]) -> list:
