@@ -167,11 +167,6 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalGather):
                 last_tick = time.monotonic()
                 self._apply(Tick())
 
-    @property
-    def store(self):
-        """The job's rendezvous store (its first use may wait for it to open)."""
-        return self.rendezvous.store
-
     def _collect(self, ref) -> None:
         if ref in self._ready_refs:
             self._hello_arrived(ref)
@@ -326,11 +321,12 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalGather):
     def _new_kill_times(self) -> list[float]:
         """When the kill drills that fired since the last recovery killed their workers."""
         times = []
+        store = self.rendezvous.store
         for i, fault in enumerate(self.spec.faults):
             key = f"fault/{i}/at"
-            if fault.action in KILL_ACTIONS and key not in self._timed_faults and self.store.check([key]):
+            if fault.action in KILL_ACTIONS and key not in self._timed_faults and store.check([key]):
                 self._timed_faults.add(key)
-                times.append(float(self.store.get(key).decode()))
+                times.append(float(store.get(key).decode()))
         return times
 
     def _stop(self, command: Stop) -> None:

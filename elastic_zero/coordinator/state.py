@@ -13,6 +13,7 @@ from elastic_zero.coordinator.events import (  # noqa: F401 - the events and com
     CheckpointNow, Event, Fail, FinalStateGathered, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint,
     Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, WorkerStartFailed,
 )
+from elastic_zero.coordinator.safe_points import ask_for_safe_point_if_needed
 from elastic_zero.plan.membership import Generation, Member, next_generation
 from elastic_zero.plan.recovery import lost_ranks, restore_point
 from elastic_zero.protocol import GenerationPlan
@@ -141,7 +142,7 @@ def _decide(state: CoordinatorState, event: Event, now: float):
                 f"only {len(state.recovery.survivors)} workers after a failure, below min_workers "
                 f"{state.min_workers}, for {state.min_wait_s:.0f} s"),), "gave up waiting for workers")
         if state.joiners_wait_since is not None:
-            return _ask_for_safe_point_if_needed(state, "workers ready to join", now)
+            return ask_for_safe_point_if_needed(state, "workers ready to join", now)
         return state, (), "nothing to do"
     raise TypeError(f"unknown event {event!r}")
 
@@ -181,7 +182,7 @@ def _on_ready(state, members, now):
         return _begin(state, plan, state.target), (StartGeneration(plan),), f"generation {gen.number} with {gen.world_size} workers"
     if state.recovery is not None:
         return _try_recover(state, now)
-    return _ask_for_safe_point_if_needed(state, "workers ready to join", now)
+    return ask_for_safe_point_if_needed(state, "workers ready to join", now)
 
 
 def _on_start_failure(state, event: WorkerStartFailed):
@@ -203,36 +204,6 @@ def _on_start_failure(state, event: WorkerStartFailed):
     return state, spawn, f"{message}; another is asked for"
 
 
-def _ask_for_safe_point_if_needed(state, reason, now):
-    wants = state.leaving or (state.ready and len(state.staying()) < state.target)
-    if wants and len(state.staying()) + len(state.ready) < state.min_workers:
-        reason = f"{reason}: leavers wait for replacements (min_workers {state.min_workers})"
-        number = state.generation.number if state.generation is not None else None
-        if state.running and state.checkpoint_asked_in != number and _unreplicated_if_gone(state.generation, state.leaving):
-            # if they go before replacements join, shards go with them: a checkpoint of the step reached
-            return replace(state, checkpoint_asked_in=number), (CheckpointNow(),), \
-                f"{reason}; a shard has no replica outside the leavers: checkpoint now"
-        return state, (), reason
-    if state.running and wants and not state.safe_point_requested:
-        if not state.leaving and state.spawning > 0:
-            # joiners only (nobody has to go): those still starting may join at the same safe point,
-            # one stall instead of one each, if they are ready within the window
-            since = now if state.joiners_wait_since is None else state.joiners_wait_since
-            if now - since < state.join_window_s:
-                return replace(state, joiners_wait_since=since), (), \
-                    (f"{reason}: {len(state.ready)} ready, {state.spawning} still starting; they join together "
-                     f"if ready within {state.join_window_s:g} s")
-        return replace(state, safe_point_requested=True, joiners_wait_since=None), (RequestSafePoint(),), \
-            f"{reason}: safe point requested"
-    return state, (), reason
-
-
-def _unreplicated_if_gone(generation: Generation, leaving) -> bool:
-    """Whether some leaver's shard has its only replica on a leaver too (or on itself: one rank)."""
-    going = {generation.rank_of(a) for a in leaving if any(m.actor_id == a for m in generation.members)}
-    return any(generation.buddies[r] in going for r in going)
-
-
 def _on_scale(state, workers, now):
     if not state.min_workers <= workers <= state.max_workers:
         return state, (), f"scale to {workers} refused: outside [{state.min_workers}, {state.max_workers}]"
@@ -248,7 +219,7 @@ def _on_scale(state, workers, now):
         state = replace(state, ready=state.ready[: len(state.ready) - len(drop)])
         commands.append(Retire(tuple(m.actor_id for m in drop)))
     state, spawn = _top_up(state)
-    state, more, reason = _ask_for_safe_point_if_needed(state, f"scale to {workers}", now)
+    state, more, reason = ask_for_safe_point_if_needed(state, f"scale to {workers}", now)
     return state, tuple(commands) + spawn + more, reason
 
 
@@ -266,7 +237,7 @@ def _on_preemption(state, actor_ids, now):
         ([f"not staying members: {', '.join(others)}"] if others else [])
     if not members:
         return state, retire + spawn, "preemption notice: " + "; ".join(said)
-    state, more, reason = _ask_for_safe_point_if_needed(state, f"{', '.join(members)} will be preempted", now)
+    state, more, reason = ask_for_safe_point_if_needed(state, f"{', '.join(members)} will be preempted", now)
     return state, retire + spawn + more, "; ".join([reason] + said)
 
 

@@ -84,24 +84,14 @@ def _check_exists(field: str, path: str) -> None:
         raise SpecError(f"{field}: no such file or directory: {path!r}")
 
 
-
 def _dataset_size(spec: JobSpec) -> int:
     """The dataset's samples, once it opens and has rows and the columns the job reads (metadata only)."""
-    from elastic_zero.data.arrow_rows import DataError
+    from elastic_zero.data.arrow_rows import ArrowRows, DataError
 
     try:
-        return dataset_size(spec)
+        return ArrowRows(spec.data.source, spec.data.columns_read(own_collate=spec.data.collate is not None)).num_samples
     except DataError as exc:
         raise SpecError(str(exc)) from None
-
-
-def dataset_size(spec: JobSpec) -> int | None:
-    """Samples in the job's dataset (None for endless synthetic data), from metadata only."""
-    if spec.data.source == "synthetic":
-        return None
-    from elastic_zero.data.arrow_rows import ArrowRows
-
-    return ArrowRows(spec.data.source, spec.data.columns_read(own_collate=spec.data.collate is not None)).num_samples
 
 
 def settle_steps(spec: JobSpec, size: int | None) -> JobSpec:

@@ -22,14 +22,13 @@ def build_preset(name: str, seed: int = 0, **overrides):
     return GPT(cfg)
 
 
+# the modules (and torch) on first use: a driver that checks model.preset needs only the presets
+_HOMES = {"GPT": "gpt", "lm_loss": "gpt", "MLP": "mlp"}
+
+
 def __getattr__(name: str):
-    # the modules (and torch) on first use: a driver that checks model.preset needs only the presets
-    if name in ("GPT", "lm_loss"):
-        from elastic_zero.models import gpt
+    if name in _HOMES:
+        import importlib
 
-        return getattr(gpt, name)
-    if name == "MLP":
-        from elastic_zero.models.mlp import MLP
-
-        return MLP
+        return getattr(importlib.import_module(f"elastic_zero.models.{_HOMES[name]}"), name)
     raise AttributeError(f"module 'elastic_zero.models' has no attribute {name!r}")
