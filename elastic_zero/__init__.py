@@ -20,4 +20,13 @@ from elastic_zero.job.spec import SpecError  # noqa: E402
 sys.modules.setdefault("elastic_zero.spec", spec)
 
 __all__ = ["CheckpointConfig", "Client", "ClusterError", "DataConfig", "Job", "ModelConfig", "Result", "RunConfig",
-           "ScalingConfig", "SpecError", "TrainConfig", "run"]
+           "ScalingConfig", "SpecError", "TrainConfig", "meta_init", "run"]
+
+
+def __getattr__(name: str):
+    # torch-using names load when first used: the driver itself never imports torch
+    if name == "meta_init":  # a factory's parameters on the meta device (zero/meta.py)
+        from elastic_zero.zero.meta import meta_init
+
+        return meta_init
+    raise AttributeError(f"module 'elastic_zero' has no attribute {name!r}")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass, replace
 
 from elastic_zero.driver import drive
 from elastic_zero.job.spec import CheckpointSpec, DataSpec, ElasticSpec, JobSpec, ModelSpec, SpecError, TrainSpec
@@ -21,7 +22,10 @@ ScalingConfig = ElasticSpec
 CheckpointConfig = CheckpointSpec
 ModelConfig, DataConfig, TrainConfig = ModelSpec, DataSpec, TrainSpec
 
-EXIT_OK, EXIT_FAILED = 0, 1  # a bad spec raises SpecError: the CLI exits 2 with it
+EXIT_OK, EXIT_FAILED = 0, 1
+# where a job with no checkpoint.uri writes its final weights: its run directory (on a cluster of
+# several nodes, that directory must be shared, or the job must name a checkpoint.uri they all reach)
+FINAL_CHECKPOINTS = "checkpoints"  # a bad spec raises SpecError: the CLI exits 2 with it
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,18 @@ class Result:
     path: str  # the run's directory: summary.json and events.jsonl
     checkpoint: str | None = None  # the newest checkpoint the job committed, if any
     error: str | None = None  # why training failed, in one line
-    state_dict: dict | None = field(default=None, repr=False)  # the final fp32 weights (on success)
+    final_checkpoint: str | None = None  # the checkpoint of the final weights (a URI), on success
+
+    @functools.cached_property
+    def state_dict(self) -> dict | None:
+        """The final fp32 weights, read from final_checkpoint when first asked (None if the job
+        failed). Up to STATE_DICT_LIMIT_BYTES (4 GiB); a larger model raises ValueError: export it
+        (elastic_zero.checkpoint.export.export, or `elastic-zero export`)."""
+        if not self.ok or self.final_checkpoint is None:
+            return None
+        from elastic_zero.checkpoint.export import load_state_dict
+
+        return load_state_dict(self.final_checkpoint)
 
 
 def run(job: JobSpec, run_config: RunConfig | None = None, *, started_at: float | None = None,
@@ -65,9 +80,11 @@ def run(job: JobSpec, run_config: RunConfig | None = None, *, started_at: float 
         raise SpecError(str(exc)) from None
     ship_by_value(job.model.factory, job.train.loss, job.data.collate)
     path = run_config.path_for(job.name)
+    if job.checkpoint.uri is None:  # the final weights are a checkpoint the workers write: here, then
+        job = replace(job, checkpoint=replace(job.checkpoint, uri=os.path.join(path, FINAL_CHECKPOINTS)))
     outcome = drive(job, job_id or job.name, path, run_config, started_at)
     return Result(ok=outcome["ok"], metrics=outcome["summary"], path=path, checkpoint=outcome.get("checkpoint"),
-                  error=outcome.get("error"), state_dict=outcome.get("final_state") if outcome["ok"] else None)
+                  error=outcome.get("error"), final_checkpoint=outcome.get("final_checkpoint") if outcome["ok"] else None)
 
 
 def run_job(spec: JobSpec, run_config: RunConfig, final_weights: str | None = None, started_at: float | None = None,
@@ -77,10 +94,15 @@ def run_job(spec: JobSpec, run_config: RunConfig, final_weights: str | None = No
     if not result.ok:
         print(f"elastic-zero: training failed: {result.error}", file=sys.stderr)
         return EXIT_FAILED
-    if final_weights:
-        import torch
+    if final_weights and result.final_checkpoint:
+        from elastic_zero.checkpoint.export import export
 
-        torch.save(result.state_dict, final_weights)
+        fmt = "safetensors" if final_weights.endswith(".safetensors") else "torch"
+        try:
+            export(result.final_checkpoint, final_weights, fmt)
+        except (OSError, ValueError) as exc:
+            print(f"elastic-zero: --final-weights: {str(exc).splitlines()[0]}", file=sys.stderr)
+            return EXIT_FAILED
     s = result.metrics
     extra = "".join(f", {k} {v:.4g}" for k, v in (s.get("final_metrics") or {}).items())
     loss = "-" if s["final_loss"] is None else f"{s['final_loss']:.4f}"

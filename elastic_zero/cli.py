@@ -73,13 +73,21 @@ def _parser() -> argparse.ArgumentParser:
     ckpt = sub.add_parser("checkpoint", help="list, inspect and export sharded checkpoints")
     ckpt_sub = ckpt.add_subparsers(dest="action", required=True)
     for name, text in (("ls", "committed checkpoints under URI"), ("inspect", "one checkpoint's contents"),
-                       ("export", "write a checkpoint's weights as a plain torch state dict")):
+                       ("export", "write a checkpoint's weights as a torch state dict (FILE.pt) or safetensors "
+                                  "(FILE.safetensors); `elastic-zero export` writes Hugging Face directories too")):
         c = ckpt_sub.add_parser(name, help=text)
         c.add_argument("uri")
         if name != "ls":
             c.add_argument("--step", default="latest", help="a step number or 'latest'")
         if name == "export":
-            c.add_argument("--out", required=True, metavar="FILE.pt")
+            c.add_argument("--out", required=True, metavar="FILE.pt|FILE.safetensors")
+
+    export = sub.add_parser("export", help="write a checkpoint's weights, one tensor at a time: safetensors, "
+                                           "a Hugging Face model directory, or a torch state dict")
+    export.add_argument("checkpoint", help="a checkpoint directory (step-...), or a root (its latest commit); a path or URI")
+    export.add_argument("out", help="the file (safetensors, torch) or the new directory (hf) to write; a path or URI")
+    export.add_argument("--format", choices=("safetensors", "hf", "torch"), default="safetensors")
+    export.add_argument("--max-shard-gb", type=float, default=5.0, help="hf: the largest safetensors file (GB)")
 
     demo = sub.add_parser("demo", help="a minute of what elastic_zero does: a kill, a preemption notice and a "
                                        "scale-up on a local Ray, a table and a plot")
@@ -247,7 +255,8 @@ def format_status(r: dict) -> str:
 
 
 def _checkpoint(args) -> int:
-    from elastic_zero.checkpoint import export_state_dict, list_checkpoints, open_store, read_manifest, resolve
+    from elastic_zero.checkpoint import list_checkpoints, open_store, read_manifest, resolve
+    from elastic_zero.coordinator.final_save import directory_uri
 
     fs, root = open_store(args.uri)
     if args.action == "ls":
@@ -268,11 +277,19 @@ def _checkpoint(args) -> int:
             "files": [{"path": f.path, "rank": f.rank, "bytes": f.nbytes} for f in m.files],
         }, indent=1))
         return 0
-    import torch
+    return _export(directory_uri(args.uri, directory), args.out,
+                   "safetensors" if args.out.endswith(".safetensors") else "torch")
 
-    state = export_state_dict(fs, directory)
-    torch.save(state, args.out)
-    print(f"wrote {len(state)} tensors ({sum(t.numel() for t in state.values())} parameters) to {args.out}")
+
+def _export(checkpoint: str, out: str, fmt: str, max_shard_bytes: int | None = None) -> int:
+    from elastic_zero.checkpoint.export import HF_SHARD_BYTES, export, open_checkpoint
+    from elastic_zero.checkpoint.store import read_manifest
+
+    written = export(checkpoint, out, fmt, max_shard_bytes or HF_SHARD_BYTES)
+    fs, directory = open_checkpoint(checkpoint)
+    manifest = read_manifest(fs, directory)
+    params = sum(s["numel"] for s in manifest.layout["slots"])
+    print(f"wrote {params} parameters of step {manifest.step} ({fmt}) to {', '.join(written)}")
     return 0
 
 
@@ -286,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             return _service(args)
         if args.command == "checkpoint":
             return _checkpoint(args)
+        if args.command == "export":
+            return _export(args.checkpoint, args.out, args.format, int(args.max_shard_gb * 1e9))
         if args.command == "demo":
             from elastic_zero.demo import run_demo
 

@@ -25,7 +25,7 @@ REATTACH_S = 120.0  # how long a restarting coordinator may take to answer again
 
 
 def drive(job: JobSpec, job_id: str, run_dir: str, run_config, started_at: float) -> dict:
-    """The job's outcome: {"ok", "error", "summary", "checkpoint", "final_state"}."""
+    """The job's outcome: {"ok", "error", "summary", "checkpoint", "final_checkpoint"}."""
     import ray
 
     from elastic_zero.coordinator.actor import NAMESPACE

@@ -1,7 +1,7 @@
 """The coordinator's state machine, driven by events alone: no Ray, no clock."""
 
 from elastic_zero.coordinator.state import (
-    CheckpointNow, CoordinatorState, Fail, FinalStateGathered, Finish, GenerationEnded, GenerationStepped, PreemptionNotice,
+    CheckpointNow, CoordinatorState, Fail, FinalWeightsWritten, Finish, GenerationEnded, GenerationStepped, PreemptionNotice,
     RequestSafePoint, Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, decide,
 )
 from elastic_zero.plan.membership import Member
@@ -130,7 +130,7 @@ def test_losing_a_shard_and_its_replica_fails_clearly_and_finishing_retires_ever
     assert decide(s_ckpt, GenerationStepped(p.number), 11.0)[1] == (Spawn(2),)
     s2, cmds, _ = _end(s, plan, w0="finished", w1="finished", w2="finished", w3="finished")
     assert cmds == (Finish(),) and s2.finishing and not s2.done
-    s3, cmds, _ = decide(s2, FinalStateGathered(), 12.0)
+    s3, cmds, _ = decide(s2, FinalWeightsWritten(), 12.0)
     assert cmds == (Retire(("w0", "w1", "w2", "w3")),) and s3.done
 
 
@@ -149,11 +149,11 @@ def test_a_member_lost_while_the_final_weights_are_gathered_is_recovered_from_th
     s, cmds, reason = _end(s, plan, w0="finished", w1="dead", w2="finished")
     recovered = _cmd(cmds, StartGeneration).plan
     assert recovered.source == "snapshot" and recovered.step == 5 and not s.finishing and not s.done, reason
-    assert "lost while the final weights were gathered" in reason
+    assert "lost while the final weights were written" in reason
     assert sorted(m.actor_id for m in recovered.generation.members) == ["w0", "w2", "w9"]
     s, cmds, _ = _end(s, recovered, w0="finished", w2="finished", w9="finished")
     assert cmds == (Finish(),) and s.finishing
-    s, cmds, _ = decide(s, FinalStateGathered(), 12.0)
+    s, cmds, _ = decide(s, FinalWeightsWritten(), 12.0)
     assert sorted(_cmd(cmds, Retire).actor_ids) == ["w0", "w2", "w9"] and s.done
 
 
@@ -169,7 +169,7 @@ def test_a_worker_told_to_leave_before_the_last_step_stays_a_member_if_the_gathe
     s, cmds, _ = _end(s, plan, w0="finished", w1="dead", w2="finished")
     recovered = _cmd(cmds, StartGeneration).plan
     assert recovered.leaving == () and sorted(recovered.participants) == ["w0", "w2"]
-    assert decide(s, FinalStateGathered(), 3.0)[1] == ()  # not finishing now: nothing to retire
+    assert decide(s, FinalWeightsWritten(), 3.0)[1] == ()  # not finishing now: nothing to retire
 
 
 def test_a_loss_during_a_handover_restores_the_layout_before_it_from_memory():
@@ -449,3 +449,31 @@ def test_a_joiner_waits_no_longer_than_the_window_and_leavers_never_wait():
     s0 = CoordinatorState(**{**s0.__dict__, "join_window_s": 0.0})
     s0, cmds, _ = decide(s0, ScaleRequested(4), 2.0)
     assert decide(s0, WorkersReady(_members("w2")), 3.0)[1] == (RequestSafePoint(),)
+
+
+def _ended_without_replicas(s, plan, **kinds):
+    """As _end, for a job that keeps no replicas (elastic.replicate_every = 0): nothing held."""
+    outs = [Outcome(m.actor_id, kinds.get(m.actor_id, "failed"), step=5) for m in plan.generation.members]
+    return decide(s, GenerationEnded(tuple(o for o in outs if o.kind != "dead")), 10.0)
+
+
+def test_without_replicas_a_loss_restores_the_checkpoint_or_fails_naming_the_setting():
+    from dataclasses import replace
+
+    s, plan = _started(3)
+    s = replace(s, replicated=False)
+    _, cmds, _ = _ended_without_replicas(s, plan, w1="dead")
+    message = _cmd(cmds, Fail).message
+    assert "replication is off (elastic.replicate_every = 0)" in message and "saves no checkpoints" in message
+    _, cmds, _ = _ended_without_replicas(replace(s, checkpoints=True), plan, w1="dead")
+    assert _cmd(cmds, StartGeneration).plan.source == "checkpoint"
+
+
+def test_without_replicas_a_leaver_waiting_for_its_replacement_asks_for_a_checkpoint():
+    """With replicas, w0's buddy w1 would cover it (the test above this one's neighbour); without,
+    its shard exists only in w0 until the handover: a checkpoint of the step reached, now."""
+    from dataclasses import replace
+
+    s, plan = _started(2, min_workers=2, max_workers=2)
+    s, cmds, _ = decide(replace(s, replicated=False), PreemptionNotice("w0"), 2.0)
+    assert _cmd(cmds, CheckpointNow) == CheckpointNow()

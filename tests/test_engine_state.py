@@ -46,6 +46,19 @@ def test_shard_round_trip_one_rank(stage):
     assert max_abs_diff(sa, sb) == 0.0
 
 
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_shard_packed_on_read_equals_the_copied_one(stage):
+    """The final save reads the shard a vector at a time (packed_on_read): the same bytes as a copy."""
+    engine = ZeroEngine(build_preset("gpt-tiny", seed=0, tied_head=True), AdamW(**OPT), stage=stage)
+    for x, y in batches("gpt-tied", 2):
+        _step(engine, x, y)
+    copied, packed = engine.shard_state(), engine.packed_on_read()
+    assert packed.scalars == copied.scalars and sorted(packed.vectors) == sorted(copied.vectors)
+    packed.check()
+    for name in copied.vectors:
+        assert torch.equal(packed.vectors[name], copied.vectors[name]), name
+
+
 def test_shard_round_trip_two_ranks_and_wrong_world_size():
     out = run_local_group(_round_trip_ranks, 2, (3,), timeout_s=120)
     for same, scalars, sa, sb, _ in out:

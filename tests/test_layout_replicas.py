@@ -16,5 +16,19 @@ def test_the_first_commit_in_a_layout_keeps_the_one_it_was_built_from():
     r.add(3, 1, 7, own1, None)  # built from a layout this rank never held: nothing earlier to keep
     assert r.earlier is None and r.of(3).ward == {}
     r.add(4, 3, 8, own1, ward1)
-    r.drop_earlier()
+    r.confirmed()
     assert r.of(3) is None and r.report()["earlier"] == ()
+
+
+def test_a_confirmed_step_lets_the_older_ones_go():
+    """At rest a rank holds one step (its own and its ward's snapshot); the previous step stays only
+    until every rank is known to hold the newer one."""
+    r = LayoutReplicas()
+    r.add(0, None, 4, "own4", "ward4")
+    r.add(0, None, 5, "own5", "ward5")  # committed here, not yet known everywhere: 4 may still be the one
+    assert r.report()["own_steps"] == (4, 5) and r.report()["ward_steps"] == (4, 5)
+    r.confirmed()
+    assert r.of(0).own == {5: "own5"} and r.of(0).ward == {5: "ward5"}
+    r.add(0, None, 6, "own6", None)  # alone: no ward
+    r.confirmed()
+    assert r.report()["own_steps"] == (6,) and r.report()["ward_steps"] == (5,)

@@ -75,8 +75,9 @@ def test_a_notice_for_every_worker_checkpoints_at_once_and_the_job_resumes_from_
     step = int(committed["directory"].rsplit("-", 1)[1])
     assert 0 < step < first["stopped_at_step"] + 1 and step % ckpt["every"]  # the notice's, not a periodic one
 
+    # the stop wrote the latest checkpoint (the weights the job ended with): resume from the notice's
     code, second, _, _ = job(tmp_path, "resumed", train={"steps": step + 10}, elastic={"workers": 2},
-                             checkpoint={**ckpt, "resume": "latest"})
+                             checkpoint={**ckpt, "resume": str(step)})
     assert code == 0, second.get("error")
     assert second["resumed_from_step"] == step and second["steps"] == 10
     exactly_once(second)

@@ -77,3 +77,31 @@ def test_warmup_cosine_schedule():
 def test_bad_hyperparameters_are_named(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize("case", ["adamw_groups_schedule", "sgd"])
+def test_updating_the_shard_in_small_batches_changes_no_result(case, monkeypatch):
+    """The update runs over batches of at most UPDATE_BATCH_NUMEL elements, to bound AdamW's
+    temporaries: batches of 100 elements (pieces of parameters cut mid-way) give the same bits."""
+    from elastic_zero.zero import update_groups as module
+    from engine_cases import train
+
+    whole, _ = train(None, 0, 1, case, 3, 4)
+    monkeypatch.setattr(module, "UPDATE_BATCH_NUMEL", 100)
+    batched, _ = train(None, 0, 1, case, 3, 4)
+    assert whole.keys() == batched.keys()
+    for name in whole:
+        assert torch.equal(whole[name], batched[name]), name
+
+
+def test_update_batches_hold_at_most_the_bound_and_cover_the_shard(monkeypatch):
+    from elastic_zero.zero import update_groups as module
+    from engine_cases import make_engine
+
+    monkeypatch.setattr(module, "UPDATE_BATCH_NUMEL", 100)
+    engine = make_engine(None, 0, "adamw_groups_schedule", 3)
+    sizes = [sum(v.numel() for v in views["params"]) for _, views in engine._groups]
+    assert max(sizes) <= 100 and len(sizes) > 10
+    covered = sum(sizes)
+    pieces = sum(p.numel for p in module.shard_pieces(engine.layout, engine.partition, 0))
+    assert covered == pieces

@@ -118,19 +118,44 @@ def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_p
     assert _relative(reference, weights) <= 1e-4
 
 
+def test_without_replicas_a_loss_falls_back_to_the_checkpoint_and_handovers_still_run(tmp_path, one_worker):
+    """elastic.replicate_every = 0 keeps no copies in memory (a worker holds its shard only): a
+    preempted worker still hands over from the live state, and a kill restores the latest
+    checkpoint. Oracle: one uninterrupted worker."""
+    reference = one_worker(40)
+    ckpt = {"uri": str(tmp_path / "ckpt"), "every": 5, "keep": 2}
+    drill = [{"at_step": 5, "action": "preempt", "rank": 0, "deadline_s": 30},
+             {"at_step": 25, "action": "kill", "rank": 1}]
+    code, summary, events, weights = _job(tmp_path, "unreplicated", drill, train={"steps": 40}, checkpoint=ckpt,
+                                          elastic={"workers": 3, "replicate_every": 0})
+    assert code == 0, summary.get("error")
+    assert any(r["cause"] == "leave" and r["step"] < 25 for r in summary["reconfigurations"]), "no preemption handled"
+    # one worker lost, whose buddy lives: with replicas it would go on from memory at step 25; the
+    # checkpoint of step 25 is written in the background, and may not have committed yet
+    (recovery,) = summary["recoveries"]
+    assert recovery["cause"].endswith("restored from a checkpoint") and recovery["step"] in (20, 25)
+    assert recovery["lost_steps"] == 25 - recovery["step"]
+    _exactly_once(summary)
+    assert _relative(reference, weights) <= 1e-4
+
+
 @pytest.mark.parametrize("stage", [3])  # stage 2 passes as well; one stage keeps the suite short
-def test_a_worker_lost_in_the_final_gather_is_recovered_and_the_gather_done_again(tmp_path, stage, one_worker):
-    """Rank 1 dies inside the gather of the final weights (after the last step, which committed):
-    the survivors rebuild its shard from their replicas in a generation with no step left, and the
-    gather is done again without it. Nothing is recomputed. Oracle: one uninterrupted worker."""
+def test_a_worker_lost_writing_the_final_weights_is_recovered_and_they_are_written_again(tmp_path, stage, one_worker):
+    """Rank 1 dies after the last step (which committed its replicas), before it writes its part of
+    the final checkpoint: that save does not commit; the survivors rebuild its shard from their
+    replicas in a generation with no step left, and write the final checkpoint without it. Nothing
+    is recomputed. Oracle: one uninterrupted worker."""
     reference = one_worker(16, stage)
-    code, summary, events, weights = _job(tmp_path, f"final{stage}", [{"at_step": 0, "action": "kill_in_final_gather",
+    code, summary, events, weights = _job(tmp_path, f"final{stage}", [{"at_step": 0, "action": "kill_in_final_save",
                                                                        "rank": 1}],
                                           train={"steps": 16}, zero={"stage": stage},
                                           elastic={"workers": 3, "max_workers": 3})
     assert code == 0, summary.get("error")
     (lost,) = [e for e in events if e["event"] == "worker_lost"]
-    assert lost["during"] == "final_gather" and lost["actor_id"] == "w1"
+    assert lost["actor_id"] == "w1"
+    (failed,) = [e for e in events if e["event"] == "checkpoint_failed"]
+    assert failed["error"].startswith("g0-s16: not committed")  # at once: the lost peer's part never comes
+    assert failed["t"] - lost["t"] < 10
     starts = [e for e in events if e["event"] == "generation_start"]
     assert [(s["source"], s["step"]) for s in starts] == [("init", 0), ("snapshot", 16)]
     assert starts[1]["workers"][:2] == ["w0", "w2"]

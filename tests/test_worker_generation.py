@@ -48,6 +48,7 @@ def _bare_worker():
     worker._generation = -1
     worker._groups = {}
     worker.engine = None
+    worker.writer = None
     return worker
 
 

@@ -73,6 +73,12 @@ def load_initial_weights(uri: str, field: str = "model.init_from") -> dict[str, 
 
 def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], field: str = "model.init_from") -> None:
     """Copy `state` into `model`; every parameter must be there with its shape (buffers may be absent)."""
+    check_fits(model, state, field)
+    model.load_state_dict(state, strict=False)
+
+
+def check_fits(model: torch.nn.Module, state: Mapping[str, torch.Tensor], field: str = "model.init_from") -> None:
+    """Raise ValueError naming the missing, unexpected or mis-shaped tensors unless `state` fits `model`."""
     own = dict(model.state_dict())
     params = {name for name, _ in model.named_parameters()}
     missing = sorted(params - set(state))
@@ -83,4 +89,3 @@ def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], field: 
         parts = [f"missing {missing[:3]}" if missing else "", f"unexpected {unexpected[:3]}" if unexpected else "",
                  f"shapes {wrong[:3]}" if wrong else ""]
         raise ValueError(f"{field}: the weights do not fit the model: {'; '.join(p for p in parts if p)}")
-    model.load_state_dict(state, strict=False)

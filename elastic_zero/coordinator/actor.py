@@ -9,8 +9,8 @@ Its loop runs on a thread of its own from the start, so the job goes on whoever 
 nobody: on a cluster it is a detached actor, and its driver may die). Ray restarts it if its process
 dies; the new one resumes from the latest checkpoint (its workers died with it). What the outside
 sees of it (status, progress, stop) is in face.py; its side of nodes that go (notices, silence) in
-node_watch.py; spawning and retiring workers in spawner.py; the gather of the final weights in
-final_gather.py.
+node_watch.py; spawning and retiring workers in spawner.py; the final weights (a checkpoint the
+workers write) in final_save.py.
 
 It imports no torch: its workers are spawned first, and its store (torch's) opens on a thread of
 its own while they start (rendezvous.py).
@@ -30,7 +30,8 @@ import ray
 from elastic_zero.coordinator.books import Books
 from elastic_zero.coordinator.events import NodeNotice
 from elastic_zero.coordinator.face import CoordinatorFace
-from elastic_zero.coordinator.final_gather import FinalGather
+from elastic_zero.coordinator.death_causes import is_memory_kill, memory_kill
+from elastic_zero.coordinator.final_save import FinalSave, directory_uri
 from elastic_zero.coordinator.node_watch import NodeWatch
 from elastic_zero.coordinator.spawner import WorkerSpawner
 from elastic_zero.coordinator.state import (
@@ -52,7 +53,7 @@ def coordinator_name(job: str) -> str:
     return f"elastic-zero:{job}"
 
 
-class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalGather):
+class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
     def __init__(self, spec: dict, job_id: str, run_dir: str, started_at: float) -> None:
         self.job_id, self.run_dir, self.started_at = job_id, run_dir, started_at
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
@@ -72,7 +73,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalGather):
         c = self.spec.checkpoint
         self.state = CoordinatorState(min_workers=e.min_workers, max_workers=e.max_workers, target=e.workers,
                                       min_wait_s=e.min_wait_s, join_window_s=e.join_window_s,
-                                      checkpoints=bool(c.uri and c.every))
+                                      checkpoints=bool(c.uri and c.every), replicated=e.replicate_every > 0)
         self.books = Books(self.spec.train.global_batch, self.spec.train.steps, started_at)
         self.events = EventLog(run_dir, go_on=self.restarted)
         self.live = LiveProgress(self.spec.train.global_batch, self.spec.train.steps)
@@ -175,8 +176,9 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalGather):
         try:
             result = ray.get(ref)
         except ray.exceptions.RayError as exc:  # the actor died
-            result = Report(Outcome(actor_id, "dead", error=str(exc)[:300]), ended_at=time.time())
-            self._log("worker_lost", actor_id=actor_id)
+            oom = memory_kill(str(exc))
+            result = Report(Outcome(actor_id, "dead", error=oom or str(exc)[:300]), ended_at=time.time())
+            self._log("worker_lost", actor_id=actor_id, **({"cause": oom} if oom else {}))
         self._results[actor_id] = result
         if result.outcome.kind in ("dead", "failed"):
             self._generation_failed()
@@ -277,7 +279,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalGather):
         if plan.source in ("snapshot", "checkpoint"):
             failed_at = min(self._new_kill_times() + [r.ended_at for r in last.values()] or [now])
             reached = max((r.outcome.step for r in last.values()), default=plan.step)
-            lost = sorted(a for a, r in last.items() if r.outcome.kind == "dead")
+            lost = sorted(a + (f" ({r.outcome.error})" if is_memory_kill(r.outcome.error) else "")
+                          for a, r in last.items() if r.outcome.kind == "dead")
             cause = f"lost {', '.join(lost)}" + ("; restored from a checkpoint" if plan.checkpoints else "")
             self.books.begin_change("recovery", failed_at, step=plan.step if plan.step >= 0 else None,
                                     cause=cause, reached=reached)
@@ -330,8 +333,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalGather):
         return times
 
     def _stop(self, command: Stop) -> None:
-        """A stop on request, at the safe point every member reached: a final checkpoint there if
-        asked (and the job saves checkpoints), then the weights, as at the end of training."""
+        """A stop on request, at the safe point every member reached: a checkpoint there, which
+        holds the weights the job ends with (`stop --checkpoint` asks for the same checkpoint)."""
         if command.step < 0:  # asked before training started, or while waiting for workers: nothing to save
             self._log("job_stopped", step=None, checkpoint=False)
             self._result = {"ok": True, "summary": {**self.books.summary(None, end_step=self._steps_done()),
@@ -339,18 +342,19 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalGather):
             return
         members = [m.actor_id for m in self.state.generation.members]
         plan = self._last_plan
-        if command.checkpoint and self.spec.checkpoint.uri:
-            reports = ray.get([self._workers[a].checkpoint_now.remote(plan) for a in members])
-            for r in reports:
-                for directory in r["checkpoints"]:
-                    self._checkpoint_committed(directory, plan.number)
-                for error in r["checkpoint_errors"]:
-                    self._log("checkpoint_failed", generation=plan.number, error=error)
-        states = ray.get([self._workers[a].final_state.remote(True) for a in members])
+        written = None
+        for r in ray.get([self._workers[a].checkpoint_now.remote(plan) for a in members]):
+            for directory in r["checkpoints"]:
+                self._checkpoint_committed(directory, plan.number)
+                written = directory
+            for error in r["checkpoint_errors"]:
+                self._log("checkpoint_failed", generation=plan.number, error=error)
+        written = written or self._commit_of_step(command.step)  # saved at that step already
         memory = ray.get(self._workers[members[0]].memory_report.remote())
         self._log("job_stopped", step=command.step, checkpoint=command.checkpoint)
         summary = {**self.books.summary(memory.get("param_count"), end_step=command.step), "stopped_at_step": command.step}
-        self._result = {"ok": True, "summary": summary, "final_state": states[0]}
+        self._result = {"ok": True, "summary": summary,
+                        "final_checkpoint": directory_uri(self.spec.checkpoint.uri, written) if written else None}
 
     def _log(self, kind: str, **fields) -> None:
         self.events.add(kind, **fields)

@@ -85,7 +85,7 @@ class Books:
         self.step_seconds.update(seconds)
 
     def _close_change_without_a_step(self, results: list[Report]) -> None:
-        """A recovery with no step left to run (a member lost in the final gather): its stall lasts
+        """A recovery with no step left to run (a member lost in the final save): its stall lasts
         until the recovered generation ended, and nothing was recomputed."""
         change = self.pending_change
         since, reached = change.pop("_since"), change.pop("reached", None)

@@ -72,8 +72,8 @@ class GenerationStepped:
 
 
 @dataclass(frozen=True)
-class FinalStateGathered:
-    """The final weights were gathered from every member: the job is over."""
+class FinalWeightsWritten:
+    """The final weights were written (the last step's checkpoint committed): the job is over."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Tick:
 
 
 Event = Union[Start, WorkersReady, WorkerStartFailed, ScaleRequested, PreemptionNotice, StopRequested, GenerationEnded,
-              GenerationStepped, FinalStateGathered, Tick]
+              GenerationStepped, FinalWeightsWritten, Tick]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from elastic_zero.coordinator.events import CheckpointNow, RequestSafePoint
-from elastic_zero.plan.membership import Generation
 
 
 def ask_for_safe_point_if_needed(state, reason: str, now: float):
@@ -23,7 +22,7 @@ def ask_for_safe_point_if_needed(state, reason: str, now: float):
     if wants and len(state.staying()) + len(state.ready) < state.min_workers:
         reason = f"{reason}: leavers wait for replacements (min_workers {state.min_workers})"
         number = state.generation.number if state.generation is not None else None
-        if state.running and state.checkpoint_asked_in != number and _unreplicated_if_gone(state.generation, state.leaving):
+        if state.running and state.checkpoint_asked_in != number and _unreplicated_if_gone(state, state.leaving):
             # if they go before replacements join, shards go with them: a checkpoint of the step reached
             return replace(state, checkpoint_asked_in=number), (CheckpointNow(),), \
                 f"{reason}; a shard has no replica outside the leavers: checkpoint now"
@@ -42,7 +41,11 @@ def ask_for_safe_point_if_needed(state, reason: str, now: float):
     return state, (), reason
 
 
-def _unreplicated_if_gone(generation: Generation, leaving) -> bool:
-    """Whether some leaver's shard has its only replica on a leaver too (or on itself: one rank)."""
+def _unreplicated_if_gone(state, leaving) -> bool:
+    """Whether some leaver's shard has no replica outside the leavers: its only replica is on a
+    leaver too (or on itself: one rank), or the job keeps no replicas."""
+    generation = state.generation
+    if not state.replicated:
+        return bool(leaving)
     going = {generation.rank_of(a) for a in leaving if any(m.actor_id == a for m in generation.members)}
     return any(generation.buddies[r] in going for r in going)

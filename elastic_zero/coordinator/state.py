@@ -10,7 +10,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from elastic_zero.coordinator.events import (  # noqa: F401 - the events and commands are part of this module's API
-    CheckpointNow, Event, Fail, FinalStateGathered, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint,
+    CheckpointNow, Event, Fail, FinalWeightsWritten, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint,
     Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, WorkerStartFailed,
 )
 from elastic_zero.coordinator.safe_points import ask_for_safe_point_if_needed
@@ -53,6 +53,7 @@ class CoordinatorState:
     min_wait_s: float = 60.0
     join_window_s: float = 5.0  # how long a ready joiner waits for workers still starting (a safe point each costs a stall)
     checkpoints: bool = False  # the job saves checkpoints it can fall back to
+    replicated: bool = True  # the workers keep buddy replicas in memory (elastic.replicate_every > 0)
     first_generation: int = 0  # a restarted coordinator numbers on after its predecessor's generations
     generation: Generation | None = None
     previous: Generation | None = None  # the layout the running generation was built from
@@ -68,7 +69,7 @@ class CoordinatorState:
     # After a failure the survivors go on first and replacements are asked for once this
     # generation has stepped: a replacement warming up beside them would slow the recovery step.
     top_up_after: int | None = None
-    # training finished and the final weights are being gathered: a member lost now is recovered
+    # training finished and the final weights are being written: a member lost now is recovered
     # from the replicas of the last step (a GenerationEnded), like a loss during training
     finishing: bool = False
     done: bool = False
@@ -129,8 +130,8 @@ def _decide(state: CoordinatorState, event: Event, now: float):
         return state, (), "stop requested: the job ends at the next safe point"
     if isinstance(event, GenerationEnded):
         return _on_generation_end(state, event.outcomes, now)
-    if isinstance(event, FinalStateGathered):  # only ever sent while finishing
-        return state, (), "FinalStateGathered ignored: no gather was running"
+    if isinstance(event, FinalWeightsWritten):  # only ever sent while finishing
+        return state, (), "FinalWeightsWritten ignored: no final save was running"
     if isinstance(event, GenerationStepped):
         if event.number != state.top_up_after:
             return state, (), f"generation {event.number} stepped"
@@ -148,21 +149,21 @@ def _decide(state: CoordinatorState, event: Event, now: float):
 
 
 def _while_finishing(state, event, now):
-    """Training is over; only the gather's end matters now."""
-    if isinstance(event, FinalStateGathered):
+    """Training is over; only the final save's end matters now."""
+    if isinstance(event, FinalWeightsWritten):
         everyone = state.members() + tuple(m.actor_id for m in state.ready)
-        return replace(state, done=True, finishing=False), (Retire(everyone),), "the final weights were gathered"
-    if isinstance(event, GenerationEnded):  # members were lost in the gather
+        return replace(state, done=True, finishing=False), (Retire(everyone),), "the final weights were written"
+    if isinstance(event, GenerationEnded):  # members were lost in the final save
         state, commands, reason = _on_generation_end(replace(state, finishing=False, running=True), event.outcomes, now)
-        return state, commands, f"lost while the final weights were gathered: {reason}"
-    if isinstance(event, WorkersReady):  # kept: replacements, should the gather lose a member
+        return state, commands, f"lost while the final weights were written: {reason}"
+    if isinstance(event, WorkersReady):  # kept: replacements, should the final save lose a member
         return replace(state, ready=state.ready + tuple(event.members), spawning=max(0, state.spawning - len(event.members)),
-                       members_by_id=_remember(state, event.members)), (), "ready workers kept while the weights are gathered"
+                       members_by_id=_remember(state, event.members)), (), "ready workers kept while the final weights are written"
     if isinstance(event, WorkerStartFailed):
         return replace(state, spawning=max(0, state.spawning - 1)), (), f"worker {event.actor_id} failed to start"
     if isinstance(event, Tick):
         return state, (), "nothing to do"
-    return state, (), f"{type(event).__name__} ignored: training is over and the final weights are gathered"
+    return state, (), f"{type(event).__name__} ignored: training is over and the final weights are written"
 
 
 def _remember(state: CoordinatorState, members) -> dict:
@@ -257,9 +258,9 @@ def _on_generation_end(state, outcomes, now):
     state = replace(state, running=False, safe_point_requested=False, top_up_after=None)
     if all(k == "finished" for k in kinds):
         # workers told to leave (a notice or a scale-down the last step overtook) stay to the end: a
-        # recovery in the gather must not plan a hand-off, which needs a step to commit its layout
+        # recovery in the final save must not plan a hand-off, which needs a step to commit its layout
         return replace(state, finishing=True, leaving=(), handover_leavers=()), (Finish(),), \
-            "training finished: the final weights are gathered"
+            "training finished: the final weights are written"
     dead = tuple(a for a, k in zip(members, kinds) if k == "dead")
     failed = [by_id[a] for a, k in zip(members, kinds) if k == "failed"]
     # a leaver that dies inside the handover fails its peers' collectives; after it, nobody misses it
@@ -322,6 +323,8 @@ def _on_failure(state, by_id, dead, dead_leavers, now):
         why = (f"a worker was lost before generation {gen.number} committed its layout, and neither that layout "
                f"nor the one before it is complete in memory" if in_handover else
                f"ranks {list(lost_ranks(gen, survivors))} and the replicas of their shards were lost together")
+        if not state.replicated:
+            why = f"ranks {list(lost_ranks(gen, survivors))} were lost and replication is off (elastic.replicate_every = 0)"
         return replace(state, done=True), (Retire(survivors), Fail(
             f"{why}; no step can be restored from memory and the job saves no checkpoints")), "unrecoverable in memory"
     step, holders = point if point is not None else (-1, ())

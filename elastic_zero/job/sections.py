@@ -162,7 +162,7 @@ class ElasticSpec:
     workers: int = 2  # the workers the job starts with and tops back up to
     min_workers: int = 1  # below it training waits (min_wait_s) for replacements, then fails
     max_workers: int = 4  # the most `scale` may ask for; at most global_batch
-    replicate_every: int = 1  # steps between buddy replicas (every safe point replicates too)
+    replicate_every: int = 1  # steps between buddy replicas (every safe point replicates too); 0: none, a lost worker is recovered from the latest checkpoint
     use_gpu: bool = False  # one GPU per worker and NCCL, else one CPU and gloo
     collective_timeout_s: float = 30.0  # a collective waiting longer fails the generation; its hung member is killed
     min_wait_s: float = 60.0  # how long to wait for workers while below min_workers
@@ -172,7 +172,7 @@ class ElasticSpec:
     def validate(self) -> None:
         _at_least("elastic.min_workers", self.min_workers, 1)
         _at_least("elastic.join_window_s", self.join_window_s, 0.0)
-        _at_least("elastic.replicate_every", self.replicate_every, 1)
+        _at_least("elastic.replicate_every", self.replicate_every, 0)
         if not self.min_workers <= self.workers <= self.max_workers:
             _fail("elastic.workers", f"must lie in [min_workers, max_workers] = "
                                      f"[{self.min_workers}, {self.max_workers}], got {self.workers}")
@@ -234,7 +234,7 @@ class PreemptionSpec:
 
 
 # the worker's process exits ("device_error": a CUDA error is raised in the step, which ends it)
-KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover", "kill_in_final_gather", "device_error")
+KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover", "kill_in_final_save", "device_error")
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,8 @@ class TrainingWorker:
     def abort_generation(self, number: int) -> None:
         self._trainer.abort_generation(number)
 
-    def checkpoint_now(self, plan: GenerationPlan) -> dict:
-        return self._trainer.checkpoint_now(plan)
-
-    def final_state(self, rank0_only: bool = True, plan: GenerationPlan | None = None) -> dict:
-        return self._trainer.final_state(rank0_only, plan)
+    def checkpoint_now(self, plan: GenerationPlan, final: bool = False) -> dict:
+        return self._trainer.checkpoint_now(plan, final)
 
     def memory_report(self) -> dict:
         return self._trainer.memory_report()

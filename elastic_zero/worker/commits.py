@@ -6,20 +6,30 @@ from __future__ import annotations
 
 import time
 
+from elastic_zero.plan.batches import rank_positions
 from elastic_zero.protocol import GenerationPlan
 from elastic_zero.worker.replication import InFlight
 from elastic_zero.zero import ShardState
 
 
 class StepCommits:
+    @property
+    def _replicating(self) -> bool:
+        """Whether the job keeps replicas in memory (elastic.replicate_every = 0: none, so no step
+        ever commits, and a loss is recovered from the latest checkpoint)."""
+        return self.spec.elastic.replicate_every > 0
+
     def _commit_due(self, step_count: int) -> bool:
         """Whether the step that brings the count to `step_count` commits (safe points aside, which
         commit too): every `replicate_every` steps, and the last."""
-        return step_count % self.spec.elastic.replicate_every == 0 or step_count == self.spec.train.steps
+        every = self.spec.elastic.replicate_every
+        return every > 0 and (step_count % every == 0 or step_count == self.spec.train.steps)
 
     def _commit(self, plan: GenerationPlan, snapshot: ShardState | None = None) -> None:
         """Commit now, entering a generation: snapshot this rank's shard (or take `snapshot`, a host
         copy of it) and swap replicas with the buddy, waiting for the swap."""
+        if not self._replicating:
+            return
         self._start_commit(plan, None, snapshot)
         self._finish_commit(plan, None)
 
@@ -63,6 +73,17 @@ class StepCommits:
         checkpoint."""
         self._unsaved_log.extend((plan.number, *row) for row in rows if row[0] > self._saved_through)
         report["log"].extend(rows)
+
+    def _keep_step_records(self, plan: GenerationPlan, report: dict, step: int, world: int, rank: int) -> None:
+        """Without replicas (nothing commits), a step's sample records are kept once its closing
+        all-reduce passed: every rank had computed its share. As a commit keeps them, with the
+        ward's record too, which the all-reduce witnessed: a lost rank's steps are still told."""
+        rows, report["uncommitted"] = report["uncommitted"], []
+        self._keep_uncommitted(plan, report, rows)
+        if world > 1:
+            ward = plan.generation.buddies.index(rank)
+            positions = rank_positions(step, self.spec.train.global_batch, world, ward)
+            report["ward_log"].append((step, ward, positions.start, len(positions)))
 
     def _host_snapshot(self) -> ShardState:
         """A host copy of this rank's shard, complete on return."""

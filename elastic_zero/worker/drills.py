@@ -3,7 +3,8 @@ worker carries them out (and the store makes each fire once, even when a recover
 
 Moments: "handover" (inside the handover into a generation, before any shard moves), "first_step"
 (before the first step of a generation, so before its layout's first commit), "step" (before
-every step) and "final" (inside the gather of the final weights, at or after `at_step`). A drill names the rank it hits in the generation of the moment.
+every step) and "final" (after the last step, before its checkpoint, the final weights, is
+written; or before that checkpoint is written again, at or after `at_step`). A drill names the rank it hits in the generation of the moment.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Iterator, Sequence
 
 from elastic_zero.job.spec import FaultSpec
 
-MOMENT_OF = {"kill_in_handover": "handover", "kill_after_handover": "first_step", "kill_in_final_gather": "final"}  # every other action: "step"
+MOMENT_OF = {"kill_in_handover": "handover", "kill_after_handover": "first_step", "kill_in_final_save": "final"}  # every other action: "step"
 
 
 def due_drills(faults: Sequence[FaultSpec], moment: str, rank: int | None, step: int,

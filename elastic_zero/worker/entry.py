@@ -16,6 +16,7 @@ from elastic_zero.protocol import GenerationPlan
 from elastic_zero.worker.handover import hand_over
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine
 from elastic_zero.zero.abortable import GroupAborted
+from elastic_zero.zero.host_memory import release_free_memory
 
 
 class _PhaseClock:
@@ -57,9 +58,7 @@ class GenerationEntry:
         """Generation 0: build the engine on its group, from the model or the checkpoint to resume."""
         rank = plan.generation.rank_of(self.actor_id)
         self._build_groups(plan, self._member_groups(plan, rank))
-        self.engine = ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, process_group=self._train_comm(),
-                                 grad_clip=self.spec.train.grad_clip, wrap=self.wrap,
-                                 compute_dtype=DTYPES[self.spec.zero.compute_dtype])
+        self.engine = self._new_engine(self._train_comm())
         clock.lap("engine")
         if self.spec.checkpoint.resume:
             state, report["restored_from"] = self._restore(self._resume_candidates())
@@ -159,8 +158,20 @@ class GenerationEntry:
         return wanted
 
     def _standalone_engine(self) -> ZeroEngine:
-        return ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, grad_clip=self.spec.train.grad_clip,
-                          wrap=self.wrap, compute_dtype=DTYPES[self.spec.zero.compute_dtype])
+        """An engine of its own, hollow: a handover or a checkpoint fills it (reconfigure) before
+        it trains, and at world size 1 its state would be the whole model's."""
+        return self._new_engine(None, hollow=True)
+
+    def _new_engine(self, comm, hollow: bool = False) -> ZeroEngine:
+        """The worker's engine over `comm` (None: on its own); a meta model's starting weights go
+        into it and are let go."""
+        engine = ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, process_group=comm,
+                            grad_clip=self.spec.train.grad_clip, wrap=self.wrap,
+                            compute_dtype=DTYPES[self.spec.zero.compute_dtype], device=self.device,
+                            init_values=self._init_values, hollow=hollow)
+        self._init_values = None
+        release_free_memory()  # the model's own tensors, and a meta model's unit-by-unit values, are gone
+        return engine
 
     def _scalars(self) -> dict:
         scale = self.engine.loss_scale

@@ -1,8 +1,9 @@
 """Buddy replication: every rank sends its shard snapshot to its buddy and keeps its ward's copy.
 
 buddies[r] is the rank holding r's replica; the ward of rank b is the r with buddies[r] == b.
-Snapshots live in host memory. The last `keep` steps are kept, so that a failure in the middle
-of a replication still leaves an older step that every survivor can restore.
+Snapshots live in host memory. A step's snapshots are kept until every rank is known to hold
+the next step's (confirmed()), so that a failure in the middle of a replication still leaves an
+older step that every survivor can restore: one step at rest, two while a swap is in flight.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ class ReplicaStore:
             self.ward[step] = ward
         for store in (self.own, self.ward):
             for old in sorted(store)[: -self.keep]:
+                del store[old]
+
+    def keep_latest(self) -> None:
+        """Every rank holds the latest step's snapshots: the older ones are needed no more."""
+        for store in (self.own, self.ward):
+            for old in sorted(store)[:-1]:
                 del store[old]
 
     def clear(self) -> None:
@@ -62,8 +69,12 @@ class LayoutReplicas:
             self.current, self.generation = ReplicaStore(), generation
         self.current.add(step, own, ward)
 
-    def drop_earlier(self) -> None:
+    def confirmed(self) -> None:
+        """Every rank has committed the latest step of the current layout (a collective that all of
+        them entered after their commit completed): the earlier layout and the older steps go, so
+        that at rest a rank holds one snapshot of its own and one of its ward's."""
         self.earlier = None
+        self.current.keep_latest()
 
     def report(self) -> dict:
         """The steps held, as the coordinator's Outcome describes them."""

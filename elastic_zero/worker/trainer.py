@@ -19,6 +19,8 @@ import time
 import torch
 
 from elastic_zero.checkpoint import load_initial_weights, load_into
+from elastic_zero.checkpoint.interop import check_fits
+from elastic_zero.checkpoint.export import model_extra
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.data.source import read_ahead_for_step
 from elastic_zero.job.build import build_loss, build_model, build_optimizer, build_source, unit_classes
@@ -38,16 +40,20 @@ from elastic_zero.worker.node_duties import NodeDuties, coordinator_handle
 from elastic_zero.worker.replica import LayoutReplicas
 from elastic_zero.worker.commits import StepCommits
 from elastic_zero.worker.replication import Replicator
+from elastic_zero.worker.saves import CheckpointSaves
 from elastic_zero.worker.warnings_relay import relay_warnings
 from elastic_zero.zero import TorchComm, ZeroEngine
+from elastic_zero.zero.host_memory import large_allocations_to_the_system, release_free_memory
+from elastic_zero.zero.meta import has_meta_parameters, placed
 
 PROGRESS_EVERY_S = 0.5  # how often rank 0 tells the coordinator its step and loss
 
 
-class Trainer(GenerationEntry, GenerationGroups, StepCommits, NodeDuties):
+class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, NodeDuties):
     def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int, store_secret: bytes,
                  coordinator: str | None = None, namespace: str | None = None, joiner: bool = False) -> None:
         torch.set_num_threads(1)
+        large_allocations_to_the_system()  # before the model: freed tensors leave the process
         self.spec = spec_from_dict(spec)
         self.actor_id = actor_id
         self.use_gpu = self.spec.elastic.use_gpu
@@ -57,20 +63,28 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, NodeDuties):
         self.start_error = ""
         try:
             self.device = worker_device(self.use_gpu)
-            self.model = named("model", lambda: build_model(self.spec).to(self.device))
+            self.model = named("model", lambda: placed(build_model(self.spec), self.device))
             self.wrap = unit_classes(self.spec, self.model)
             self.source = named("data.source", lambda: build_source(self.spec, self.model))
             self.loss_fn = build_loss(self.spec)
             # float16 overflows are the loss scaler's to skip; elsewhere a non-finite loss is a bug
             self._finite_loss = self.spec.zero.compute_dtype != "float16"
+            self._init_values = None  # a meta model's weights to start from, until its engine takes them
             if self.spec.model.init_from:  # every worker: the same buffers everywhere, a bad file a start error
-                named("model.init_from", lambda: load_into(self.model, load_initial_weights(self.spec.model.init_from)))
+                weights = named("model.init_from", lambda: load_initial_weights(self.spec.model.init_from))
+                if has_meta_parameters(self.model):
+                    named("model.init_from", lambda: check_fits(self.model, weights))
+                    self._init_values = weights
+                else:
+                    named("model.init_from", lambda: load_into(self.model, weights))
             self.optimizer = build_optimizer(self.spec)
+            self._model_extra = model_extra(self.model)  # what export needs beyond the layout
+            release_free_memory()  # a meta model's construction made and freed every parameter
         except Exception as exc:
             self.start_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return
         self.engine: ZeroEngine | None = None
-        if joiner:  # warm up now, while the others train: an engine of its own until the handover fills it
+        if joiner:  # the layout and hooks now, while the others train; the handover fills it (hollow until then)
             self.engine = self._standalone_engine()
         # the layout before a handover stays until every rank has committed the new one, so that a
         # loss inside the handover is recovered from memory
@@ -91,9 +105,10 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, NodeDuties):
         # rank 0 commits; the coordinator hears of each commit as it happens
         told = (lambda d: coordinator_handle(coordinator, namespace).checkpoint_note.remote(actor_id, d)) \
             if coordinator else None
+        # a job with no checkpoint.uri of its own writes its final weights to its run directory (api.py)
         self.writer = (AsyncCheckpointWriter(c.uri, self.store, c.keep, self.spec.zero.stage,
                                              self.spec.elastic.collective_timeout_s, on_commit=told)
-                       if c.uri and c.every else None)
+                       if c.uri else None)
         # a checkpoint at the next step asked for in generation _checkpoint_for, taken unless a checkpoint
         # was saved for a request of that generation or a later one (_checkpoint_taken)
         self._checkpoint_for = self._checkpoint_taken = -1
@@ -134,6 +149,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, NodeDuties):
                 self._aborted.set()
                 if self.engine is not None:
                     self.engine.interrupt()
+                if self.writer is not None:  # a save waiting for the lost peer's part never commits
+                    self.writer.abandon()
                 self._abort_groups()
                 if self._building is not None:
                     self._building.set()  # a group being built is given up at once
@@ -153,7 +170,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, NodeDuties):
                 return _finished(report, Outcome(self.actor_id, "left", plan.step), time.time())
             report["rank"] = rank
             kind = self._loop(plan, rank, report)
-            # finished: the replicas of the last step back a recovery should the final gather lose a member
+            # finished: the replicas of the last step back a recovery should the final save lose a member
             replicas = self.replicas.report() if kind == "finished" else {}
             return _finished(report, Outcome(self.actor_id, kind, self.engine.step_count, **replicas), time.time())
         except Exception as exc:  # a collective failed (a peer died or timed out), or a bug
@@ -177,28 +194,6 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, NodeDuties):
             outcome = Outcome(self.actor_id, "failed", step, error=error, bug=bug, **self.replicas.report())
             return _finished(report, outcome, ended)
 
-    def _save_checkpoint(self, plan: GenerationPlan, report: dict, now: bool = False) -> None:
-        step = self.engine.step_count
-        every = self.spec.checkpoint.every
-        if self.writer is None or (step % every and step != self.spec.train.steps and not now):
-            return
-        if now and self._saved_through == step - 1:  # saved at this step already
-            return
-        flight = self.replicator.in_flight
-        if flight is not None and flight.step == step:  # the snapshot on its way to the buddy
-            flight.wait_copied()
-            snapshot, in_flight_rows = flight.snapshot, flight.rows
-        else:
-            snapshot, in_flight_rows = self.replicas.current.own.get(step) or self._host_snapshot(), []
-        extra = {"cursor": step * self.spec.train.global_batch, "seed": self.spec.train.seed,
-                 "generation": plan.number, "optimizer": dict(vars(self.spec.optimizer))}
-        # the checkpoint commits every step up to its own, replicated yet or not (checkpoint.every
-        # need not be a multiple of replicate_every): their sample records go with it
-        rows = self._unsaved_log + [(plan.number, *row) for row in in_flight_rows + report["uncommitted"]]
-        self._unsaved_log, self._saved_through = [], step - 1  # rows name a step by its index
-        report["checkpoint_stall_s"].append(self.writer.save(snapshot, f"g{plan.number}-s{step}", extra, rows))
-        self._take_checkpoint_news(report)
-
     def _loop(self, plan: GenerationPlan, rank: int, report: dict) -> str:
         spec = self.spec
         world = plan.generation.world_size
@@ -213,31 +208,39 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, NodeDuties):
             if report["first_step_at"] is None:
                 report["first_step_at"] = started
             positions = rank_positions(step, spec.train.global_batch, world, rank)
-            # a step that will replicate has the engine copy its shard as it updates (a safe point's commit,
-            # which only the closing all-reduce announces, makes its copy afterwards)
-            weight, loss_sum, metric_sums = self._train_step(positions, world, rank, comm, step,
-                                                             self._commit_due(step + 1))
+            weight, loss_sum, metric_sums = self._forward_backward(positions, world, rank, comm, step)
             blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
             asked = self._safe_point_for == plan.number
             checkpoint_asked = self._checkpoint_for > self._checkpoint_taken  # asked in this generation or before
             agree = step_summary(asked, weight, loss_sum, metric_sums, self.device, checkpoint_asked)
-            committed = self.replicas.generation == plan.number
+            # without replicas the layout is complete once every rank has taken its shards of it
+            committed = self.replicas.generation == plan.number or not self._replicating
             comm.all_reduce(agree)
             if committed:  # every rank got here after a commit in this layout: it is complete in memory
-                self.replicas.drop_earlier()
+                self.replicas.confirmed()  # and so the older steps are needed no more
                 if rank == 0 and plan.leaving and not report["step_times"]:
                     self.store.set(committed_key(plan), "1")  # the leavers may go
             report["last_loss"], report["last_metrics"] = read_step_summary(agree, sorted(metric_sums), world, step)
             report["losses"].append((step, round(report["last_loss"], 6)))  # every rank: one may be lost
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
+            # the update after the all-reduce: the older replicas are gone before the step's copy is made,
+            # which a step that will commit (every `replicate_every`, or a safe point) has the engine make
+            # as it updates
+            will_stop = agree[0] > 0 and step + 1 < spec.train.steps
+            engine.step(host_copy=self._commit_due(step + 1) or (will_stop and self._replicating))
+            engine.zero_grad()
             stopping = agree[0] > 0 and engine.step_count < spec.train.steps
             trained = time.time()
             last = engine.step_count == spec.train.steps
             # a safe point always commits: the next generation's fallback is this layout at this step
-            if self._commit_due(engine.step_count) or stopping:
+            if self._commit_due(engine.step_count) or (stopping and self._replicating):
                 blocked += self._start_commit(plan, report)
                 if last or stopping:  # nothing follows to hide the swap behind: committed before going on
                     self._finish_commit(plan, report)  # (its wait is in the time since `trained`)
+            elif not self._replicating:
+                self._keep_step_records(plan, report, step, world, rank)
+            if last:  # the final weights are this step's checkpoint, written next
+                self._fire_drills("final", plan, rank, engine.step_count)
             checkpoint_now = bool(agree[-1] > 0)
             if checkpoint_now:  # on every rank: a request still on its way to one is for this checkpoint too
                 self._checkpoint_taken = max(self._checkpoint_for, plan.number)
@@ -266,20 +269,10 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, NodeDuties):
                                              report["step_times"][-1], now,
                                              report["checkpoints"][-1] if report["checkpoints"] else None)
 
-    def checkpoint_now(self, plan: GenerationPlan) -> dict:
-        """The job stops on request at the safe point `plan` reached: save that step (every rank;
-        rank 0 commits) and wait for the commit. Returns the commits and errors of this rank."""
-        report = {"uncommitted": [], "checkpoint_stall_s": [], "checkpoint_errors": [], "checkpoints": []}
-        if self.writer is None:
-            return report
-        self._save_checkpoint(plan, report, now=True)
-        self.writer.wait()
-        self._take_checkpoint_news(report)
-        return report
-
-    def _train_step(self, positions: range, world: int, rank: int, comm: TorchComm, step: int,
-                    host_copy: bool = False) -> tuple[float, float, dict]:
-        """Forward and backward of this rank's share of the step, then the update. Each micro batch's
+    def _forward_backward(self, positions: range, world: int, rank: int, comm: TorchComm,
+                          step: int) -> tuple[float, float, dict]:
+        """Forward and backward of this rank's share of the step (the update follows the step's
+        closing all-reduce). Each micro batch's
         loss (a weighted mean, see losses.py) is scaled by its weight * world / the global weight, so
         that the engine's average over ranks is the weighted mean over the global batch. Returns this
         rank's (weight, weight * loss, {metric: weight * value}) for the step's all-reduce."""
@@ -314,8 +307,6 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, NodeDuties):
             loss_sum += value * weight
             for name, v in metrics.items():
                 metric_sums[name] += v * weight
-        engine.step(host_copy=host_copy)
-        engine.zero_grad()
         return sum(weights), loss_sum, metric_sums or {}
 
     def _call_loss(self, batch: dict):
@@ -328,11 +319,6 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, NodeDuties):
                 raise
             text = str(exc).splitlines()[0][:300] if str(exc) else ""
             raise ValueError(f"train.loss: raised {type(exc).__name__}: {text}") from exc
-
-    def _take_checkpoint_news(self, report: dict) -> None:
-        """The commits and failures of background saves since the last look go into the report."""
-        report["checkpoint_errors"].extend(self.writer.take_errors())
-        report["checkpoints"].extend(self.writer.take_committed())
 
     def _fire_drills(self, moment: str, plan: GenerationPlan, rank: int | None, step: int) -> None:
         for i, fault in due_drills(self.spec.faults, moment, rank, step, plan.step, plan.source):
@@ -358,12 +344,6 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, NodeDuties):
                 coordinator.scale.remote(fault.workers)
 
     # ---- the end -----------------------------------------------------------------------------
-
-    def final_state(self, rank0_only: bool = True, plan: GenerationPlan | None = None) -> dict:
-        """The full weights, gathered over the group of `plan` (the generation that finished)."""
-        if plan is not None:
-            self._fire_drills("final", plan, plan.generation.rank_of(self.actor_id), self.engine.step_count)
-        return self.engine.full_state_dict(rank0_only=rank0_only)
 
     def memory_report(self) -> dict:
         return self.engine.memory_report() if self.engine is not None else {}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -33,12 +33,14 @@ from elastic_zero.plan.partition import partition_layout
 from elastic_zero.zero import exit_guard
 from elastic_zero.zero.comm import agree_on_all_ranks, as_comm
 from elastic_zero.zero.loss_scale import DynamicLossScale
+from elastic_zero.zero.meta import UnitInitializer, has_meta_parameters
 from elastic_zero.zero.shard_io import ShardIO
 from elastic_zero.zero.update_groups import update_groups
 from elastic_zero.zero.units import find_units, param_specs
 from elastic_zero.zero.unit_buffer import UnitBuffer
 
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+REDUCES_IN_FLIGHT = 2  # gradient reductions a backward keeps going at once, each holding its unit's bucket
 
 
 class StepInterrupted(RuntimeError):
@@ -58,7 +60,15 @@ class ZeroEngine(ShardIO):
         reduce_dtype: torch.dtype | None = None,
         wrap: type | Sequence[type] | None = None,
         align: int = 16,
+        device: torch.device | str | None = None,
+        init_values: Mapping[str, torch.Tensor] | None = None,
+        hollow: bool = False,
     ) -> None:
+        """`device`: where a model built on the meta device lives (default cpu; a real model's is its
+        parameters'). `init_values`: a meta model's starting weights by name (default: its own
+        initialization, unit by unit; meta.py). `hollow`: allocate no state and set no values, for an
+        engine that reconfigure() fills first (a worker joining a running job: a world-size-1 shard
+        would be the whole model's state)."""
         if stage not in (1, 2, 3):
             raise ValueError(f"stage must be 1, 2 or 3, got {stage!r}")
         if compute_dtype not in _COMPUTE_DTYPES:
@@ -79,6 +89,9 @@ class ZeroEngine(ShardIO):
         # fp16 gradients underflow without it; bf16 has fp32's exponent range and needs none
         self.loss_scale = DynamicLossScale() if compute_dtype == torch.float16 else None
 
+        # a model on the meta device gets real (storage-less) parameters now, and values unit by unit below
+        initializer = UnitInitializer(model, torch.device(device or "cpu"), init_values) \
+            if has_meta_parameters(model) else None
         unit_modules = find_units(model, wrap)
         specs = param_specs(model, unit_modules)
         self.device = specs[0][1].device
@@ -98,31 +111,38 @@ class ZeroEngine(ShardIO):
         self._host_copy = None  # the one step(host_copy=True) made: (ShardState, event, seconds)
         self._sync = True
         self._interrupted = False
-        self._partition_over(self.comm)
-        for unit in self.units:
-            full32 = unit.initial_values()
+        self._partition_over(self.comm, hollow)
+        for unit in self.units if not hollow else ():  # one at a time: at stage 3 the peak is a unit or two
+            full32 = unit.initial_values(initializer.values if initializer is not None else None)
             self.comm.broadcast(full32, 0)  # every rank starts from rank 0's parameters
             if not self._master_is_view:
                 self._master_unit(unit).copy_(full32[unit.own_slice])
             unit.take_values(full32)
+            del full32
             self._after_bind(unit)
+        if initializer is not None:
+            initializer.fill_frozen(model)
         self._install_hooks()
         exit_guard.track(self)  # closed at interpreter exit if still open: see exit_guard.py
 
-    def _partition_over(self, comm) -> None:
-        """Cut the layout over `comm`'s ranks and allocate this rank's buffers (values not set)."""
+    def _partition_over(self, comm, hollow: bool = False) -> None:
+        """Cut the layout over `comm`'s ranks and allocate this rank's buffers (values not set;
+        `hollow`: shaped, holding no bytes)."""
         self.comm = comm
         self.rank, self.world_size = comm.rank, comm.world_size
         self.partition = partition_layout(self.layout, self.world_size)
+        where = torch.device("meta") if hollow else self.device
         self.units: list[UnitBuffer] = []
         for ui, span in enumerate(self.layout.units):
             members = [(self._params[s.name], s) for s in self.layout.unit_slots(ui)]
+            # stage 3 holds a unit's full buffer only while it is used: none is allocated up front
+            # (a hollow engine's buffers are on the meta device: shaped, holding nothing)
             self.units.append(UnitBuffer(ui, span, self._unit_modules.get(span.name), members, self.partition,
-                                         self.rank, self.compute_dtype, self.device))
+                                         self.rank, self.compute_dtype, where, allocated=self.stage != 3 or hollow))
         shard_numel = self.partition.shard_numel
-        self._master = None if self._master_is_view else torch.zeros(shard_numel, device=self.device)
-        self._grad = torch.zeros(shard_numel, device=self.device)
-        self._state = {name: torch.zeros(shard_numel, device=self.device) for name in self.optimizer.state_names}
+        self._master = None if self._master_is_view else torch.zeros(shard_numel, device=where)
+        self._grad = torch.zeros(shard_numel, device=where)
+        self._state = {name: torch.zeros(shard_numel, device=where) for name in self.optimizer.state_names}
         self._groups = self._build_update_groups()
         self._order = [u for u in self.units if u.module is not None]
         self._root = next((u for u in self.units if u.module is None), None)
@@ -232,23 +252,31 @@ class ZeroEngine(ShardIO):
         self._pending_reduces.append((unit, out, self.comm.reduce_scatter(out, bucket, async_op=True)))
         if self.stage == 3:
             unit.free()
+        # each pending reduction holds its unit's whole gradient bucket: folding the oldest into the
+        # shard as backward goes bounds them to a few units, where the whole model's would pile up
+        while len(self._pending_reduces) > REDUCES_IN_FLIGHT:
+            self._fold(*self._pending_reduces.pop(0))
+
+    def _fold(self, unit: UnitBuffer, out: torch.Tensor, handle) -> None:
+        """Wait for one unit's reduction and put its share into the gradient shard."""
+        handle.wait()
+        scale = 1.0 / self.world_size
+        if self.loss_scale is not None:
+            scale /= self.loss_scale.scale
+        shard = self._grad[self._shard_slice(unit)]
+        if self.stage == 1:  # full gradients accumulate locally; the reduction replaces the shard
+            shard.copy_(out)
+            if scale != 1.0:
+                shard.mul_(scale)
+        else:
+            shard.add_(out, alpha=scale)
 
     def _finish_backward(self) -> None:
         for unit in self.units:
             if not unit.grads_done:
                 self._reduce(unit)  # parameters that got no gradient this backward
-        scale = 1.0 / self.world_size
-        if self.loss_scale is not None:
-            scale /= self.loss_scale.scale
-        for unit, out, handle in self._pending_reduces:
-            handle.wait()
-            shard = self._grad[self._shard_slice(unit)]
-            if self.stage == 1:  # full gradients accumulate locally; the reduction replaces the shard
-                shard.copy_(out)
-                if scale != 1.0:
-                    shard.mul_(scale)
-            else:
-                shard.add_(out, alpha=scale)
+        for pending in self._pending_reduces:
+            self._fold(*pending)
         self._pending_reduces = []
         for unit in self.units:
             unit.start_backward()
@@ -314,14 +342,6 @@ class ZeroEngine(ShardIO):
                 self._launch_gather(unit)
         return True
 
-    def take_host_copy(self):
-        """(host copy of the shard, its CUDA event or None, seconds the copy took) made by the last
-        step(host_copy=True) if no step followed it, else None; taken once."""
-        taken, self._host_copy = self._host_copy, None
-        if taken is not None and int(taken[0].scalars["step"]) != self.step_count:
-            return None
-        return taken
-
     def _await_shard_readers(self) -> None:
         """Order every write of the shard after the host copies of it that are still running (on
         the device's stream: the host does not wait)."""
@@ -375,16 +395,3 @@ class ZeroEngine(ShardIO):
             unit.attach_grad_views()  # after binding: gradients take the parameters' dtype
         if self.stage == 3:
             unit.free()
-
-    def memory_report(self) -> dict[str, int]:
-        """Bytes held on this rank now, by category, with the parameter count and world size."""
-        master = 0 if self._master is None else self._master.nbytes
-        return {
-            "params": master + sum(u.param_bytes() for u in self.units),
-            "grads": self._grad.nbytes + sum(u.grad_bytes() for u in self.units),
-            "optimizer": sum(b.nbytes for b in self._state.values()),
-            "buffers": sum(b.nbytes for b in self.module.buffers()),
-            "param_count": self.layout.param_numel,
-            "world_size": self.world_size,
-            "stage": self.stage,
-        }

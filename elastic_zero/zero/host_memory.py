@@ -14,6 +14,7 @@ so a finalizer on that object says when the address stops being a host buffer.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import weakref
@@ -56,3 +57,40 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
 def is_host_buffer(t: torch.Tensor) -> bool:
     """Whether `t` is (a view of) a buffer from host_empty; meaningful only while checking traffic."""
     return t.device.type == "cpu" and t.numel() > 0 and t.untyped_storage().data_ptr() in _known
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
+LARGE_ALLOCATION = 1 << 20
+
+
+def large_allocations_to_the_system() -> None:
+    """Make glibc's malloc serve every allocation of LARGE_ALLOCATION bytes or more by its own
+    mmap, given back to the system when freed (elsewhere: nothing). By default the threshold rises
+    with each large block freed, up to 32 MB, and blocks below it stay in the heap, resident after
+    they are freed: a worker that built a model, then its engine, then ran steps whose activations
+    come and go, would hold gigabytes it does not use, counted by Ray's memory monitor."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, LARGE_ALLOCATION)
+        libc.mallopt(_M_TRIM_THRESHOLD, LARGE_ALLOCATION)
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's free pages back to the system now (glibc's malloc_trim; elsewhere nothing)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def _libc():
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.mallopt, _LIBC.malloc_trim  # glibc's, not another libc's
+        except (OSError, AttributeError):
+            _LIBC = False
+    return _LIBC or None
+
+
+_LIBC = None

@@ -1,10 +1,11 @@
-"""ZeroEngine's state as plain data: the gathered state dict, this rank's shard, and moving onto
-another process group from a resharded shard. A mixin of ZeroEngine (engine.py), kept apart so
+"""ZeroEngine's state as plain data: the gathered state dict, this rank's shard (and its host copies),
+moving onto another process group from a resharded shard, and the bytes it all holds. A mixin of ZeroEngine (engine.py), kept apart so
 the engine module holds the training path only."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 import torch
 
@@ -77,6 +78,24 @@ class ShardIO:
             scalars["loss_scale"] = self.loss_scale.scale
         return ShardState(self.layout, self.partition, self.rank, vectors, scalars), event
 
+    def take_host_copy(self):
+        """(host copy of the shard, its CUDA event or None, seconds the copy took) made by the last
+        step(host_copy=True) if no step followed it, else None; taken once."""
+        taken, self._host_copy = self._host_copy, None
+        if taken is not None and int(taken[0].scalars["step"]) != self.step_count:
+            return None
+        return taken
+
+    def packed_on_read(self) -> ShardState:
+        """This rank's shard whose vectors are copied out of the engine one at a time, as they are
+        read (the last one kept): a save that nothing trains beside (the final weights, a stop)
+        holds one vector's copy, not the whole shard's. The engine must not change until it is written."""
+        self.synchronize()
+        scalars: dict = {"step": self.step_count}
+        if self.loss_scale is not None:
+            scalars["loss_scale"] = self.loss_scale.scale
+        return ShardState(self.layout, self.partition, self.rank, _PackOnRead(self, self.vector_names()), scalars)
+
     def load_shard_state(self, state: ShardState) -> None:
         """Replace this rank's shard with `state` (same layout, world size and rank) and republish."""
         self._check_shard(state, self.world_size, self.rank)
@@ -122,3 +141,47 @@ class ShardIO:
         if self.stage != 3:
             for unit in self.units:
                 self._launch_gather(unit)
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes held on this rank now, by category, with the parameter count and world size."""
+        def held(t) -> int:  # a hollow engine's tensors are on meta: shaped, holding nothing
+            return 0 if t is None or t.is_meta else t.untyped_storage().nbytes()
+
+        return {
+            "params": held(self._master) + sum(held(u.full) for u in self.units),
+            "grads": held(self._grad) + sum(held(u.grad_full) for u in self.units),
+            "optimizer": sum(held(b) for b in self._state.values()),
+            "buffers": sum(b.nbytes for b in self.module.buffers()),
+            "param_count": self.layout.param_numel,
+            "world_size": self.world_size,
+            "stage": self.stage,
+        }
+
+
+class _PackOnRead(Mapping):
+    """A shard's vectors by name, each packed from the engine's unit chunks when read."""
+
+    def __init__(self, engine, names) -> None:
+        self._engine, self._names = engine, tuple(names)
+        self._last: tuple[str, torch.Tensor] | None = None
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._names:
+            raise KeyError(name)
+        if self._last is None or self._last[0] != name:
+            self._last = None  # let the previous copy go first
+            engine = self._engine
+            ranges = engine.partition.ranges(engine.rank)
+            out = host_empty(sum(r.numel for r in ranges), engine._vector_unit(name, engine.units[0]).dtype)
+            offset = 0
+            for unit, r in zip(engine.units, ranges):
+                out[offset : offset + r.numel].copy_(engine._vector_unit(name, unit)[: r.numel])
+                offset += r.numel
+            self._last = (name, out)
+        return self._last[1]
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)

@@ -25,6 +25,7 @@ class UnitBuffer:
         rank: int,
         compute_dtype: torch.dtype,
         device: torch.device,
+        allocated: bool = True,
     ) -> None:
         self.index = index
         self.span = span
@@ -34,10 +35,13 @@ class UnitBuffer:
         self.chunk = partition.chunks[index]
         self.padded = self.chunk * partition.world_size
         self.own_slice = slice(rank * self.chunk, (rank + 1) * self.chunk)
-        self.full = torch.zeros(self.padded, dtype=compute_dtype, device=device)
+        self.full = torch.zeros(self.padded, dtype=compute_dtype, device=device) if allocated else \
+            torch.empty(self.padded, dtype=compute_dtype, device=device)
+        if not allocated:  # shaped, holding no bytes until allocate()
+            self.full.untyped_storage().resize_(0)
         self.grad_full: torch.Tensor | None = None  # stage 1 only
         self.gather_handle = None
-        self._allocated = True
+        self._allocated = allocated
         self._bucket: torch.Tensor | None = None
         self._arrived = 0
         self.grads_done = False  # reduced (or skipped) in the current backward
@@ -49,22 +53,32 @@ class UnitBuffer:
 
     # ---- parameters ---------------------------------------------------------------------------
 
-    def initial_values(self) -> torch.Tensor:
-        """The parameters' current values, flattened into a padded fp32 buffer."""
+    def initial_values(self, values_of=None) -> torch.Tensor:
+        """The parameters' current values (or those `values_of(names)` gives by name), flattened
+        into a padded fp32 buffer."""
         full32 = torch.zeros(self.padded, dtype=torch.float32, device=self.full.device)
+        given = values_of([slot.name for _, slot in self.members]) if values_of is not None else None
         for p, slot in self.members:
-            self._flat(full32, slot).copy_(p.detach().reshape(-1))
+            source = given[slot.name] if given is not None else p.detach()
+            self._flat(full32, slot).copy_(source.reshape(-1))
         return full32
 
     def take_values(self, full32: torch.Tensor) -> None:
         """Fill the buffer from `full32` and make the parameters views into it."""
+        self.allocate()
         self.full.copy_(full32)
         self.bind_params()
 
     def bind_params(self) -> None:
-        """Make the parameters views into this buffer (their values are the buffer's)."""
+        """Make the parameters views into this buffer (their values are the buffer's). A view is
+        made over allocated bytes only, so a free buffer is allocated for the moment (untouched: on
+        CPU it costs no memory, on CUDA the caching allocator keeps it for the next unit)."""
+        was_free = self.is_free
+        self.allocate()
         for p, slot in self.members:
             p.data = self._flat(self.full, slot).view(slot.shape)
+        if was_free:
+            self.free()
 
     def own(self) -> torch.Tensor:
         return self.full[self.own_slice]
@@ -88,9 +102,6 @@ class UnitBuffer:
         if self.gather_handle is not None:
             handle, self.gather_handle = self.gather_handle, None
             handle.wait()
-
-    def param_bytes(self) -> int:
-        return self.full.untyped_storage().nbytes()
 
     # ---- gradients ----------------------------------------------------------------------------
 
@@ -144,6 +155,3 @@ class UnitBuffer:
             self._bucket = None
             for p, _ in self.members:
                 p.grad = None
-
-    def grad_bytes(self) -> int:
-        return 0 if self.grad_full is None else self.grad_full.nbytes

@@ -14,6 +14,9 @@ from elastic_zero.plan.layout import FlatLayout
 from elastic_zero.plan.partition import Partition, shard_pieces
 
 
+UPDATE_BATCH_NUMEL = 1 << 24  # elements updated by one call: bounds the optimizer's temporaries (64 MB in fp32)
+
+
 def update_groups(
     layout: FlatLayout,
     partition: Partition,
@@ -21,8 +24,14 @@ def update_groups(
     optimizer,
     units: Sequence,
     unit_views: Mapping[str, Callable[[object], torch.Tensor]],
+    batch_numel: int | None = None,
 ) -> list[tuple[object, dict[str, list[torch.Tensor]]]]:
-    """[(hyper, {vector name: [views]})]; `unit_views[name](unit)` is the unit's chunk of a vector."""
+    """[(hyper, {vector name: [views]})]; `unit_views[name](unit)` is the unit's chunk of a vector.
+
+    Each entry holds at most `batch_numel` elements: AdamW's foreach ops allocate temporaries as
+    large as their input (sqrt of exp_avg_sq), and one call over a whole shard would double its
+    size for the moment. The update is elementwise, so batching changes no result."""
+    batch_numel = batch_numel or UPDATE_BATCH_NUMEL
     runs: list[tuple] = []  # (hyper, unit, start, stop) in shard coordinates
     for piece in shard_pieces(layout, partition, rank):
         slot = layout.slots[piece.slot]
@@ -32,10 +41,16 @@ def update_groups(
             runs[-1] = (hyper, slot.unit, runs[-1][2], stop)
         else:
             runs.append((hyper, slot.unit, piece.shard_offset, stop))
-    groups: dict = {}
-    for hyper, ui, start, stop in runs:
+    batches: dict = {}  # hyper -> [(numel, {name: [views]})], the last one filling
+    for hyper, ui, run_start, run_stop in runs:
         base = partition.shard_unit_offset(ui)
-        views = groups.setdefault(hyper, {name: [] for name in unit_views})
-        for name, view_of in unit_views.items():
-            views[name].append(view_of(units[ui])[start - base : stop - base])
-    return list(groups.items())
+        for start in range(run_start, run_stop, batch_numel):
+            stop = min(start + batch_numel, run_stop)
+            of_hyper = batches.setdefault(hyper, [])
+            if not of_hyper or of_hyper[-1][0] + (stop - start) > batch_numel:
+                of_hyper.append((0, {name: [] for name in unit_views}))
+            numel, views = of_hyper[-1]
+            for name, view_of in unit_views.items():
+                views[name].append(view_of(units[ui])[start - base : stop - base])
+            of_hyper[-1] = (numel + stop - start, views)
+    return [(hyper, views) for hyper, of_hyper in batches.items() for _, views in of_hyper]

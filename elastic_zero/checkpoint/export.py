@@ -1,0 +1,231 @@
+"""A checkpoint's weights out, one tensor at a time: a torch state dict, a safetensors file, or a
+Hugging Face model directory (config.json and safetensors files, sharded with an index past
+`max_shard_bytes`).
+
+A checkpoint's files hold flat ranges of every rank; a tensor is read by the blocks that overlap
+it (each checked by its CRC), so the safetensors and Hugging Face writers hold at most one tensor
+and one block at a time, whatever the model's size. A torch state dict is one pickle: it holds the
+whole model, and is refused above STATE_DICT_LIMIT_BYTES. Every output is written under a
+temporary name and renamed when whole, so an interrupted export leaves nothing half-written.
+
+Tied parameters (a shared embedding and LM head) are stored once; the manifest names their other
+names (`aliases`), and every format writes them under each name. A Hugging Face model's config is
+in the manifest too (`hf_config`), saved by the workers that trained it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+from typing import Iterator
+
+import pyarrow.fs as pafs
+import torch
+
+from elastic_zero.checkpoint.store import MANIFEST, _read_range, list_checkpoints, open_store, read_manifest, resolve
+from elastic_zero.plan.layout import FlatLayout
+
+STATE_DICT_LIMIT_BYTES = 4 << 30  # the most a state dict in the driver's memory may hold (fp32 bytes)
+HF_SHARD_BYTES = 5 << 30  # Hugging Face's default shard size
+FORMATS = ("safetensors", "hf", "torch")
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+
+
+def model_extra(model: torch.nn.Module) -> dict:
+    """What a checkpoint records of its model beyond the layout: the other names of tied parameters
+    and, for a Hugging Face model, its config (what `export --format hf` writes as config.json)."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    extra: dict = {"aliases": aliases}
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_dict") and hasattr(config, "model_type"):
+        hf_config = config.to_dict()
+        hf_config["architectures"] = [type(model).__name__]
+        extra["hf_config"] = hf_config
+    return extra
+
+
+def open_checkpoint(uri: str) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, directory) of a checkpoint: a step directory, or a root (its latest commit)."""
+    fs, path = open_store(uri)
+    if fs.get_file_info(f"{path}/{MANIFEST}").type == pafs.FileType.File:
+        return fs, path
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        raise ValueError(f"{uri}: no such checkpoint")
+    if not list_checkpoints(fs, path):
+        raise ValueError(f"{uri}: neither a committed checkpoint nor a directory of them")
+    return fs, resolve(fs, path, "latest")
+
+
+def iter_weights(fs: pafs.FileSystem, directory: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, fp32 tensor) of every parameter, in the layout's order; a tied parameter's other
+    names follow it, as views of the same tensor."""
+    manifest = read_manifest(fs, directory)
+    layout = FlatLayout.from_dict(manifest.layout)
+    aliases_of: dict[str, list[str]] = {}
+    for alias, name in manifest.extra.get("aliases", {}).items():
+        aliases_of.setdefault(name, []).append(alias)
+    dtype = manifest.vectors["params"]
+    handles: dict = {}
+    try:
+        for slot in layout.slots:
+            out = torch.empty(slot.numel, dtype=torch.float32)
+            _read_range(fs, directory, manifest, handles, "params", dtype, slot.offset, slot.end, out)
+            tensor = out.view(slot.shape)
+            yield slot.name, tensor
+            for alias in aliases_of.get(slot.name, ()):
+                yield alias, tensor
+    finally:
+        for h in handles.values():
+            h.close()
+
+
+def _entries(fs: pafs.FileSystem, directory: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every tensor iter_weights gives, in its order, from the manifest alone."""
+    manifest = read_manifest(fs, directory)
+    layout = FlatLayout.from_dict(manifest.layout)
+    aliases_of: dict[str, list[str]] = {}
+    for alias, name in manifest.extra.get("aliases", {}).items():
+        aliases_of.setdefault(name, []).append(alias)
+    out = []
+    for slot in layout.slots:
+        out.append((slot.name, tuple(slot.shape)))
+        out.extend((alias, tuple(slot.shape)) for alias in aliases_of.get(slot.name, ()))
+    return out
+
+
+def load_state_dict(uri: str, limit_bytes: int = STATE_DICT_LIMIT_BYTES) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights as a state dict in this process's memory, if they fit `limit_bytes`."""
+    fs, directory = open_checkpoint(uri)
+    nbytes = sum(4 * _numel(shape) for _, shape in _unique(fs, directory))
+    if nbytes > limit_bytes:
+        raise ValueError(f"the weights at {uri} are {nbytes / 2**30:.1f} GiB, over the {limit_bytes / 2**30:.1f} GiB "
+                         f"a state dict may hold in memory: export them instead "
+                         f"(elastic-zero export {uri} OUT --format safetensors|hf)")
+    return {name: t.clone() for name, t in iter_weights(fs, directory)}
+
+
+def _unique(fs, directory):
+    layout = FlatLayout.from_dict(read_manifest(fs, directory).layout)
+    return [(s.name, tuple(s.shape)) for s in layout.slots]
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def export(checkpoint_uri: str, out_uri: str, fmt: str, max_shard_bytes: int = HF_SHARD_BYTES) -> list[str]:
+    """Write the checkpoint's weights to `out_uri` in `fmt` (see FORMATS); returns the paths written."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--format: got {fmt!r}; allowed: {', '.join(FORMATS)}")
+    fs, directory = open_checkpoint(checkpoint_uri)
+    out_fs, out_path = _output(out_uri, directory=fmt == "hf")
+    if fmt == "torch":
+        state = load_state_dict(checkpoint_uri)
+        return [_atomically(out_fs, out_path, lambda tmp: _torch_save(out_fs, tmp, state))]
+    if fmt == "safetensors":
+        entries = _entries(fs, directory)
+        return [_atomically(out_fs, out_path, lambda tmp: _write_safetensors(out_fs, tmp, entries,
+                                                                             iter_weights(fs, directory)))]
+    config = read_manifest(fs, directory).extra.get("hf_config")
+    if config is None:
+        raise ValueError(f"{checkpoint_uri}: the job's model is not a Hugging Face model (its checkpoint has no "
+                         f"config): export it as safetensors or torch")
+    return [_atomically(out_fs, out_path, lambda tmp: _write_hf(out_fs, tmp, config, fs, directory, max_shard_bytes),
+                        directory=True)]
+
+
+def _output(uri: str, directory: bool) -> tuple[pafs.FileSystem, str]:
+    """The output's filesystem and path: a file may be replaced (by a rename, when the new one is
+    whole), a directory is never written into."""
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{uri}: cannot open ({exc})") from None
+    parent = os.path.dirname(path.rstrip("/"))
+    existing = fs.get_file_info(path).type
+    if existing == pafs.FileType.Directory or (directory and existing != pafs.FileType.NotFound):
+        raise ValueError(f"{uri}: exists already; export writes a new directory")
+    if parent and fs.get_file_info(parent).type != pafs.FileType.Directory:
+        raise ValueError(f"{uri}: its directory {parent} does not exist")
+    return fs, path.rstrip("/")
+
+
+def _atomically(fs: pafs.FileSystem, path: str, write, directory: bool = False) -> str:
+    """Write through `write(temporary path)`, then rename to `path`; on failure remove the temporary."""
+    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.tmp-{os.getpid()}"
+    try:
+        if directory:
+            fs.create_dir(tmp, recursive=True)
+        write(tmp)
+        fs.move(tmp, path)
+    except BaseException:
+        try:
+            (fs.delete_dir if directory else fs.delete_file)(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def _torch_save(fs: pafs.FileSystem, path: str, state: dict) -> None:
+    buffer = io.BytesIO()  # torch.save wants a seekable file; the state is in memory already
+    torch.save(state, buffer)
+    with fs.open_output_stream(path) as out:
+        out.write(buffer.getbuffer())
+
+
+def _write_safetensors(fs: pafs.FileSystem, path: str, entries: list, tensors: Iterator) -> None:
+    """The safetensors format, written as the tensors come: an 8-byte little-endian header size,
+    the JSON header (dtype, shape, byte offsets of each tensor), then the tensors' bytes in order."""
+    header, offset = {}, 0
+    for name, shape in entries:
+        nbytes = 4 * _numel(shape)
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    with fs.open_output_stream(path) as out:
+        out.write(struct.pack("<Q", len(text)))
+        out.write(text)
+        for (name, shape), (got, tensor) in zip(entries, tensors):
+            if got != name or tuple(tensor.shape) != shape:
+                raise RuntimeError(f"export: expected {name} {shape}, read {got} {tuple(tensor.shape)}")
+            out.write(tensor.contiguous().view(torch.uint8).numpy())  # the buffer itself, no bytes copy
+
+
+def _write_hf(fs: pafs.FileSystem, path: str, config: dict, src_fs, directory: str, max_shard_bytes: int) -> None:
+    """A directory from_pretrained loads: config.json, and model.safetensors or, past
+    `max_shard_bytes`, model-0000i-of-0000n.safetensors with model.safetensors.index.json."""
+    with fs.open_output_stream(f"{path}/config.json") as out:
+        out.write(json.dumps(config, indent=2, sort_keys=True).encode())
+    entries = _entries(src_fs, directory)
+    shards, size = [[]], 0
+    for name, shape in entries:
+        nbytes = 4 * _numel(shape)
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, shape))
+        size += nbytes
+    names = ["model.safetensors"] if len(shards) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    tensors = iter_weights(src_fs, directory)
+    for file_name, shard in zip(names, shards):
+        _write_safetensors(fs, f"{path}/{file_name}", shard, tensors)
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(4 * _numel(s) for _, s in entries)},
+                 "weight_map": {name: file_name for file_name, shard in zip(names, shards) for name, _ in shard}}
+        with fs.open_output_stream(f"{path}/model.safetensors.index.json") as out:
+            out.write(json.dumps(index, indent=2, sort_keys=True).encode())

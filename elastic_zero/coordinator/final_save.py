@@ -1,0 +1,133 @@
+"""The end of a job: the final weights are the checkpoint of its last step, written by the workers
+(each its own part, rank 0 commits), never gathered: neither the coordinator nor the driver holds
+a tensor. A job with no checkpoint.uri writes it to its run directory (api.py).
+
+The last step's save normally commits inside the step loop. When it did not (a member was lost
+while it was written, or while the last step ran), the job recovers as from any loss: the last
+step always commits its replicas, so the survivors rebuild the lost shards in a generation with no
+step left to run, and then write the final checkpoint again. A member lost in that save (its
+process, or its node: read from its silence as in training) is recovered the same way.
+
+A mixin of the coordinator actor: it uses the actor's workers, heartbeat books and state machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+
+import ray
+
+from elastic_zero.coordinator.state import Fail, FinalWeightsWritten, GenerationEnded
+from elastic_zero.plan.liveness import silent_members
+from elastic_zero.protocol import Outcome, Report
+
+_STEP_OF_DIRECTORY = re.compile(r"step-(\d{10})(?:-\d+)?")
+
+
+def step_of_directory(directory: str) -> int | None:
+    """The step a checkpoint directory holds, from its name (store.py names them)."""
+    match = _STEP_OF_DIRECTORY.fullmatch(os.path.basename(directory.rstrip("/")))
+    return int(match.group(1)) if match else None
+
+
+def directory_uri(root_uri: str, directory: str) -> str:
+    """A URI for one checkpoint directory of the store at `root_uri` (its scheme and query kept):
+    what the driver, the CLI and export open later."""
+    if "://" not in root_uri:
+        return directory
+    scheme, rest = root_uri.split("://", 1)
+    if scheme == "file":
+        return directory
+    query = rest.split("?", 1)[1] if "?" in rest else ""
+    return f"{scheme}://{directory.lstrip('/')}" + (f"?{query}" if query else "")
+
+
+class FinalSave:
+    def _commit_of_step(self, step: int) -> str | None:
+        """The newest committed checkpoint of `step`, if any."""
+        committed = [e["directory"] for e in self.events.records if e.get("event") == "checkpoint_committed"]
+        return next((d for d in reversed(committed) if step_of_directory(d) == step), None)
+
+    def _finish(self) -> None:
+        plan = self._last_plan
+        members = [m.actor_id for m in self.state.generation.members]
+        written = self._commit_of_step(self.spec.train.steps)
+        if written is None:  # the loop's save of the last step did not commit: written again now
+            reports, lost, errors = self._save_on(members, plan)
+            if lost:
+                self._recover_in_final_save(members, lost)
+                return
+            if errors:  # nobody was lost: the worker's own error, which another save would repeat
+                actor_id, error = next(iter(errors.items()))
+                self._carry_out(Fail(f"writing the final weights failed on {actor_id}: {error}"))
+                return
+            failures = []
+            for r in reports.values():
+                for directory in r["checkpoints"]:
+                    self._checkpoint_committed(directory, plan.number)
+                failures += r["checkpoint_errors"]
+            written = self._commit_of_step(self.spec.train.steps)
+            if written is None:
+                why = failures[0] if failures else "no commit was reported"
+                self._carry_out(Fail(f"the final weights could not be written to {self.spec.checkpoint.uri}: {why}"))
+                return
+        memory = ray.get(self._workers[members[0]].memory_report.remote())
+        self._log("job_finished", steps=self.spec.train.steps, final_checkpoint=written)
+        self._result = {"ok": True, "summary": self.books.summary(memory.get("param_count")),
+                        "final_checkpoint": directory_uri(self.spec.checkpoint.uri, written)}
+        self._apply(FinalWeightsWritten())
+
+    def _save_on(self, members: list[str], plan) -> tuple[dict, dict, dict]:
+        """Each member's part of the final save: (reports, lost {actor: (when, why)}, errors {actor: why}).
+        Once one is lost or fails, the others' groups are aborted so that they return at once."""
+        refs = {self._workers[a].checkpoint_now.remote(plan, True): a for a in members}
+        reports, lost, errors = {}, {}, {}
+        self._listen_to(members)
+        broken_at = None
+        heartbeat_timeout_s = self.spec.elastic.heartbeat_timeout_s
+        while refs:
+            done, _ = ray.wait(list(refs), num_returns=1, timeout=0.05)
+            for ref in done:
+                actor_id = refs.pop(ref)
+                try:
+                    reports[actor_id] = ray.get(ref, timeout=self.spec.elastic.collective_timeout_s)
+                except ray.exceptions.RayTaskError as exc:  # a bug, or its save broke
+                    errors[actor_id] = f"{type(exc.cause).__name__}: {exc.cause}"[:300]
+                except ray.exceptions.RayError as exc:  # its process or its node died
+                    lost[actor_id] = (time.time(), f"lost in the final save: {type(exc).__name__}: {exc}"[:300])
+            if heartbeat_timeout_s and refs:
+                now = time.monotonic()
+                silent, reason = silent_members(self._heard, refs.values(), now, heartbeat_timeout_s,
+                                                witnesses=[a for a in self._workers if a in self._heard])
+                for ref, actor_id in list(refs.items()):
+                    if actor_id in silent:
+                        del refs[ref]
+                        lost[actor_id] = (time.time() - (now - self._heard[actor_id]), reason)
+                if silent:
+                    self._log("decision", on="Silence", reason=reason)
+                    self._nodes_lost(silent)
+            if (lost or errors) and broken_at is None:
+                broken_at = time.monotonic()
+                for actor_id in refs.values():
+                    self._workers[actor_id].abort_generation.remote(plan.number)
+            if broken_at is not None and refs and time.monotonic() - broken_at > self.spec.elastic.collective_timeout_s:
+                for ref, actor_id in list(refs.items()):  # alive but not answering: lost as well
+                    self._log("worker_unresponsive", actor_id=actor_id)
+                    ray.kill(self._workers[actor_id], no_restart=True)
+                    lost[actor_id] = (time.time(), "unresponsive in the final save")
+                    del refs[ref]
+        return reports, lost, errors
+
+    def _recover_in_final_save(self, members: list[str], lost: dict) -> None:
+        """The lost are dead, the others' outcomes stand as their generation ended (finished at the
+        last step, holding its replicas): the state machine recovers from them."""
+        for actor_id, (_, why) in lost.items():
+            self._log("worker_lost", actor_id=actor_id, during="final_save", error=why)
+        self._retire(tuple(lost), "lost in the final save", lost=True)
+        now = time.time()
+        self._last_end = {a: Report(Outcome(a, "dead", error=lost[a][1]), ended_at=lost[a][0]) if a in lost
+                          else dataclasses.replace(self._last_end[a], ended_at=now) for a in members}
+        self._apply(GenerationEnded(tuple(r.outcome for r in self._last_end.values() if r.outcome.kind != "dead")))

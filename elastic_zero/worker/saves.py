@@ -1,0 +1,61 @@
+"""How a worker saves checkpoints: its part of a step, written in the background (rank 0 commits),
+when due, when asked, at a stop, and at the end (the final weights are the last step's checkpoint).
+A mixin of Trainer (trainer.py), kept apart so the trainer module holds the step loop and its control."""
+
+from __future__ import annotations
+
+from elastic_zero.protocol import GenerationPlan
+
+
+class CheckpointSaves:
+    def _save_checkpoint(self, plan: GenerationPlan, report: dict, now: bool = False, again: bool = False,
+                         waited: bool = False) -> None:
+        """Save this rank's part of the step reached, if due: every `checkpoint.every` steps, the last
+        step (the final weights), or `now` unless saved at this step already (`again`: even so).
+        `waited`: the caller waits for the save before the engine changes again."""
+        step = self.engine.step_count
+        every = self.spec.checkpoint.every
+        due = (every and step % every == 0) or step == self.spec.train.steps or now
+        if self.writer is None or not due:
+            return
+        if now and not again and self._saved_through == step - 1:  # saved at this step already
+            return
+        flight = self.replicator.in_flight
+        if flight is not None and flight.step == step:  # the snapshot on its way to the buddy
+            flight.wait_copied()
+            snapshot, in_flight_rows = flight.snapshot, flight.rows
+        elif step in self.replicas.current.own:
+            snapshot, in_flight_rows = self.replicas.current.own[step], []
+        elif step == self.spec.train.steps or waited:
+            # nothing trains beside it (the final weights, a stop): read from the engine a vector at a time
+            snapshot, in_flight_rows = self.engine.packed_on_read(), []
+        else:
+            snapshot, in_flight_rows = self._host_snapshot(), []
+        extra = {"cursor": step * self.spec.train.global_batch, "seed": self.spec.train.seed,
+                 "generation": plan.number, "optimizer": dict(vars(self.spec.optimizer)), **self._model_extra}
+        # the checkpoint commits every step up to its own, replicated yet or not (checkpoint.every
+        # need not be a multiple of replicate_every): their sample records go with it
+        rows = self._unsaved_log + [(plan.number, *row) for row in in_flight_rows + report["uncommitted"]]
+        self._unsaved_log, self._saved_through = [], step - 1  # rows name a step by its index
+        report["checkpoint_stall_s"].append(self.writer.save(snapshot, f"g{plan.number}-s{step}", extra, rows))
+        self._take_checkpoint_news(report)
+
+    def checkpoint_now(self, plan: GenerationPlan, final: bool = False) -> dict:
+        """Save the step `plan` reached (every rank; rank 0 commits) and wait for the commit: when
+        the job stops on request at a safe point, or (`final`) at the end of a job whose last step's
+        checkpoint did not commit (a member was lost while it was written, and the job recovered
+        from memory). Returns the commits and errors of this rank."""
+        report = {"uncommitted": [], "checkpoint_stall_s": [], "checkpoint_errors": [], "checkpoints": []}
+        if final:
+            self._fire_drills("final", plan, plan.generation.rank_of(self.actor_id), self.engine.step_count)
+        if self.writer is None:
+            return report
+        self._save_checkpoint(plan, report, now=True, again=final, waited=True)
+        self.writer.wait()
+        self._take_checkpoint_news(report)
+        return report
+
+    def _take_checkpoint_news(self, report: dict) -> None:
+        """The commits and failures of background saves since the last look go into the report."""
+        report["checkpoint_errors"].extend(self.writer.take_errors())
+        report["checkpoints"].extend(self.writer.take_committed())

@@ -1,0 +1,146 @@
+"""Models built on the meta device: parameters without memory, given values one unit at a time.
+
+A factory may build its model's parameters on the meta device, so that no process ever holds the
+whole model: `meta_init()` below does it for the parameters only (as accelerate's
+init_empty_weights does). Buffers must stay real: one computed in __init__ (a rotary embedding's
+frequencies, a causal mask) would have no value after the fact, so a model with meta buffers (a
+`torch.device("meta")` context puts them there too) is refused with its first buffer's name.
+
+The engine (engine.py) then takes each unit's values in turn from a UnitInitializer: from the
+weights to start from (`init_from`), or from the model's own initialization, run on a copy of the
+meta model in which only that unit's parameters are real (a meta copy costs no memory): Hugging
+Face's `_init_weights` over every module, else each owner module's `reset_parameters()`. The values
+go straight into the unit's flat buffer, so the peak while starting is a few units, not the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Callable, Mapping
+
+import torch
+from torch import nn
+
+
+@contextlib.contextmanager
+def meta_init():
+    """Within it, modules create their parameters on the meta device (buffers stay real)."""
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def has_meta_parameters(model: nn.Module) -> bool:
+    return any(p.device.type == "meta" for p in model.parameters())
+
+
+def placed(model: nn.Module, device: torch.device) -> nn.Module:
+    """`model` on `device`: all of it, or for a meta model its buffers (its parameters stay on meta
+    until the engine gives them values)."""
+    if not has_meta_parameters(model):
+        return model.to(device)
+    for module in model.modules():
+        for name, b in module._buffers.items():
+            if b is not None and b.device.type != "meta":
+                module._buffers[name] = b.to(device)
+    return model
+
+
+def check_buffers(model: nn.Module) -> None:
+    """Raise ValueError naming the first buffer on the meta device."""
+    for name, b in model.named_buffers():
+        if b.device.type == "meta":
+            raise ValueError(f"model: buffer {name!r} is on the meta device, so its value is lost; build only the "
+                             f"parameters there (with elastic_zero.meta_init(), not a torch.device('meta') context)")
+
+
+def replace_parameters(model: nn.Module, make: Callable[[nn.Parameter], nn.Parameter]) -> dict[int, nn.Parameter]:
+    """Swap every meta parameter for make(it) in every module that holds it (a parameter tied between
+    modules stays one parameter); returns {id of the old: the new}."""
+    new: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.device.type == "meta":
+                if id(p) not in new:
+                    new[id(p)] = make(p)
+                module._parameters[name] = new[id(p)]
+    return new
+
+
+def storage_less(device: torch.device) -> Callable[[nn.Parameter], nn.Parameter]:
+    """A real parameter of the same shape, dtype and requires_grad whose storage holds no bytes: it
+    has a place for the engine to bind it to its unit's buffer, and never costs memory itself."""
+    def make(p: nn.Parameter) -> nn.Parameter:
+        t = torch.empty(p.shape, dtype=p.dtype, device=device)
+        t.untyped_storage().resize_(0)
+        return nn.Parameter(t, requires_grad=p.requires_grad)
+
+    return make
+
+
+class UnitInitializer:
+    """The initial values of a meta model's parameters, a unit at a time."""
+
+    def __init__(self, model: nn.Module, device: torch.device,
+                 init_values: Mapping[str, torch.Tensor] | None = None) -> None:
+        check_buffers(model)
+        frozen = [name for name, p in model.named_parameters() if not p.requires_grad and p.device.type == "meta"]
+        if frozen and init_values is None:  # no shard holds them: the workers could not agree on values
+            raise ValueError(f"model: parameter {frozen[0]!r} is frozen (requires_grad=False) and on the meta device, "
+                             f"so nothing would give every worker the same value for it: start from model.init_from")
+        self.device = device
+        self.init_values = init_values
+        # the template stays on meta; the model's own parameters become storage-less real ones
+        self.template = copy.deepcopy(model) if init_values is None else None
+        replace_parameters(model, storage_less(device))
+
+    def values(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """{name: fp32 values} of the parameters `names` (one unit's)."""
+        if self.init_values is not None:
+            return {n: self.init_values[n].detach().to(self.device, torch.float32) for n in names}
+        model = copy.deepcopy(self.template)
+        params = dict(model.named_parameters(remove_duplicate=False))
+        wanted = {id(params[n]) for n in names}
+        made = replace_parameters(model, lambda p: nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=self.device),
+                                                                requires_grad=p.requires_grad)
+                                  if id(p) in wanted else p)
+        with torch.no_grad():
+            _initialize(model, {id(p) for p in made.values() if p.device.type != "meta"})
+        return {n: made[id(params[n])].detach().float() for n in names}
+
+
+    def fill_frozen(self, model: nn.Module) -> None:
+        """Values for the parameters the engine does not train (requires_grad False), from the
+        weights to start from: they are not in its units, so each gets a tensor of its own."""
+        for name, p in model.named_parameters():
+            if not p.requires_grad and p.numel() and p.untyped_storage().nbytes() == 0:
+                p.data = self.init_values[name].detach().to(self.device, p.dtype)
+
+
+def _initialize(model: nn.Module, real: set[int]) -> None:
+    """Run the model's own initialization; only the parameters in `real` hold memory (on the others,
+    on meta, every operation is a no-op)."""
+    init_weights = getattr(model, "_init_weights", None)
+    if callable(init_weights) and hasattr(model, "config"):  # a Hugging Face model
+        model.apply(init_weights)
+        return
+    for name, module in model.named_modules():
+        own = [p for p in module._parameters.values() if p is not None and id(p) in real]
+        if not own:
+            continue
+        reset = getattr(module, "reset_parameters", None)
+        if not callable(reset):
+            raise ValueError(f"model: module {name or type(module).__name__!r} ({type(module).__name__}) has parameters "
+                             f"but no reset_parameters(), so they cannot be initialized from the meta device; give it "
+                             f"one, or start from model.init_from")
+        reset()

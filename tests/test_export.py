@@ -1,0 +1,121 @@
+"""Weights out of a sharded checkpoint, one tensor at a time: safetensors, a Hugging Face directory,
+a torch state dict. Oracle: the model the checkpoint was saved from (its state dict, its logits)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from elastic_zero.checkpoint import save, shards_from_state_dict
+from elastic_zero.checkpoint.export import export, load_state_dict, model_extra
+from elastic_zero.plan.layout import build_layout
+from elastic_zero.zero.units import find_units, param_specs
+
+pytestmark = pytest.mark.unit
+transformers = pytest.importorskip("transformers")
+
+
+def _gpt2(seed=0):
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    return transformers.GPT2LMHeadModel(config).eval()  # its LM head is tied to the embedding
+
+
+def _save(model, root, world_size=3, block_numel=100):
+    """A checkpoint of `model` as the workers write it: `world_size` ranks' files, the manifest's
+    extra with what export needs (model_extra)."""
+    layout = build_layout([s for s, _ in param_specs(model, find_units(model))])
+    shards = shards_from_state_dict(dict(model.named_parameters()), layout, world_size, ["params", "exp_avg"], step=7)
+    return save(str(root), shards, stage=3, extra=model_extra(model), block_numel=block_numel)
+
+
+def test_a_hugging_face_directory_loads_with_from_pretrained_and_gives_the_same_logits(tmp_path):
+    model = _gpt2()
+    directory = _save(model, tmp_path / "ckpt")
+    (written,) = export(directory, str(tmp_path / "hf"), "hf")
+    assert sorted(os.listdir(written)) == ["config.json", "model.safetensors"]
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(written).eval()
+    tokens = torch.randint(0, 96, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(model(tokens).logits, loaded(tokens).logits)
+    assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()  # still tied
+
+
+def test_past_the_shard_size_the_directory_has_an_index_and_still_loads(tmp_path):
+    model = _gpt2(seed=1)
+    directory = _save(model, tmp_path / "ckpt", world_size=2)
+    (written,) = export(str(tmp_path / "ckpt"), str(tmp_path / "hf"), "hf", max_shard_bytes=20_000)  # the root: latest
+    files = sorted(os.listdir(written))
+    shards = [f for f in files if f.endswith(".safetensors")]
+    assert len(shards) > 3 and "model.safetensors.index.json" in files and directory.endswith("step-0000000007")
+    index = json.load(open(os.path.join(written, "model.safetensors.index.json")))
+    assert set(index["weight_map"].values()) == set(shards)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(written).eval()
+    tokens = torch.randint(0, 96, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(model(tokens).logits, loaded(tokens).logits)
+
+
+def test_safetensors_and_torch_hold_every_name_tied_ones_too(tmp_path):
+    from safetensors.torch import load_file
+
+    model = _gpt2(seed=2)
+    directory = _save(model, tmp_path / "ckpt")
+    expected = {k: v for k, v in model.state_dict().items() if not k.endswith(".attn.bias")}  # buffers aside
+    (st,) = export(directory, str(tmp_path / "w.safetensors"), "safetensors")
+    (pt,) = export(directory, str(tmp_path / "w.pt"), "torch")
+    for got in (load_file(st), torch.load(pt, weights_only=True), load_state_dict(directory)):
+        params = {k for k, _ in model.named_parameters(remove_duplicate=False)}
+        assert set(got) == params and "lm_head.weight" in got
+        for name in got:
+            assert torch.equal(got[name], expected[name]), name
+
+
+def test_bad_exports_say_what_is_wrong_and_leave_nothing_behind(tmp_path):
+    model = _gpt2()
+    directory = _save(model, tmp_path / "ckpt")
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(ValueError, match="taken: exists already"):
+        export(directory, str(tmp_path / "taken"), "hf")
+    with pytest.raises(ValueError, match="does not exist"):
+        export(directory, str(tmp_path / "no" / "such" / "w.safetensors"), "safetensors")
+    with pytest.raises(ValueError, match="no such checkpoint"):
+        export(str(tmp_path / "nothing"), str(tmp_path / "w.safetensors"), "safetensors")
+    with pytest.raises(ValueError, match="over the 0.0 GiB"):
+        load_state_dict(directory, limit_bytes=1000)
+    plain = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(4, 4)]))
+    with pytest.raises(ValueError, match="not a Hugging Face model"):
+        export(_save(plain, tmp_path / "plain"), str(tmp_path / "plain-hf"), "hf")
+    # an unwritable directory: one error, and no temporary file left
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who may write anywhere")
+        with pytest.raises(OSError):
+            export(directory, str(locked / "w.safetensors"), "safetensors")
+        assert os.listdir(locked) == []
+    finally:
+        locked.chmod(0o700)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "locked", "plain", "taken"]
+
+
+def test_a_failure_in_the_middle_of_an_export_removes_the_partial_output(tmp_path, monkeypatch):
+    from elastic_zero.checkpoint import export as module
+
+    directory = _save(_gpt2(), tmp_path / "ckpt")
+    real = module.iter_weights
+
+    def broken(fs, d):
+        for i, item in enumerate(real(fs, d)):
+            if i == 5:
+                raise OSError("disk full (injected)")
+            yield item
+
+    monkeypatch.setattr(module, "iter_weights", broken)
+    for fmt, out in (("safetensors", "w.safetensors"), ("hf", "hf")):
+        with pytest.raises(OSError, match="injected"):
+            export(directory, str(tmp_path / out), fmt)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]

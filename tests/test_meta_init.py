@@ -1,0 +1,134 @@
+"""Models built on the meta device: the engine gives each unit its values in turn and never holds
+the whole model. Oracles: the same engine on the same weights built for real; the model's own
+initialization scheme (its statistics); the tied parameters still one."""
+
+import pytest
+import torch
+from torch import nn
+
+from elastic_zero.zero import AdamW, ZeroEngine
+from elastic_zero.zero.meta import meta_init
+
+pytestmark = pytest.mark.unit
+transformers = pytest.importorskip("transformers")
+
+
+def _config(n_layer=2):
+    return transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=n_layer, n_head=2,
+                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # no dropout: runs compare
+
+
+def _steps(engine, steps=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        tokens = torch.randint(0, 96, (4, 17), generator=g)
+        out = engine.module(input_ids=tokens[:, :-1]).logits
+        engine.backward(nn.functional.cross_entropy(out.reshape(-1, 96), tokens[:, 1:].reshape(-1)))
+        engine.step()
+        engine.zero_grad()
+    return engine.full_state_dict()
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_meta_model_started_from_given_weights_trains_as_the_real_one(stage):
+    torch.manual_seed(0)
+    real = transformers.GPT2LMHeadModel(_config())
+    weights = {k: v.clone() for k, v in real.state_dict().items()}
+    with meta_init():
+        meta = transformers.GPT2LMHeadModel(_config())
+    assert all(p.device.type == "meta" for p in meta.parameters())
+    expected = _steps(ZeroEngine(real, AdamW(lr=1e-2), stage=stage))
+    got = _steps(ZeroEngine(meta, AdamW(lr=1e-2), stage=stage, init_values=weights))
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), name
+    assert meta.lm_head.weight is meta.transformer.wte.weight  # the tie survived
+
+
+def test_a_meta_model_gets_its_own_initialization_unit_by_unit():
+    torch.manual_seed(0)
+    with meta_init():
+        model = transformers.GPT2LMHeadModel(_config(n_layer=4))
+    engine = ZeroEngine(model, AdamW(), stage=3)
+    state = engine.full_state_dict()
+    std = _config().initializer_range
+    assert torch.equal(state["transformer.h.0.ln_1.weight"], torch.ones(32))
+    assert torch.equal(state["transformer.h.3.attn.c_attn.bias"], torch.zeros(96))
+    assert state["transformer.wte.weight"].std().item() == pytest.approx(std, rel=0.15)
+    assert state["transformer.h.1.mlp.c_fc.weight"].std().item() == pytest.approx(std, rel=0.15)
+    # GPT-2's own scheme: the residual projections scaled by 1/sqrt(2 * n_layer)
+    scaled = state["transformer.h.2.attn.c_proj.weight"].std().item()
+    assert scaled == pytest.approx(std / (2 * 4) ** 0.5, rel=0.2)
+    # the units differ from each other (no unit was initialized twice from one random state)
+    assert not torch.equal(state["transformer.h.0.mlp.c_fc.weight"], state["transformer.h.1.mlp.c_fc.weight"])
+    # stage 3: no unit's full buffer is held once the engine is built, and no parameter has bytes of its own
+    assert all(u.is_free for u in engine.units)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    # and it trains
+    losses = []
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 96, (4, 17), generator=g)
+    for _ in range(5):
+        out = engine.module(input_ids=tokens[:, :-1]).logits
+        loss = nn.functional.cross_entropy(out.reshape(-1, 96), tokens[:, 1:].reshape(-1))
+        losses.append(loss.item())
+        engine.backward(loss)
+        engine.step()
+        engine.zero_grad()
+    assert losses[-1] < losses[0]
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.scale = nn.Parameter(torch.ones(8))  # a raw parameter: no reset_parameters() sets it
+
+
+def test_plain_torch_modules_use_reset_parameters_and_a_module_without_one_is_named():
+    with meta_init():
+        model = nn.Sequential(nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 4)]))
+    engine = ZeroEngine(model, AdamW(), stage=2)
+    state = engine.full_state_dict()
+    bound = 1 / 8 ** 0.5  # nn.Linear's own init: uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    assert state["0.0.weight"].abs().max() <= bound and state["0.0.weight"].std() > bound / 4
+    with meta_init():
+        bad = nn.Sequential(nn.ModuleList([_Block()]))
+    with pytest.raises(ValueError, match=r"module '0\.0' \(_Block\) has parameters but no reset_parameters"):
+        ZeroEngine(bad, AdamW(), stage=3)
+
+
+def test_meta_buffers_and_frozen_parameters():
+    with torch.device("meta"):
+        everything = nn.Sequential(nn.ModuleList([nn.BatchNorm1d(4)]))
+    with pytest.raises(ValueError, match="buffer '0.0.running_mean' is on the meta device"):
+        ZeroEngine(everything, AdamW(), stage=3)
+    def build():
+        with meta_init():
+            model = nn.Sequential(nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 4)]))
+        model[0][0].weight.requires_grad_(False)  # frozen: not trained, still needs a value
+        return model
+
+    # no shard holds a frozen parameter: only weights to start from can give every worker its value
+    with pytest.raises(ValueError, match=r"parameter '0\.0\.weight' is frozen .* start from model.init_from"):
+        ZeroEngine(build(), AdamW(), stage=3)
+    torch.manual_seed(0)
+    weights = nn.Sequential(nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 4)])).state_dict()
+    model = build()
+    ZeroEngine(model, AdamW(), stage=3, init_values=weights)
+    frozen = model[0][0].weight
+    assert frozen.device.type == "cpu" and torch.equal(frozen, weights["0.0.weight"])
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_hollow_engine_holds_nothing_until_a_shard_fills_it(stage):
+    """A worker joining a running job: its engine of its own would hold the whole model's state at
+    world size 1; hollow, it holds none, and reconfigure() from a shard gives it the trained state."""
+    torch.manual_seed(0)
+    trained = ZeroEngine(transformers.GPT2LMHeadModel(_config()), AdamW(lr=1e-2), stage=stage)
+    _steps(trained, 2)
+    with meta_init():
+        joiner = ZeroEngine(transformers.GPT2LMHeadModel(_config()), AdamW(lr=1e-2), stage=stage, hollow=True)
+    held = joiner.memory_report()
+    assert held["grads"] == held["optimizer"] == 0 and held["params"] == 0
+    joiner.reconfigure(None, trained.shard_state())
+    assert torch.equal(_steps(joiner, 2, seed=5)["transformer.wte.weight"], _steps(trained, 2, seed=5)["transformer.wte.weight"])
