@@ -20,7 +20,7 @@ from elastic_zero.job.spec import SpecError  # noqa: E402
 sys.modules.setdefault("elastic_zero.spec", spec)
 
 __all__ = ["CheckpointConfig", "Client", "ClusterError", "DataConfig", "Job", "ModelConfig", "Result", "RunConfig",
-           "ScalingConfig", "SpecError", "TrainConfig", "meta_init", "run"]
+           "ScalingConfig", "SpecError", "TrainConfig", "run"]  # and meta_init, loaded when first used
 
 
 def __getattr__(name: str):

@@ -22,10 +22,10 @@ ScalingConfig = ElasticSpec
 CheckpointConfig = CheckpointSpec
 ModelConfig, DataConfig, TrainConfig = ModelSpec, DataSpec, TrainSpec
 
-EXIT_OK, EXIT_FAILED = 0, 1
+EXIT_OK, EXIT_FAILED = 0, 1  # a bad spec raises SpecError: the CLI exits 2 with it
 # where a job with no checkpoint.uri writes its final weights: its run directory (on a cluster of
 # several nodes, that directory must be shared, or the job must name a checkpoint.uri they all reach)
-FINAL_CHECKPOINTS = "checkpoints"  # a bad spec raises SpecError: the CLI exits 2 with it
+FINAL_CHECKPOINTS = "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,10 @@ def run_job(spec: JobSpec, run_config: RunConfig, final_weights: str | None = No
     if not result.ok:
         print(f"elastic-zero: training failed: {result.error}", file=sys.stderr)
         return EXIT_FAILED
-    if final_weights and result.final_checkpoint:
+    if final_weights and not result.final_checkpoint:  # stopped before its first step: no weights to write
+        print(f"elastic-zero: --final-weights: the job ended with no final checkpoint ({result.path})", file=sys.stderr)
+        return EXIT_FAILED
+    if final_weights:
         from elastic_zero.checkpoint.export import export
 
         fmt = "safetensors" if final_weights.endswith(".safetensors") else "torch"

@@ -285,7 +285,10 @@ def _export(checkpoint: str, out: str, fmt: str, max_shard_bytes: int | None = N
     from elastic_zero.checkpoint.export import HF_SHARD_BYTES, export, open_checkpoint
     from elastic_zero.checkpoint.store import read_manifest
 
-    written = export(checkpoint, out, fmt, max_shard_bytes or HF_SHARD_BYTES)
+    try:
+        written = export(checkpoint, out, fmt, max_shard_bytes or HF_SHARD_BYTES)
+    except OSError as exc:  # an unwritable or full destination: nothing was left behind (export.py)
+        raise ValueError(f"{out}: cannot write ({str(exc).splitlines()[0]})") from None
     fs, directory = open_checkpoint(checkpoint)
     manifest = read_manifest(fs, directory)
     params = sum(s["numel"] for s in manifest.layout["slots"])

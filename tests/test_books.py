@@ -32,7 +32,7 @@ def test_without_rank_0s_report_another_ranks_clock_is_used():
 
 
 def test_a_recovery_with_no_step_left_is_closed_when_its_generation_finishes():
-    """A member lost in the final gather: the recovered generation runs no step; the recovery's stall
+    """A member lost in the final save: the recovered generation runs no step; the recovery's stall
     lasts until that generation ended, nothing was recomputed, there is no next step."""
     books = Books(global_batch=8, steps=3, started_at=0.0)
     books.begin_change("recovery", 15.0, step=3, cause="lost w1", reached=3)

@@ -134,10 +134,10 @@ def test_losing_a_shard_and_its_replica_fails_clearly_and_finishing_retires_ever
     assert cmds == (Retire(("w0", "w1", "w2", "w3")),) and s3.done
 
 
-def test_a_member_lost_while_the_final_weights_are_gathered_is_recovered_from_the_last_steps_replicas():
-    """The gather is the job's last collective: a member lost in it (its node gone) leaves the
-    survivors' outcomes as they were, and the state machine recovers as for a loss in training;
-    the recovered generation, at the last step, finishes at once and the gather is repeated."""
+def test_a_member_lost_while_the_final_weights_are_written_is_recovered_from_the_last_steps_replicas():
+    """Writing the final weights is the job's last act together: a member lost in it (its node gone)
+    leaves the survivors' outcomes as they were, and the state machine recovers as for a loss in
+    training; the recovered generation, at the last step, finishes at once and the save is repeated."""
     s, plan = _started(3)
     s, cmds, _ = _end(s, plan, w0="finished", w1="finished", w2="finished")
     assert cmds == (Finish(),) and s.finishing
@@ -157,9 +157,9 @@ def test_a_member_lost_while_the_final_weights_are_gathered_is_recovered_from_th
     assert sorted(_cmd(cmds, Retire).actor_ids) == ["w0", "w2", "w9"] and s.done
 
 
-def test_a_worker_told_to_leave_before_the_last_step_stays_a_member_if_the_gather_loses_another():
+def test_a_worker_told_to_leave_before_the_last_step_stays_a_member_if_the_final_save_loses_another():
     """A scale-down asked for just before the last step: the last step wins over the safe point, so
-    w2 is still a member, marked to leave, when the gather loses w1. The recovery must not make w2 a
+    w2 is still a member, marked to leave, when the final save loses w1. The recovery must not make w2 a
     leaver of a hand-off: with no step left, nothing would ever commit the new layout it waits for."""
     s, plan = _started(3)
     s, _, _ = decide(s, ScaleRequested(2), 2.0)

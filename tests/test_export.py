@@ -119,3 +119,42 @@ def test_a_failure_in_the_middle_of_an_export_removes_the_partial_output(tmp_pat
         with pytest.raises(OSError, match="injected"):
             export(directory, str(tmp_path / out), fmt)
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_buffers_and_frozen_parameters_saved_with_the_final_weights_are_exported(tmp_path):
+    """The engine trains parameters only; the final save adds the rest of the state dict (buffers,
+    frozen parameters) in a file of its own, and every export holds it."""
+    import pyarrow.fs as pafs
+    from safetensors.torch import load_file
+
+    from elastic_zero.checkpoint import safetensors_format
+    from elastic_zero.checkpoint.export import MODEL_TENSORS_FILE, MODEL_TENSORS_KEY
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2)]))
+    model[0][2].weight.requires_grad_(False)  # frozen
+    model[0][1].running_mean.add_(3.0)  # a buffer with a value of its own
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    layout = build_layout([s for s, _ in param_specs(model, find_units(model))])
+    shards = shards_from_state_dict(trainable, layout, 2, ["params"], step=3)
+    directory = save(str(tmp_path / "ckpt"), shards, stage=2,
+                     extra={**model_extra(model), MODEL_TENSORS_KEY: MODEL_TENSORS_FILE})
+    rest = {k: v for k, v in model.state_dict().items() if k not in trainable}
+    safetensors_format.write_all(pafs.LocalFileSystem(), f"{directory}/{MODEL_TENSORS_FILE}", rest)
+    (st,) = export(directory, str(tmp_path / "w.safetensors"), "safetensors")
+    for got in (load_file(st), load_state_dict(directory)):
+        assert set(got) == set(model.state_dict())
+        for name, value in model.state_dict().items():
+            assert torch.equal(got[name], value), name
+    assert load_file(st)["0.1.num_batches_tracked"].dtype == torch.int64
+
+
+def test_a_checkpoint_directory_keeps_its_stores_uri():
+    from elastic_zero.coordinator.final_save import directory_uri, step_of_directory
+
+    s3 = "s3://bucket/run?endpoint_override=http://127.0.0.1:9000&scheme=http"
+    assert directory_uri(s3, "bucket/run/step-0000000040") == \
+        "s3://bucket/run/step-0000000040?endpoint_override=http://127.0.0.1:9000&scheme=http"
+    assert directory_uri("hdfs://nn:8020/x/run/", "/x/run/step-0000000040-1") == "hdfs://nn:8020/x/run/step-0000000040-1"
+    assert directory_uri("/tmp/run", "/tmp/run/step-0000000040") == "/tmp/run/step-0000000040"
+    assert step_of_directory("/tmp/run/step-0000000040-2") == 40 and step_of_directory("/tmp/run/latest") is None

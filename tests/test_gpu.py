@@ -139,3 +139,53 @@ def test_a_job_on_one_gpu_trains_like_the_cpu(tmp_path, local_ray):
     assert code == 0, summary.get("error")
     code, _, _, on_cpu = job(tmp_path, "cpu", train={"steps": 30}, elastic=one)
     assert code == 0 and relative(on_cpu, on_gpu) <= 1e-3
+
+
+@needs_a_gpu
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_meta_model_on_a_gpu_trains_like_the_real_one_and_a_hollow_engine_holds_nothing(stage):
+    """A model built on the meta device gets its values unit by unit on the GPU (from given weights),
+    trains bit for bit as the same model built there for real, and takes less memory to start; a
+    hollow engine (a joiner's) allocates nothing until a shard fills it."""
+    from engine_cases import batches
+    from elastic_zero.models import build_preset, lm_loss
+    from elastic_zero.zero import AdamW, ZeroEngine
+    from elastic_zero.zero.meta import meta_init
+
+    kwargs = dict(tied_head=True, vocab_size=4096, d_model=256, n_layer=4)
+    weights = build_preset("gpt-tiny", seed=0, **kwargs).state_dict()
+
+    def run(engine):
+        for x, y in batches("gpt-tied", 3):
+            engine.backward(lm_loss(engine.module(x.cuda()), y.cuda()))
+            engine.step()
+            engine.zero_grad()
+        return engine.full_state_dict()
+
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    real = ZeroEngine(build_preset("gpt-tiny", seed=0, **kwargs).cuda(), AdamW(lr=1e-2), stage=stage)
+    real_peak = torch.cuda.max_memory_allocated() - base
+    expected = run(real)
+    del real
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with meta_init():
+        model = build_preset("gpt-tiny", seed=0, **kwargs)
+    meta = ZeroEngine(model, AdamW(lr=1e-2), stage=stage, device="cuda", init_values=weights)
+    meta_peak = torch.cuda.max_memory_allocated() - base
+    got = run(meta)
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), name
+    assert meta_peak < real_peak, (meta_peak, real_peak)
+    before = torch.cuda.memory_allocated()
+    with meta_init():
+        joiner = ZeroEngine(build_preset("gpt-tiny", seed=0, **kwargs), AdamW(lr=1e-2), stage=stage, device="cuda",
+                            hollow=True)
+    assert torch.cuda.memory_allocated() == before
+    joiner.reconfigure(None, meta.shard_state())
+    after_joiner, after_meta = run(joiner), run(meta)
+    for name in after_meta:
+        assert torch.equal(after_joiner[name], after_meta[name]), name

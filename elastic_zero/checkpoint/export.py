@@ -18,19 +18,20 @@ from __future__ import annotations
 import io
 import json
 import os
-import struct
 from typing import Iterator
 
 import pyarrow.fs as pafs
 import torch
 
+from elastic_zero.checkpoint import safetensors_format
 from elastic_zero.checkpoint.store import MANIFEST, _read_range, list_checkpoints, open_store, read_manifest, resolve
 from elastic_zero.plan.layout import FlatLayout
 
 STATE_DICT_LIMIT_BYTES = 4 << 30  # the most a state dict in the driver's memory may hold (fp32 bytes)
 HF_SHARD_BYTES = 5 << 30  # Hugging Face's default shard size
 FORMATS = ("safetensors", "hf", "torch")
-_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+MODEL_TENSORS_KEY = "model_tensors"  # the manifest's name for the file of the final save's buffers and frozen parameters
+MODEL_TENSORS_FILE = "model-tensors.safetensors"
 
 
 def model_extra(model: torch.nn.Module) -> dict:
@@ -65,13 +66,13 @@ def open_checkpoint(uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 def iter_weights(fs: pafs.FileSystem, directory: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, fp32 tensor) of every parameter, in the layout's order; a tied parameter's other
-    names follow it, as views of the same tensor."""
+    """(name, tensor) of every tensor of the model's state dict the checkpoint holds: the trained
+    parameters (fp32) in the layout's order, a tied parameter's other names right after it (views of
+    the same tensor), then what the job saved beside its shards with the final weights (buffers,
+    frozen parameters: `model_tensors`)."""
     manifest = read_manifest(fs, directory)
     layout = FlatLayout.from_dict(manifest.layout)
-    aliases_of: dict[str, list[str]] = {}
-    for alias, name in manifest.extra.get("aliases", {}).items():
-        aliases_of.setdefault(name, []).append(alias)
+    aliases_of = _aliases_of(manifest)
     dtype = manifest.vectors["params"]
     handles: dict = {}
     try:
@@ -85,43 +86,52 @@ def iter_weights(fs: pafs.FileSystem, directory: str) -> Iterator[tuple[str, tor
     finally:
         for h in handles.values():
             h.close()
+    side = manifest.extra.get(MODEL_TENSORS_KEY)
+    if side:
+        yield from safetensors_format.read(fs, f"{directory}/{side}")
 
 
-def _entries(fs: pafs.FileSystem, directory: str) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of every tensor iter_weights gives, in its order, from the manifest alone."""
-    manifest = read_manifest(fs, directory)
-    layout = FlatLayout.from_dict(manifest.layout)
+def _aliases_of(manifest) -> dict[str, list[str]]:
     aliases_of: dict[str, list[str]] = {}
     for alias, name in manifest.extra.get("aliases", {}).items():
         aliases_of.setdefault(name, []).append(alias)
+    return aliases_of
+
+
+def _entries(fs: pafs.FileSystem, directory: str) -> list[tuple]:
+    """(name, shape, dtype) of every tensor iter_weights gives, in its order, without reading them."""
+    manifest = read_manifest(fs, directory)
+    layout = FlatLayout.from_dict(manifest.layout)
+    aliases_of = _aliases_of(manifest)
     out = []
     for slot in layout.slots:
-        out.append((slot.name, tuple(slot.shape)))
-        out.extend((alias, tuple(slot.shape)) for alias in aliases_of.get(slot.name, ()))
+        out.append((slot.name, tuple(slot.shape), torch.float32))
+        out.extend((alias, tuple(slot.shape), torch.float32) for alias in aliases_of.get(slot.name, ()))
+    side = manifest.extra.get(MODEL_TENSORS_KEY)
+    if side:
+        out.extend(safetensors_format.entries(fs, f"{directory}/{side}"))
     return out
 
 
+def _nbytes(entry) -> int:
+    _, shape, dtype = entry
+    n = torch.empty(0, dtype=dtype).element_size()
+    for d in shape:
+        n *= d
+    return n
+
+
 def load_state_dict(uri: str, limit_bytes: int = STATE_DICT_LIMIT_BYTES) -> dict[str, torch.Tensor]:
-    """The checkpoint's weights as a state dict in this process's memory, if they fit `limit_bytes`."""
+    """The checkpoint's weights as a state dict in this process's memory, if they fit `limit_bytes`
+    (a tied parameter counted once)."""
     fs, directory = open_checkpoint(uri)
-    nbytes = sum(4 * _numel(shape) for _, shape in _unique(fs, directory))
+    aliases = read_manifest(fs, directory).extra.get("aliases", {})
+    nbytes = sum(_nbytes(e) for e in _entries(fs, directory) if e[0] not in aliases)
     if nbytes > limit_bytes:
         raise ValueError(f"the weights at {uri} are {nbytes / 2**30:.1f} GiB, over the {limit_bytes / 2**30:.1f} GiB "
                          f"a state dict may hold in memory: export them instead "
                          f"(elastic-zero export {uri} OUT --format safetensors|hf)")
     return {name: t.clone() for name, t in iter_weights(fs, directory)}
-
-
-def _unique(fs, directory):
-    layout = FlatLayout.from_dict(read_manifest(fs, directory).layout)
-    return [(s.name, tuple(s.shape)) for s in layout.slots]
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def export(checkpoint_uri: str, out_uri: str, fmt: str, max_shard_bytes: int = HF_SHARD_BYTES) -> list[str]:
@@ -135,8 +145,8 @@ def export(checkpoint_uri: str, out_uri: str, fmt: str, max_shard_bytes: int = H
         return [_atomically(out_fs, out_path, lambda tmp: _torch_save(out_fs, tmp, state))]
     if fmt == "safetensors":
         entries = _entries(fs, directory)
-        return [_atomically(out_fs, out_path, lambda tmp: _write_safetensors(out_fs, tmp, entries,
-                                                                             iter_weights(fs, directory)))]
+        return [_atomically(out_fs, out_path, lambda tmp: safetensors_format.write(out_fs, tmp, entries,
+                                                                                   iter_weights(fs, directory)))]
     config = read_manifest(fs, directory).extra.get("hf_config")
     if config is None:
         raise ValueError(f"{checkpoint_uri}: the job's model is not a Hugging Face model (its checkpoint has no "
@@ -185,26 +195,6 @@ def _torch_save(fs: pafs.FileSystem, path: str, state: dict) -> None:
         out.write(buffer.getbuffer())
 
 
-def _write_safetensors(fs: pafs.FileSystem, path: str, entries: list, tensors: Iterator) -> None:
-    """The safetensors format, written as the tensors come: an 8-byte little-endian header size,
-    the JSON header (dtype, shape, byte offsets of each tensor), then the tensors' bytes in order."""
-    header, offset = {}, 0
-    for name, shape in entries:
-        nbytes = 4 * _numel(shape)
-        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    header["__metadata__"] = {"format": "pt"}
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    with fs.open_output_stream(path) as out:
-        out.write(struct.pack("<Q", len(text)))
-        out.write(text)
-        for (name, shape), (got, tensor) in zip(entries, tensors):
-            if got != name or tuple(tensor.shape) != shape:
-                raise RuntimeError(f"export: expected {name} {shape}, read {got} {tuple(tensor.shape)}")
-            out.write(tensor.contiguous().view(torch.uint8).numpy())  # the buffer itself, no bytes copy
-
-
 def _write_hf(fs: pafs.FileSystem, path: str, config: dict, src_fs, directory: str, max_shard_bytes: int) -> None:
     """A directory from_pretrained loads: config.json, and model.safetensors or, past
     `max_shard_bytes`, model-0000i-of-0000n.safetensors with model.safetensors.index.json."""
@@ -212,20 +202,19 @@ def _write_hf(fs: pafs.FileSystem, path: str, config: dict, src_fs, directory: s
         out.write(json.dumps(config, indent=2, sort_keys=True).encode())
     entries = _entries(src_fs, directory)
     shards, size = [[]], 0
-    for name, shape in entries:
-        nbytes = 4 * _numel(shape)
-        if shards[-1] and size + nbytes > max_shard_bytes:
+    for entry in entries:
+        if shards[-1] and size + _nbytes(entry) > max_shard_bytes:
             shards.append([])
             size = 0
-        shards[-1].append((name, shape))
-        size += nbytes
+        shards[-1].append(entry)
+        size += _nbytes(entry)
     names = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     tensors = iter_weights(src_fs, directory)
     for file_name, shard in zip(names, shards):
-        _write_safetensors(fs, f"{path}/{file_name}", shard, tensors)
+        safetensors_format.write(fs, f"{path}/{file_name}", shard, tensors)
     if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(4 * _numel(s) for _, s in entries)},
-                 "weight_map": {name: file_name for file_name, shard in zip(names, shards) for name, _ in shard}}
+        index = {"metadata": {"total_size": sum(_nbytes(e) for e in entries)},
+                 "weight_map": {e[0]: file_name for file_name, shard in zip(names, shards) for e in shard}}
         with fs.open_output_stream(f"{path}/model.safetensors.index.json") as out:
             out.write(json.dumps(index, indent=2, sort_keys=True).encode())

@@ -18,6 +18,8 @@ import json
 import threading
 import time
 
+from elastic_zero.checkpoint import safetensors_format
+from elastic_zero.checkpoint.export import MODEL_TENSORS_FILE, MODEL_TENSORS_KEY
 from elastic_zero.checkpoint.manifest import datafile_from_dict, datafile_to_dict
 from elastic_zero.checkpoint.store import commit, free_step_dir, make_manifest, open_store, write_rank_file
 from elastic_zero.zero.shard import ShardState
@@ -39,16 +41,20 @@ class AsyncCheckpointWriter:
         self._errors: list[str] = []
         self._committed: list[str] = []  # directories this rank committed (rank 0 only), not yet taken
 
-    def save(self, snapshot: ShardState, tag: str, extra: dict, sample_log: list | None = None) -> float:
+    def save(self, snapshot: ShardState, tag: str, extra: dict, sample_log: list | None = None,
+             model_tensors: dict | None = None) -> float:
         """Start saving `snapshot` (a copy no one else mutates); returns the seconds spent waiting
         for the previous save. `tag` names this save uniquely across the job (generation and step);
-        `sample_log` rows (what this rank trained on since its last save) go into the manifest."""
+        `sample_log` rows (what this rank trained on since its last save) go into the manifest;
+        `model_tensors` (rank 0, with the final weights: buffers and frozen parameters, host copies)
+        go into a safetensors file beside the shards."""
         started = time.perf_counter()
         self.wait()
         stall = time.perf_counter() - started
         self._abandoned = threading.Event()
         self._thread = threading.Thread(target=self._write, daemon=True, name=f"checkpoint-{tag}",
-                                        args=(snapshot, tag, extra, list(sample_log or ()), self._abandoned))
+                                        args=(snapshot, tag, extra, list(sample_log or ()), self._abandoned,
+                                              model_tensors))
         self._thread.start()
         return stall
 
@@ -72,7 +78,8 @@ class AsyncCheckpointWriter:
             committed, self._committed = self._committed, []
         return committed
 
-    def _write(self, snapshot: ShardState, tag: str, extra: dict, sample_log: list, abandoned) -> None:
+    def _write(self, snapshot: ShardState, tag: str, extra: dict, sample_log: list, abandoned,
+               model_tensors: dict | None) -> None:
         try:
             step, rank = int(snapshot.scalars["step"]), snapshot.rank
             if rank == 0:
@@ -84,6 +91,9 @@ class AsyncCheckpointWriter:
             self.store.set(f"ckpt/{tag}/{rank}", json.dumps({"file": datafile_to_dict(entry), "sample_log": sample_log}))
             if rank != 0:
                 return
+            if model_tensors:
+                safetensors_format.write_all(self.fs, f"{directory}/{MODEL_TENSORS_FILE}", model_tensors)
+                extra = {**extra, MODEL_TENSORS_KEY: MODEL_TENSORS_FILE}
             keys = [f"ckpt/{tag}/{r}" for r in range(snapshot.partition.world_size)]
             posted = [json.loads(v) for v in self._wait_for(keys, abandoned)]
             files = [datafile_from_dict(p["file"]) for p in posted]

@@ -129,7 +129,9 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
                 self._log("coordinator_restarted", restarts=self.restarts, resume=None)
                 path = os.path.join(self.run_dir, "summary.json")
                 summary = json.load(open(path)) if os.path.exists(path) else {}
-                self._result = {"ok": final["state"] != "failed", "error": final["error"], "summary": summary}
+                ended = next((e for e in reversed(self.events.records) if e.get("event") in ("job_finished", "job_stopped")), {})
+                self._result = {"ok": final["state"] != "failed", "error": final["error"], "summary": summary,
+                                "final_checkpoint": ended.get("final_checkpoint")}
                 return
             c = self.spec.checkpoint
             self._log("coordinator_restarted", restarts=self.restarts,
@@ -140,7 +142,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
                 return
         self._log("job_start", name=self.spec.name, workers=self.spec.elastic.workers, job_id=self.job_id)
         c = self.spec.checkpoint
-        if c.uri and c.every:  # where the job runs (the CLI checked where it was launched)
+        if c.uri:  # where the job runs (the CLI checked where it was launched); every job writes its final weights
             from elastic_zero.checkpoint import probe_writable
 
             try:
@@ -342,19 +344,28 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             return
         members = [m.actor_id for m in self.state.generation.members]
         plan = self._last_plan
-        written = None
-        for r in ray.get([self._workers[a].checkpoint_now.remote(plan) for a in members]):
-            for directory in r["checkpoints"]:
-                self._checkpoint_committed(directory, plan.number)
-                written = directory
-            for error in r["checkpoint_errors"]:
-                self._log("checkpoint_failed", generation=plan.number, error=error)
-        written = written or self._commit_of_step(command.step)  # saved at that step already
+        failures = []
+        for ask in ("settle_saves", "checkpoint_now"):  # a save of that step in flight may commit; else one now
+            if ask == "checkpoint_now" and self._commit_of_step(command.step) is not None:
+                break
+            for r in ray.get([getattr(self._workers[a], ask).remote(*((plan,) if ask == "checkpoint_now" else ()))
+                              for a in members]):
+                for directory in r["checkpoints"]:
+                    self._checkpoint_committed(directory, plan.number)
+                for error in r["checkpoint_errors"]:
+                    self._log("checkpoint_failed", generation=plan.number, error=error)
+                    failures.append(error)
+        written = self._commit_of_step(command.step)
+        if written is None:
+            why = failures[-1] if failures else "no commit was reported"
+            self._carry_out(Fail(f"stopped at step {command.step}, but its checkpoint (the final weights) could not "
+                                 f"be written to {self.spec.checkpoint.uri}: {why}"))
+            return
         memory = ray.get(self._workers[members[0]].memory_report.remote())
-        self._log("job_stopped", step=command.step, checkpoint=command.checkpoint)
+        final_checkpoint = directory_uri(self.spec.checkpoint.uri, written)
+        self._log("job_stopped", step=command.step, checkpoint=command.checkpoint, final_checkpoint=final_checkpoint)
         summary = {**self.books.summary(memory.get("param_count"), end_step=command.step), "stopped_at_step": command.step}
-        self._result = {"ok": True, "summary": summary,
-                        "final_checkpoint": directory_uri(self.spec.checkpoint.uri, written) if written else None}
+        self._result = {"ok": True, "summary": summary, "final_checkpoint": final_checkpoint}
 
     def _log(self, kind: str, **fields) -> None:
         self.events.add(kind, **fields)

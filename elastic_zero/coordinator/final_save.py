@@ -5,7 +5,8 @@ a tensor. A job with no checkpoint.uri writes it to its run directory (api.py).
 The last step's save normally commits inside the step loop. When it did not (a member was lost
 while it was written, or while the last step ran), the job recovers as from any loss: the last
 step always commits its replicas, so the survivors rebuild the lost shards in a generation with no
-step left to run, and then write the final checkpoint again. A member lost in that save (its
+step left to run, and then write the final checkpoint again (a job without replicas,
+replicate_every = 0, restores its latest checkpoint and trains the steps after it again). A member lost in that save (its
 process, or its node: read from its silence as in training) is recovered the same way.
 
 A mixin of the coordinator actor: it uses the actor's workers, heartbeat books and state machine.
@@ -36,13 +37,10 @@ def step_of_directory(directory: str) -> int | None:
 def directory_uri(root_uri: str, directory: str) -> str:
     """A URI for one checkpoint directory of the store at `root_uri` (its scheme and query kept):
     what the driver, the CLI and export open later."""
-    if "://" not in root_uri:
-        return directory
-    scheme, rest = root_uri.split("://", 1)
-    if scheme == "file":
-        return directory
-    query = rest.split("?", 1)[1] if "?" in rest else ""
-    return f"{scheme}://{directory.lstrip('/')}" + (f"?{query}" if query else "")
+    if "://" not in root_uri or root_uri.startswith("file://"):
+        return directory  # an absolute local path
+    root, _, query = root_uri.partition("?")
+    return f"{root.rstrip('/')}/{os.path.basename(directory.rstrip('/'))}" + (f"?{query}" if query else "")
 
 
 class FinalSave:
@@ -75,9 +73,10 @@ class FinalSave:
                 self._carry_out(Fail(f"the final weights could not be written to {self.spec.checkpoint.uri}: {why}"))
                 return
         memory = ray.get(self._workers[members[0]].memory_report.remote())
-        self._log("job_finished", steps=self.spec.train.steps, final_checkpoint=written)
+        final_checkpoint = directory_uri(self.spec.checkpoint.uri, written)
+        self._log("job_finished", steps=self.spec.train.steps, final_checkpoint=final_checkpoint)
         self._result = {"ok": True, "summary": self.books.summary(memory.get("param_count")),
-                        "final_checkpoint": directory_uri(self.spec.checkpoint.uri, written)}
+                        "final_checkpoint": final_checkpoint}
         self._apply(FinalWeightsWritten())
 
     def _save_on(self, members: list[str], plan) -> tuple[dict, dict, dict]:
@@ -108,7 +107,7 @@ class FinalSave:
                         lost[actor_id] = (time.time() - (now - self._heard[actor_id]), reason)
                 if silent:
                     self._log("decision", on="Silence", reason=reason)
-                    self._nodes_lost(silent)
+                    self._nodes_lost(silent, now)
             if (lost or errors) and broken_at is None:
                 broken_at = time.monotonic()
                 for actor_id in refs.values():

@@ -162,7 +162,7 @@ class ElasticSpec:
     workers: int = 2  # the workers the job starts with and tops back up to
     min_workers: int = 1  # below it training waits (min_wait_s) for replacements, then fails
     max_workers: int = 4  # the most `scale` may ask for; at most global_batch
-    replicate_every: int = 1  # steps between buddy replicas (every safe point replicates too); 0: none, a lost worker is recovered from the latest checkpoint
+    replicate_every: int = 1  # steps between buddy replicas (every safe point replicates too); 0: none, a lost worker is recovered from the latest checkpoint (with no checkpoint.every: the job fails)
     use_gpu: bool = False  # one GPU per worker and NCCL, else one CPU and gloo
     collective_timeout_s: float = 30.0  # a collective waiting longer fails the generation; its hung member is killed
     min_wait_s: float = 60.0  # how long to wait for workers while below min_workers
@@ -187,8 +187,8 @@ class ElasticSpec:
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    uri: Optional[str] = None  # a directory or URI pyarrow.fs can write (a path, file://, s3://, gs://)
-    every: int = 0  # steps between checkpoints, saved asynchronously (0: none but a stop --checkpoint's)
+    uri: Optional[str] = None  # a directory or URI pyarrow.fs can write (a path, file://, s3://, gs://); default: the run directory's checkpoints/, for the final weights
+    every: int = 0  # steps between checkpoints, saved asynchronously (0: only the final weights' and a stop's)
     keep: int = 3  # the newest commits kept
     resume: Optional[str] = None  # "latest", a step number or a step directory: start from that checkpoint
 
@@ -239,7 +239,7 @@ KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover", "kill_in_fina
 
 @dataclass(frozen=True)
 class FaultSpec:
-    at_step: int  # the step it happens at (for the handover and final-gather drills: from it on)
+    at_step: int  # the step it happens at (for the handover and final-save drills: from it on)
     action: str  # one of KILL_ACTIONS, "hang", "raise", "preempt" or "scale"
     rank: Optional[int] = None  # the rank it hits, in the generation of the moment
     workers: Optional[int] = None  # scale: the world size asked for

@@ -39,6 +39,9 @@ class TrainingWorker:
     def checkpoint_now(self, plan: GenerationPlan, final: bool = False) -> dict:
         return self._trainer.checkpoint_now(plan, final)
 
+    def settle_saves(self) -> dict:
+        return self._trainer.settle_saves()
+
     def memory_report(self) -> dict:
         return self._trainer.memory_report()
 

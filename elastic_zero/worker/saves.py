@@ -28,7 +28,9 @@ class CheckpointSaves:
             snapshot, in_flight_rows = self.replicas.current.own[step], []
         elif step == self.spec.train.steps or waited:
             # nothing trains beside it (the final weights, a stop): read from the engine a vector at a time
+            # (a generation that follows, after a loss in this save, waits for it first: _enter)
             snapshot, in_flight_rows = self.engine.packed_on_read(), []
+            self._writer_reads_engine = True
         else:
             snapshot, in_flight_rows = self._host_snapshot(), []
         extra = {"cursor": step * self.spec.train.global_batch, "seed": self.spec.train.seed,
@@ -37,20 +39,41 @@ class CheckpointSaves:
         # need not be a multiple of replicate_every): their sample records go with it
         rows = self._unsaved_log + [(plan.number, *row) for row in in_flight_rows + report["uncommitted"]]
         self._unsaved_log, self._saved_through = [], step - 1  # rows name a step by its index
-        report["checkpoint_stall_s"].append(self.writer.save(snapshot, f"g{plan.number}-s{step}", extra, rows))
+        # a save the caller waits for may follow one of the same step that did not commit: a tag of its own
+        tag = f"g{plan.number}-s{step}" + ("-now" if waited else "")
+        final = step == self.spec.train.steps or waited  # the weights the job ends with
+        model_tensors = self._untrained_tensors() if final and self.engine.rank == 0 else None
+        report["checkpoint_stall_s"].append(self.writer.save(snapshot, tag, extra, rows, model_tensors))
         self._take_checkpoint_news(report)
 
+    def _untrained_tensors(self) -> dict:
+        """Host copies of what the model's state dict holds beyond the engine's shards: buffers
+        (persistent ones) and parameters it does not train."""
+        trained = {slot.name for slot in self.engine.layout.slots} | set(self._model_extra.get("aliases", {}))
+        return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()
+                if name not in trained}
+
+    def settle_saves(self) -> dict:
+        """Wait for the save in flight, if any: this rank's commits and errors since the last look
+        (rank 0 commits, so only its report names commits)."""
+        report = {"checkpoint_errors": [], "checkpoints": []}
+        if self.writer is not None:
+            self.writer.wait()
+            self._take_checkpoint_news(report)
+        return report
+
     def checkpoint_now(self, plan: GenerationPlan, final: bool = False) -> dict:
-        """Save the step `plan` reached (every rank; rank 0 commits) and wait for the commit: when
-        the job stops on request at a safe point, or (`final`) at the end of a job whose last step's
-        checkpoint did not commit (a member was lost while it was written, and the job recovered
-        from memory). Returns the commits and errors of this rank."""
+        """Save the step `plan` reached (every rank; rank 0 commits) and wait for the commit, whether
+        or not a save of it was made before (the coordinator asks when none of that step committed):
+        when the job stops on request at a safe point, or (`final`) at the end of a job whose last
+        step's checkpoint did not commit (a member was lost while it was written, and the job
+        recovered from memory). Returns the commits and errors of this rank."""
         report = {"uncommitted": [], "checkpoint_stall_s": [], "checkpoint_errors": [], "checkpoints": []}
         if final:
             self._fire_drills("final", plan, plan.generation.rank_of(self.actor_id), self.engine.step_count)
         if self.writer is None:
             return report
-        self._save_checkpoint(plan, report, now=True, again=final, waited=True)
+        self._save_checkpoint(plan, report, now=True, again=True, waited=True)
         self.writer.wait()
         self._take_checkpoint_news(report)
         return report

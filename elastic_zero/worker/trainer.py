@@ -72,8 +72,10 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             self._init_values = None  # a meta model's weights to start from, until its engine takes them
             if self.spec.model.init_from:  # every worker: the same buffers everywhere, a bad file a start error
                 weights = named("model.init_from", lambda: load_initial_weights(self.spec.model.init_from))
-                if has_meta_parameters(self.model):
+                if has_meta_parameters(self.model):  # the engine takes the parameters unit by unit
                     named("model.init_from", lambda: check_fits(self.model, weights))
+                    buffers = {name for name, _ in self.model.named_buffers()}
+                    self.model.load_state_dict({k: v for k, v in weights.items() if k in buffers}, strict=False)
                     self._init_values = weights
                 else:
                     named("model.init_from", lambda: load_into(self.model, weights))

@@ -111,12 +111,20 @@ class UnitInitializer:
         model = copy.deepcopy(self.template)
         params = dict(model.named_parameters(remove_duplicate=False))
         wanted = {id(params[n]) for n in names}
-        made = replace_parameters(model, lambda p: nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=self.device),
+        # NaN first: a parameter the initialization never touches is found, not trained from garbage
+        made = replace_parameters(model, lambda p: nn.Parameter(torch.full(p.shape, float("nan"), dtype=p.dtype,
+                                                                           device=self.device),
                                                                 requires_grad=p.requires_grad)
                                   if id(p) in wanted else p)
         with torch.no_grad():
             _initialize(model, {id(p) for p in made.values() if p.device.type != "meta"})
-        return {n: made[id(params[n])].detach().float() for n in names}
+        values = {n: made[id(params[n])].detach().float() for n in names}
+        for n, v in values.items():
+            if v.isnan().any():
+                raise ValueError(f"model: the model's own initialization left parameter {n!r} unset on the meta "
+                                 f"device; initialize it in _init_weights or reset_parameters(), or start from "
+                                 f"model.init_from")
+        return values
 
 
     def fill_frozen(self, model: nn.Module) -> None:
@@ -138,8 +146,8 @@ def _initialize(model: nn.Module, real: set[int]) -> None:
         own = [p for p in module._parameters.values() if p is not None and id(p) in real]
         if not own:
             continue
-        reset = getattr(module, "reset_parameters", None)
-        if not callable(reset):
+        reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
+        if not callable(reset):  # (nn.MultiheadAttention has only the latter)
             raise ValueError(f"model: module {name or type(module).__name__!r} ({type(module).__name__}) has parameters "
                              f"but no reset_parameters(), so they cannot be initialized from the meta device; give it "
                              f"one, or start from model.init_from")

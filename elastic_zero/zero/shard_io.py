@@ -180,6 +180,9 @@ class _PackOnRead(Mapping):
             self._last = (name, out)
         return self._last[1]
 
+    def dtype_of(self, name: str) -> torch.dtype:
+        return self._engine._vector_unit(name, self._engine.units[0]).dtype
+
     def __iter__(self):
         return iter(self._names)
 

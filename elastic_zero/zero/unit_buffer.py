@@ -145,7 +145,7 @@ class UnitBuffer:
         self.grads_seen = False
 
     def zero_grads(self, stage: int) -> None:
-        if stage == 1:
+        if stage == 1 and self.grad_full is not None:  # (a hollow engine's have none yet)
             self.grad_full.zero_()
             for p, slot in self.members:
                 view = self._flat(self.grad_full, slot)

@@ -1,0 +1,94 @@
+"""The safetensors file format, written as tensors come and read a tensor at a time, over pyarrow.fs:
+an 8-byte little-endian header size, a JSON header (each tensor's dtype, shape and byte offsets in
+the data that follows, and `__metadata__`), then the tensors' bytes in order, 8-byte aligned. Written
+here rather than with the safetensors package, whose writer wants every tensor in memory at once."""
+
+from __future__ import annotations
+
+import json
+import struct
+import warnings
+from typing import Iterable, Iterator
+
+import pyarrow.fs as pafs
+import torch
+
+DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+          torch.bool: "BOOL"}
+_TORCH = {name: dtype for dtype, name in DTYPES.items()}
+
+Entry = tuple  # (name, shape, torch dtype)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def write(fs: pafs.FileSystem, path: str, entries: list[Entry], tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Write `entries` (name, shape, dtype), taking each tensor from `tensors` in the same order."""
+    header, offset = {}, 0
+    for name, shape, dtype in entries:
+        if dtype not in DTYPES:
+            raise ValueError(f"{name}: dtype {dtype} has no safetensors name")
+        nbytes = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
+        header[name] = {"dtype": DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    with fs.open_output_stream(path) as out:
+        out.write(struct.pack("<Q", len(text)))
+        out.write(text)
+        for (name, shape, dtype), (got, tensor) in zip(entries, tensors):
+            if got != name or tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+                raise RuntimeError(f"safetensors: expected {name} {tuple(shape)} {dtype}, got {got} "
+                                   f"{tuple(tensor.shape)} {tensor.dtype}")
+            out.write(tensor.reshape(-1).contiguous().view(torch.uint8).numpy())  # the buffer itself, no copy
+
+
+def write_all(fs: pafs.FileSystem, path: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Write a dict of (small) tensors."""
+    entries = [(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
+    write(fs, path, entries, iter(tensors.items()))
+
+
+def entries(fs: pafs.FileSystem, path: str) -> list[Entry]:
+    """(name, shape, dtype) of every tensor in the file, in the order of their bytes."""
+    with fs.open_input_file(path) as f:
+        header, _ = _header(f, path)
+    return [(name, tuple(e["shape"]), _TORCH[e["dtype"]])
+            for name, e in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0])]
+
+
+def read(fs: pafs.FileSystem, path: str, names: Iterable[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of the file's tensors (or of `names`), one read at a time."""
+    with fs.open_input_file(path) as f:
+        header, start = _header(f, path)
+        for name in (names if names is not None else [n for n, _, _ in entries(fs, path)]):
+            e = header[name]
+            begin, end = e["data_offsets"]
+            data = f.read_at(end - begin, start + begin)
+            if len(data) != end - begin:
+                raise ValueError(f"{path}: truncated at tensor {name!r}")
+            with warnings.catch_warnings():  # read-only bytes: copied out below
+                warnings.simplefilter("ignore", UserWarning)
+                flat = torch.frombuffer(data, dtype=torch.uint8) if end > begin else torch.empty(0, dtype=torch.uint8)
+            yield name, flat.view(_TORCH[e["dtype"]]).reshape(e["shape"]).clone()
+
+
+def _header(f, path: str) -> tuple[dict, int]:
+    raw = f.read_at(8, 0)
+    if len(raw) != 8:
+        raise ValueError(f"{path}: not a safetensors file (truncated)")
+    (size,) = struct.unpack("<Q", raw)
+    text = f.read_at(size, 8)
+    try:
+        header = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{path}: not a safetensors file (its header is not JSON)") from None
+    header.pop("__metadata__", None)
+    return header, 8 + size
