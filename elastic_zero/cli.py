@@ -94,76 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--run-dir", help="where the corpus, summary.json, events.jsonl and run.png go "
                                         "(default: runs/demo-TIME)")
     demo.add_argument("--no-progress", action="store_true", help="no progress line and no event lines")
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
-    step = bench_sub.add_parser("step", help="ZeRO step time against torch DDP (and FSDP2) in one run")
-    step.add_argument("--stage", required=True, choices=("ddp", "1", "2", "3", "fsdp2"))
-    step.add_argument("--workers", type=int, default=2)
-    step.add_argument("--preset", default="gpt-small")
-    step.add_argument("--micro-batch", type=int, default=8)
-    step.add_argument("--warmup", type=int, default=3)
-    step.add_argument("--steps", type=int, default=30)
-    step.add_argument("--rounds", type=int, default=3)
-    step.add_argument("--replicate-every", type=int, default=0,
-                      help="also time the stage with buddy replicas every N steps, overlapped and synchronous")
-    step.add_argument("--json", action="store_true", help="print one JSON object")
-    rec = bench_sub.add_parser("recovery", help="kill a worker here and in a Ray Train elastic TorchTrainer")
-    rec.add_argument("--workers", type=int, default=3)
-    rec.add_argument("--preset", default="gpt-small")
-    rec.add_argument("--steps", type=int, default=24)
-    rec.add_argument("--kill-step", type=int, default=8)
-    rec.add_argument("--micro-batch", type=int, default=8)
-    rec.add_argument("--checkpoint-every", type=int, default=5)
-    rec.add_argument("--json", action="store_true", help="print one JSON object")
-    nl = bench_sub.add_parser("node-loss", help="freeze a whole node of a local multi-node cluster, with and "
-                                                "without heartbeats")
-    nl.add_argument("--preset", default="gpt-small")
-    nl.add_argument("--trials", type=int, default=3)
-    nl.add_argument("--steps", type=int, default=400)
-    nl.add_argument("--freeze-after", type=int, default=10, help="freeze once the job passed this step")
-    nl.add_argument("--collective-timeout", type=float, default=30.0)
-    nl.add_argument("--seed", type=int, default=0)
-    nl.add_argument("--heartbeats-only", action="store_true", help="skip the runs without heartbeats")
-    nl.add_argument("--json", action="store_true", help="print one JSON object")
-    gp = bench_sub.add_parser("goodput", help="one seeded schedule of node losses, a preemption notice and new "
-                                               "nodes, played to elastic_zero and to Ray Train elastic")
-    gp.add_argument("--preset", default="gpt-small")
-    gp.add_argument("--window", type=float, default=600.0, help="seconds from each job's launch to its stop")
-    gp.add_argument("--seed", type=int, default=0)
-    gp.add_argument("--notice", type=float, default=30.0, help="the preemption notice's deadline, seconds")
-    gp.add_argument("--checkpoint-every", type=int, default=20)
-    gp.add_argument("--systems", default="elastic_zero,ray_train", help="comma-separated: elastic_zero, ray_train")
-    gp.add_argument("--clock", default="launch", choices=("launch", "first_step"),
-                    help="the schedule counts from each job's launch (default) or from its first step")
-    gp.add_argument("--json", action="store_true", help="print one JSON object")
-    su = bench_sub.add_parser("startup", help="where the time to the first step goes, against Ray Train")
-    su.add_argument("--preset", default="gpt-small")
-    su.add_argument("--workers", type=int, default=3)
-    su.add_argument("--rounds", type=int, default=3)
-    su.add_argument("--json", action="store_true", help="print one JSON object")
-    chaos = bench_sub.add_parser("chaos", help="the chaos drill: seeded faults, checked against a fault-free run")
-    chaos.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
-    chaos.add_argument("--steps", type=int, default=300)
-    chaos.add_argument("--stages", default="2,3", help="comma-separated ZeRO stages")
-    chaos.add_argument("--checkpoint-every", type=int, default=20)
-    chaos.add_argument("--workdir", default="runs/chaos")
-    chaos.add_argument("--json", action="store_true", help="print one JSON object")
-    ck = bench_sub.add_parser("checkpoint", help="sharded checkpoints against torch.distributed.checkpoint")
-    ck.add_argument("--preset", default="gpt-small")
-    ck.add_argument("--save-workers", type=int, default=2)
-    ck.add_argument("--load-workers", type=int, default=3)
-    ck.add_argument("--rounds", type=int, default=3)
-    ck.add_argument("--json", action="store_true", help="print one JSON object")
-    data = bench_sub.add_parser("data", help="the workers' streaming data path against a plain pyarrow.dataset scan")
-    data.add_argument("--size-gb", type=float, default=2.0, help="the generated dataset's int32 tokens, in GB")
-    data.add_argument("--dir", default="runs/bench-data", help="where the dataset is generated (and reused)")
-    data.add_argument("--format", default="ipc", choices=("ipc", "parquet"))
-    data.add_argument("--seq-len", type=int, default=1024, help="a row holds seq_len + 1 tokens")
-    data.add_argument("--batch-rows", type=int, default=2048, help="rows of a record batch (Parquet row group)")
-    data.add_argument("--workers", type=int, default=2)
-    data.add_argument("--global-batch", type=int, default=64)
-    data.add_argument("--rounds", type=int, default=3)
-    data.add_argument("--json", action="store_true", help="print one JSON object")
+    from elastic_zero.bench.commands import add_bench_parsers
+
+    add_bench_parsers(sub)
     return p
 
 
@@ -318,61 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             out, series = plot_run(args.run_dir, args.out)
             print(f"{out}: {series.last_step} steps, {len(series.marks)} events marked")
             return 0
-        if args.command == "bench" and args.bench == "step":
-            from elastic_zero.bench.step import format_report, run_step_bench
+        if args.command == "bench":
+            from elastic_zero.bench.commands import run_bench
 
-            report = run_step_bench(args.stage, args.workers, args.preset, args.micro_batch,
-                                    args.warmup, args.steps, args.rounds, args.replicate_every)
-            print(json.dumps(report) if args.json else format_report(report))
-            return 0
-        if args.command == "bench" and args.bench == "recovery":
-            from elastic_zero.bench.recovery import format_recovery, run_recovery_bench
-
-            report = run_recovery_bench(args.preset, args.workers, args.steps, args.kill_step, args.micro_batch,
-                                        args.checkpoint_every)
-            print(json.dumps(report) if args.json else format_recovery(report))
-            return 0
-        if args.command == "bench" and args.bench == "node-loss":
-            from elastic_zero.bench.node_loss import format_node_loss, run_node_loss_bench
-
-            report = run_node_loss_bench(args.preset, args.trials, args.steps, args.freeze_after,
-                                         args.collective_timeout, args.seed, not args.heartbeats_only)
-            print(json.dumps(report) if args.json else format_node_loss(report))
-            return 0
-        if args.command == "bench" and args.bench == "goodput":
-            from elastic_zero.bench.goodput import format_goodput, run_goodput_bench
-
-            report = run_goodput_bench(args.preset, args.window, args.seed, args.notice, args.checkpoint_every,
-                                       tuple(dict.fromkeys(s.strip() for s in args.systems.split(",") if s.strip())),
-                                       clock=args.clock)
-            print(json.dumps(report) if args.json else format_goodput(report))
-            return 0
-        if args.command == "bench" and args.bench == "startup":
-            from elastic_zero.bench.startup import format_startup, run_startup_bench
-
-            report = run_startup_bench(args.preset, args.workers, args.rounds)
-            print(json.dumps(report) if args.json else format_startup(report))
-            return 0
-        if args.command == "bench" and args.bench == "chaos":
-            from elastic_zero.bench.chaos import format_chaos, run_chaos
-
-            report = run_chaos([int(x) for x in args.seeds.split(",")], args.steps,
-                               [int(x) for x in args.stages.split(",")], args.workdir, args.checkpoint_every)
-            print(json.dumps(report) if args.json else format_chaos(report))
-            return 0 if not report["failed_runs"] else 1
-        if args.command == "bench" and args.bench == "checkpoint":
-            from elastic_zero.bench.checkpoint import format_checkpoint, run_checkpoint_bench
-
-            report = run_checkpoint_bench(args.preset, args.save_workers, args.load_workers, args.rounds)
-            print(json.dumps(report) if args.json else format_checkpoint(report))
-            return 0
-        if args.command == "bench" and args.bench == "data":
-            from elastic_zero.bench.data import format_data_report, run_data_bench
-
-            report = run_data_bench(args.size_gb, args.dir, args.format, args.seq_len, args.workers,
-                                    args.global_batch, args.rounds, args.batch_rows)
-            print(json.dumps(report) if args.json else format_data_report(report))
-            return 0
+            return run_bench(args)
     except ValueError as exc:  # SpecError included: one line, exit 2
         print(f"elastic-zero: error: {exc}", file=sys.stderr)
         return 2

@@ -158,3 +158,33 @@ def test_a_checkpoint_directory_keeps_its_stores_uri():
     assert directory_uri("hdfs://nn:8020/x/run/", "/x/run/step-0000000040-1") == "hdfs://nn:8020/x/run/step-0000000040-1"
     assert directory_uri("/tmp/run", "/tmp/run/step-0000000040") == "/tmp/run/step-0000000040"
     assert step_of_directory("/tmp/run/step-0000000040-2") == 40 and step_of_directory("/tmp/run/latest") is None
+
+
+def test_exported_weights_start_a_model_again_read_a_tensor_at_a_time(tmp_path):
+    """init_from takes a safetensors file and a Hugging Face directory (the exports above): a real
+    model loads them, a meta model's engine takes them unit by unit; a truncated file is named."""
+    from elastic_zero.checkpoint import load_initial_weights, load_into
+    from elastic_zero.checkpoint.safetensors_format import LazyTensors
+    from elastic_zero.zero import AdamW, ZeroEngine
+    from elastic_zero.zero.meta import meta_init
+
+    model = _gpt2(seed=4)
+    directory = _save(model, tmp_path / "ckpt")
+    (st,) = export(directory, str(tmp_path / "w.safetensors"), "safetensors")
+    (hf,) = export(directory, str(tmp_path / "hf"), "hf", max_shard_bytes=30_000)  # sharded, with an index
+    expected = dict(model.named_parameters())
+    for source in (st, hf):
+        weights = load_initial_weights(source)
+        assert isinstance(weights, LazyTensors) and set(expected) <= set(weights)
+        real = _gpt2(seed=9)
+        load_into(real, weights)
+        with meta_init():
+            meta = _gpt2()
+        engine = ZeroEngine(meta, AdamW(), stage=3, init_values=weights)
+        for name, value in engine.full_state_dict().items():
+            if name in expected:
+                assert torch.equal(value, expected[name]) and torch.equal(dict(real.named_parameters())[name], value), name
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(open(st, "rb").read()[:-1000])
+    with pytest.raises(ValueError, match=r"cut.safetensors: truncated at tensor"):
+        load_into(_gpt2(), load_initial_weights(str(cut)))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 from typing import Mapping, Sequence
 
 import pyarrow.fs as pafs
 import torch
 
+from elastic_zero.checkpoint.safetensors_format import LazyTensors
 from elastic_zero.checkpoint.store import MANIFEST, list_checkpoints, load_shard, read_manifest, resolve
 from elastic_zero.plan.layout import FlatLayout
 from elastic_zero.plan.partition import partition_layout
@@ -43,9 +45,11 @@ def shards_from_state_dict(state_dict: Mapping[str, torch.Tensor], layout: FlatL
     return out
 
 
-def load_initial_weights(uri: str, field: str = "model.init_from") -> dict[str, torch.Tensor]:
-    """Weights to start from: a torch.save'd state dict (read with weights_only=True), one of our
-    checkpoint directories, or a checkpoint root (its latest commit). A path or URI."""
+def load_initial_weights(uri: str, field: str = "model.init_from") -> Mapping[str, torch.Tensor]:
+    """Weights to start from: a torch.save'd state dict (read with weights_only=True), a safetensors
+    file, a Hugging Face model directory (model.safetensors, or shards with model.safetensors.index.json),
+    one of our checkpoint directories, or a checkpoint root (its latest commit). A path or URI.
+    Safetensors are read a tensor at a time, as they are asked for."""
     try:
         fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
         info = fs.get_file_info(path)
@@ -54,6 +58,10 @@ def load_initial_weights(uri: str, field: str = "model.init_from") -> dict[str, 
     if info.type == pafs.FileType.NotFound:
         raise ValueError(f"{field}: no such file or directory: {uri!r}")
     try:
+        if info.type == pafs.FileType.Directory and _is_file(fs, f"{path}/config.json"):
+            return LazyTensors(fs, _hugging_face_files(fs, path))
+        if path.endswith(".safetensors"):
+            return LazyTensors(fs, [path])
         if info.type == pafs.FileType.Directory:
             if fs.get_file_info(f"{path}/{MANIFEST}").type == pafs.FileType.NotFound:
                 if not list_checkpoints(fs, path):
@@ -71,6 +79,23 @@ def load_initial_weights(uri: str, field: str = "model.init_from") -> dict[str, 
     return dict(state)
 
 
+def _is_file(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type == pafs.FileType.File
+
+
+def _hugging_face_files(fs: pafs.FileSystem, directory: str) -> list[str]:
+    """The safetensors files of a Hugging Face model directory."""
+    if _is_file(fs, f"{directory}/model.safetensors"):
+        return [f"{directory}/model.safetensors"]
+    index = f"{directory}/model.safetensors.index.json"
+    if not _is_file(fs, index):
+        raise ValueError(f"{directory}: a Hugging Face directory with neither model.safetensors nor "
+                         f"model.safetensors.index.json (only safetensors weights are read)")
+    with fs.open_input_stream(index) as f:
+        weight_map = json.loads(f.read())["weight_map"]
+    return [f"{directory}/{name}" for name in sorted(set(weight_map.values()))]
+
+
 def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], field: str = "model.init_from") -> None:
     """Copy `state` into `model`; every parameter must be there with its shape (buffers may be absent)."""
     check_fits(model, state, field)
@@ -83,8 +108,9 @@ def check_fits(model: torch.nn.Module, state: Mapping[str, torch.Tensor], field:
     params = {name for name, _ in model.named_parameters()}
     missing = sorted(params - set(state))
     unexpected = sorted(set(state) - set(own))
-    wrong = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in own
-             if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    shapes = getattr(state, "shapes", None) or {k: tuple(v.shape) for k, v in state.items()}  # lazy ones: unread
+    wrong = [f"{k} {tuple(shapes[k])} vs {tuple(own[k].shape)}" for k in own
+             if k in shapes and tuple(shapes[k]) != tuple(own[k].shape)]
     if missing or unexpected or wrong:
         parts = [f"missing {missing[:3]}" if missing else "", f"unexpected {unexpected[:3]}" if unexpected else "",
                  f"shapes {wrong[:3]}" if wrong else ""]

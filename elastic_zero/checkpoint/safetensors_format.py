@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import struct
 import warnings
+from collections.abc import Mapping
 from typing import Iterable, Iterator
 
 import pyarrow.fs as pafs
@@ -92,3 +93,29 @@ def _header(f, path: str) -> tuple[dict, int]:
         raise ValueError(f"{path}: not a safetensors file (its header is not JSON)") from None
     header.pop("__metadata__", None)
     return header, 8 + size
+
+
+class LazyTensors(Mapping):
+    """The tensors of safetensors files by name, each read when asked for (Hugging Face's sharded
+    files, with their index, read as one): weights to start from, held one tensor at a time."""
+
+    def __init__(self, fs: pafs.FileSystem, paths: list[str]) -> None:
+        self._fs = fs
+        self._file_of: dict[str, str] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for path in paths:
+            for name, shape, _ in entries(fs, path):
+                self._file_of[name] = path
+                self.shapes[name] = shape
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._file_of:
+            raise KeyError(name)
+        ((_, tensor),) = read(self._fs, self._file_of[name], [name])
+        return tensor
+
+    def __iter__(self):
+        return iter(self._file_of)
+
+    def __len__(self) -> int:
+        return len(self._file_of)

@@ -48,7 +48,7 @@ class ModelSpec:
     factory: Optional[Ref] = None  # returns an nn.Module, called with `kwargs`
     kwargs: dict = field(default_factory=dict)  # the preset's or the factory's keyword arguments (e.g. vocab_size, d_model)
     wrap: list = field(default_factory=list)  # class names of the units (default: each child of a ModuleList)
-    init_from: Optional[str] = None  # a torch.save'd state dict or one of our checkpoints, loaded before step 0
+    init_from: Optional[str] = None  # weights loaded before step 0: a safetensors file, a Hugging Face model directory, a torch.save'd state dict or one of our checkpoints
 
     def validate(self) -> None:
         from elastic_zero.models.presets import PRESETS

@@ -75,7 +75,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                 if has_meta_parameters(self.model):  # the engine takes the parameters unit by unit
                     named("model.init_from", lambda: check_fits(self.model, weights))
                     buffers = {name for name, _ in self.model.named_buffers()}
-                    self.model.load_state_dict({k: v for k, v in weights.items() if k in buffers}, strict=False)
+                    self.model.load_state_dict({k: weights[k] for k in buffers if k in weights}, strict=False)
                     self._init_values = weights
                 else:
                     named("model.init_from", lambda: load_into(self.model, weights))

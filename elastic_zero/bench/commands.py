@@ -1,0 +1,161 @@
+"""`elastic-zero bench ...`: the benchmarks' arguments and how each is run and printed. Each bench lives
+in a module of its own beside this one; each imports what it needs (torch, Ray) when it runs."""
+
+from __future__ import annotations
+
+import json
+
+
+def add_bench_parsers(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    step = bench_sub.add_parser("step", help="ZeRO step time against torch DDP (and FSDP2) in one run")
+    step.add_argument("--stage", required=True, choices=("ddp", "1", "2", "3", "fsdp2"))
+    step.add_argument("--workers", type=int, default=2)
+    step.add_argument("--preset", default="gpt-small")
+    step.add_argument("--micro-batch", type=int, default=8)
+    step.add_argument("--warmup", type=int, default=3)
+    step.add_argument("--steps", type=int, default=30)
+    step.add_argument("--rounds", type=int, default=3)
+    step.add_argument("--replicate-every", type=int, default=0,
+                      help="also time the stage with buddy replicas every N steps, overlapped and synchronous")
+    step.add_argument("--json", action="store_true", help="print one JSON object")
+    rec = bench_sub.add_parser("recovery", help="kill a worker here and in a Ray Train elastic TorchTrainer")
+    rec.add_argument("--workers", type=int, default=3)
+    rec.add_argument("--preset", default="gpt-small")
+    rec.add_argument("--steps", type=int, default=24)
+    rec.add_argument("--kill-step", type=int, default=8)
+    rec.add_argument("--micro-batch", type=int, default=8)
+    rec.add_argument("--checkpoint-every", type=int, default=5)
+    rec.add_argument("--json", action="store_true", help="print one JSON object")
+    nl = bench_sub.add_parser("node-loss", help="freeze a whole node of a local multi-node cluster, with and "
+                                                "without heartbeats")
+    nl.add_argument("--preset", default="gpt-small")
+    nl.add_argument("--trials", type=int, default=3)
+    nl.add_argument("--steps", type=int, default=400)
+    nl.add_argument("--freeze-after", type=int, default=10, help="freeze once the job passed this step")
+    nl.add_argument("--collective-timeout", type=float, default=30.0)
+    nl.add_argument("--seed", type=int, default=0)
+    nl.add_argument("--heartbeats-only", action="store_true", help="skip the runs without heartbeats")
+    nl.add_argument("--json", action="store_true", help="print one JSON object")
+    gp = bench_sub.add_parser("goodput", help="one seeded schedule of node losses, a preemption notice and new "
+                                               "nodes, played to elastic_zero and to Ray Train elastic")
+    gp.add_argument("--preset", default="gpt-small")
+    gp.add_argument("--window", type=float, default=600.0, help="seconds from each job's launch to its stop")
+    gp.add_argument("--seed", type=int, default=0)
+    gp.add_argument("--notice", type=float, default=30.0, help="the preemption notice's deadline, seconds")
+    gp.add_argument("--checkpoint-every", type=int, default=20)
+    gp.add_argument("--systems", default="elastic_zero,ray_train", help="comma-separated: elastic_zero, ray_train")
+    gp.add_argument("--clock", default="launch", choices=("launch", "first_step"),
+                    help="the schedule counts from each job's launch (default) or from its first step")
+    gp.add_argument("--json", action="store_true", help="print one JSON object")
+    su = bench_sub.add_parser("startup", help="where the time to the first step goes, against Ray Train")
+    su.add_argument("--preset", default="gpt-small")
+    su.add_argument("--workers", type=int, default=3)
+    su.add_argument("--rounds", type=int, default=3)
+    su.add_argument("--json", action="store_true", help="print one JSON object")
+    chaos = bench_sub.add_parser("chaos", help="the chaos drill: seeded faults, checked against a fault-free run")
+    chaos.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
+    chaos.add_argument("--steps", type=int, default=300)
+    chaos.add_argument("--stages", default="2,3", help="comma-separated ZeRO stages")
+    chaos.add_argument("--checkpoint-every", type=int, default=20)
+    chaos.add_argument("--workdir", default="runs/chaos")
+    chaos.add_argument("--json", action="store_true", help="print one JSON object")
+    ck = bench_sub.add_parser("checkpoint", help="sharded checkpoints against torch.distributed.checkpoint")
+    ck.add_argument("--preset", default="gpt-small")
+    ck.add_argument("--save-workers", type=int, default=2)
+    ck.add_argument("--load-workers", type=int, default=3)
+    ck.add_argument("--rounds", type=int, default=3)
+    ck.add_argument("--json", action="store_true", help="print one JSON object")
+    data = bench_sub.add_parser("data", help="the workers' streaming data path against a plain pyarrow.dataset scan")
+    data.add_argument("--size-gb", type=float, default=2.0, help="the generated dataset's int32 tokens, in GB")
+    data.add_argument("--dir", default="runs/bench-data", help="where the dataset is generated (and reused)")
+    data.add_argument("--format", default="ipc", choices=("ipc", "parquet"))
+    data.add_argument("--seq-len", type=int, default=1024, help="a row holds seq_len + 1 tokens")
+    data.add_argument("--batch-rows", type=int, default=2048, help="rows of a record batch (Parquet row group)")
+    data.add_argument("--workers", type=int, default=2)
+    data.add_argument("--global-batch", type=int, default=64)
+    data.add_argument("--rounds", type=int, default=3)
+    data.add_argument("--json", action="store_true", help="print one JSON object")
+    mem = bench_sub.add_parser("memory", help="every process's peak RSS through a job of a GPT of real size, "
+                                              "and of exporting its weights")
+    mem.add_argument("--d-model", type=int, default=1024)
+    mem.add_argument("--layers", type=int, default=24)
+    mem.add_argument("--heads", type=int, default=16)
+    mem.add_argument("--vocab", type=int, default=50257)
+    mem.add_argument("--seq-len", type=int, default=64)
+    mem.add_argument("--workers", type=int, default=2)
+    mem.add_argument("--stage", type=int, default=3, choices=(1, 2, 3))
+    mem.add_argument("--replicate-every", type=int, default=0, help="0: no buddy replicas (see the spec)")
+    mem.add_argument("--meta", action="store_true", help="build the model's parameters on the meta device")
+    mem.add_argument("--steps", type=int, default=3)
+    mem.add_argument("--global-batch", type=int, default=4)
+    mem.add_argument("--micro-batch", type=int, default=2)
+    mem.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_bench(args) -> int:
+    if args.bench == "step":
+        from elastic_zero.bench.step import format_report, run_step_bench
+
+        report = run_step_bench(args.stage, args.workers, args.preset, args.micro_batch,
+                                args.warmup, args.steps, args.rounds, args.replicate_every)
+        print(json.dumps(report) if args.json else format_report(report))
+        return 0
+    if args.bench == "recovery":
+        from elastic_zero.bench.recovery import format_recovery, run_recovery_bench
+
+        report = run_recovery_bench(args.preset, args.workers, args.steps, args.kill_step, args.micro_batch,
+                                    args.checkpoint_every)
+        print(json.dumps(report) if args.json else format_recovery(report))
+        return 0
+    if args.bench == "node-loss":
+        from elastic_zero.bench.node_loss import format_node_loss, run_node_loss_bench
+
+        report = run_node_loss_bench(args.preset, args.trials, args.steps, args.freeze_after,
+                                     args.collective_timeout, args.seed, not args.heartbeats_only)
+        print(json.dumps(report) if args.json else format_node_loss(report))
+        return 0
+    if args.bench == "goodput":
+        from elastic_zero.bench.goodput import format_goodput, run_goodput_bench
+
+        report = run_goodput_bench(args.preset, args.window, args.seed, args.notice, args.checkpoint_every,
+                                   tuple(dict.fromkeys(s.strip() for s in args.systems.split(",") if s.strip())),
+                                   clock=args.clock)
+        print(json.dumps(report) if args.json else format_goodput(report))
+        return 0
+    if args.bench == "startup":
+        from elastic_zero.bench.startup import format_startup, run_startup_bench
+
+        report = run_startup_bench(args.preset, args.workers, args.rounds)
+        print(json.dumps(report) if args.json else format_startup(report))
+        return 0
+    if args.bench == "chaos":
+        from elastic_zero.bench.chaos import format_chaos, run_chaos
+
+        report = run_chaos([int(x) for x in args.seeds.split(",")], args.steps,
+                           [int(x) for x in args.stages.split(",")], args.workdir, args.checkpoint_every)
+        print(json.dumps(report) if args.json else format_chaos(report))
+        return 0 if not report["failed_runs"] else 1
+    if args.bench == "checkpoint":
+        from elastic_zero.bench.checkpoint import format_checkpoint, run_checkpoint_bench
+
+        report = run_checkpoint_bench(args.preset, args.save_workers, args.load_workers, args.rounds)
+        print(json.dumps(report) if args.json else format_checkpoint(report))
+        return 0
+    if args.bench == "data":
+        from elastic_zero.bench.data import format_data_report, run_data_bench
+
+        report = run_data_bench(args.size_gb, args.dir, args.format, args.seq_len, args.workers,
+                                args.global_batch, args.rounds, args.batch_rows)
+        print(json.dumps(report) if args.json else format_data_report(report))
+        return 0
+    if args.bench == "memory":
+        from elastic_zero.bench.memory import format_memory, run_memory_bench
+
+        report = run_memory_bench(args.d_model, args.layers, args.heads, args.vocab, args.seq_len, args.workers,
+                                  args.stage, args.replicate_every, args.meta, args.steps, args.global_batch,
+                                  args.micro_batch)
+        print(json.dumps(report) if args.json else format_memory(report))
+        return 0
+    raise ValueError(f"unknown bench {args.bench!r}")

@@ -1,0 +1,152 @@
+"""`elastic-zero bench memory`: every process's peak RSS through one job of a GPT of real size on the
+embedded local Ray, by phase, against the engine's own state; and the peak of exporting its final
+weights. The job's workers, its coordinator and this driver are read from /proc every 0.1 s (Ray
+names a worker's process after its actor's class), so what is measured is the whole process, not
+what the engine reports of itself.
+
+Phases of a worker: start-up (to the job's first step: the model built, the engine made) and
+training (the steps, the replicas, the final checkpoint written). The GPT is our own (nanoGPT's
+shape, a tied head); built under meta_init() with `--meta`, its parameters get their values unit by
+unit (torch's own initializations). Linux only (/proc).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+GIB = 2**30
+_KINDS = (("TrainingWorker", "worker"), ("Coordinator", "coordinator"))
+
+
+def gpt_on_meta(**config):
+    """The GPT preset's model with its parameters on the meta device (a factory the bench ships)."""
+    from elastic_zero.models import build_preset
+    from elastic_zero.zero.meta import meta_init
+
+    with meta_init():
+        return build_preset("gpt-small", **config)
+
+
+def _processes(driver_pid: int) -> dict[int, tuple[str, int]]:
+    """{pid: (kind, rss bytes)} of this job's Ray actors and of the driver."""
+    out = {}
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            pid = int(d[6:])
+            name = open(f"{d}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
+            kind = "driver" if pid == driver_pid else next((k for cls, k in _KINDS if name.startswith(f"ray::{cls}")), None)
+            if kind is None:
+                continue
+            for line in open(f"{d}/status"):
+                if line.startswith("VmRSS:"):
+                    out[pid] = (kind, int(line.split()[1]) * 1024)
+        except (OSError, ValueError, StopIteration):
+            continue  # gone meanwhile
+    return out
+
+
+def run_memory_bench(d_model: int = 1024, layers: int = 24, heads: int = 16, vocab: int = 50257, seq_len: int = 64,
+                     workers: int = 2, stage: int = 3, replicate_every: int = 0, meta: bool = False, steps: int = 3,
+                     global_batch: int = 4, micro_batch: int = 2, workdir: str | None = None) -> dict:
+    if workers < 1 or steps < 1 or stage not in (1, 2, 3) or replicate_every < 0:
+        raise ValueError("need workers >= 1, steps >= 1, stage 1-3 and replicate_every >= 0")
+    from elastic_zero.api import RunConfig, run
+    from elastic_zero.job.spec import spec_from_dict
+
+    config = dict(vocab_size=vocab, seq_len=seq_len, n_layer=layers, n_head=heads, d_model=d_model, tied_head=True)
+    model = {"factory": gpt_on_meta, "kwargs": config} if meta else {"preset": "gpt-small", "kwargs": config}
+    spec = spec_from_dict({
+        "name": "bench-memory", "model": model, "zero": {"stage": stage},
+        "data": {"source": "synthetic", "seq_len": seq_len, "vocab_size": vocab},
+        "train": {"steps": steps, "global_batch": global_batch, "micro_batch": micro_batch},
+        "elastic": {"workers": workers, "min_workers": workers, "max_workers": workers,
+                    "replicate_every": replicate_every, "collective_timeout_s": 600.0}})
+    work = workdir or tempfile.mkdtemp(prefix="ez-bench-memory-")
+    samples: list[tuple[float, dict]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append((time.time(), _processes(os.getpid())))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    started = time.time()
+    sampler.start()
+    try:
+        result = run(spec, RunConfig(run_dir=os.path.join(work, "run"), progress=False))
+    finally:
+        stop.set()
+        sampler.join()
+    if not result.ok:
+        raise RuntimeError(f"bench memory: the job failed: {result.error}")
+    first_step = started + (result.metrics.get("time_to_first_step_s") or 0.0)
+    params = result.metrics["param_count"]
+    report = {"config": {"d_model": d_model, "layers": layers, "heads": heads, "vocab": vocab, "seq_len": seq_len,
+                         "workers": workers, "stage": stage, "replicate_every": replicate_every, "meta": meta,
+                         "steps": steps, "global_batch": global_batch},
+              "params": params, "engine_state_per_worker_gib": round(16 * params / workers / GIB, 3),
+              "step_time_s_median": result.metrics.get("step_time_s_median"),
+              "processes": _peaks(samples, first_step),
+              "export": _export_peak(result.final_checkpoint, os.path.join(work, "weights.safetensors"))}
+    return report
+
+
+def _peaks(samples, first_step: float) -> list[dict]:
+    """Each process's peak RSS (GiB) before the first step, after it, and in all."""
+    by_pid: dict[int, dict] = {}
+    for t, procs in samples:
+        for pid, (kind, rss) in procs.items():
+            p = by_pid.setdefault(pid, {"kind": kind, "start_up": 0, "training": 0})
+            p["start_up" if t < first_step else "training"] = max(p["start_up" if t < first_step else "training"], rss)
+    out = []
+    for pid, p in sorted(by_pid.items(), key=lambda item: (item[1]["kind"], item[0])):
+        out.append({"kind": p["kind"], "pid": pid, "start_up_gib": round(p["start_up"] / GIB, 2),
+                    "training_gib": round(p["training"] / GIB, 2),
+                    "peak_gib": round(max(p["start_up"], p["training"]) / GIB, 2)})
+    return out
+
+
+def _export_peak(checkpoint: str, out: str) -> dict:
+    """`elastic-zero export` of the final checkpoint to safetensors in a process of its own: its
+    peak RSS, the peak of the same interpreter having only imported what export imports, the
+    bytes written and the seconds."""
+    script = ("import resource, sys, time; from elastic_zero.checkpoint.export import export; t = time.perf_counter();"
+              "sys.argv[1] != '-' and export(sys.argv[1], sys.argv[2], 'safetensors');"
+              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, time.perf_counter() - t)")
+    peaks = {}
+    for what, args in (("imports_only", ["-", "-"]), ("export", [checkpoint, out])):
+        done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=True)
+        peak, seconds = done.stdout.split()
+        peaks[what] = (int(peak), float(seconds))
+    written = os.path.getsize(out)
+    os.remove(out)
+    return {"peak_gib": round(peaks["export"][0] / GIB, 3), "imports_only_gib": round(peaks["imports_only"][0] / GIB, 3),
+            "written_gib": round(written / GIB, 3), "seconds": round(peaks["export"][1], 2)}
+
+
+def format_memory(report: dict) -> str:
+    c = report["config"]
+    lines = [f"GPT d_model {c['d_model']}, {c['layers']} layers, vocab {c['vocab']}: {report['params']:,} parameters; "
+             f"ZeRO-{c['stage']} on {c['workers']} workers, replicate_every {c['replicate_every']}, built "
+             f"{'on the meta device' if c['meta'] else 'for real'}; {c['steps']} steps of {c['global_batch']} x "
+             f"{c['seq_len']} tokens",
+             f"engine state per worker (16 bytes per parameter of its shard): {report['engine_state_per_worker_gib']:.2f} GiB",
+             f"{'process':<12} {'start-up':>9} {'training':>9} {'peak':>7}   (GiB of RSS)"]
+    for p in report["processes"]:
+        lines.append(f"{p['kind']:<12} {p['start_up_gib']:>9.2f} {p['training_gib']:>9.2f} {p['peak_gib']:>7.2f}")
+    e = report["export"]
+    lines.append(f"export to safetensors: peak {e['peak_gib']:.2f} GiB (the interpreter with its imports "
+                 f"{e['imports_only_gib']:.2f}), {e['written_gib']:.2f} GiB written in {e['seconds']:.1f} s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover - `elastic-zero bench memory` is the way in
+    print(json.dumps(run_memory_bench()))
