@@ -91,6 +91,8 @@ def add_bench_parsers(sub) -> None:
     mem.add_argument("--steps", type=int, default=3)
     mem.add_argument("--global-batch", type=int, default=4)
     mem.add_argument("--micro-batch", type=int, default=2)
+    mem.add_argument("--events", action="store_true", help="also a kill, a scale-up, a preemption notice and "
+                                                            "checkpoints in the job, each event's extra peak")
     mem.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -155,7 +157,7 @@ def run_bench(args) -> int:
 
         report = run_memory_bench(args.d_model, args.layers, args.heads, args.vocab, args.seq_len, args.workers,
                                   args.stage, args.replicate_every, args.meta, args.steps, args.global_batch,
-                                  args.micro_batch)
+                                  args.micro_batch, events=args.events)
         print(json.dumps(report) if args.json else format_memory(report))
         return 0
     raise ValueError(f"unknown bench {args.bench!r}")

@@ -35,15 +35,33 @@ def gpt_on_meta(**config):
 
 
 def _processes(driver_pid: int) -> dict[int, tuple[str, int]]:
-    """{pid: (kind, rss bytes)} of this job's Ray actors and of the driver."""
-    out = {}
+    """{pid: (kind, rss bytes)} of the driver and of the Ray actors below it (its embedded Ray's
+    raylet is its child): another Ray on the machine, with actors of the same names, is not counted."""
+    parent, names = {}, {}
     for d in glob.glob("/proc/[0-9]*"):
         try:
             pid = int(d[6:])
-            name = open(f"{d}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
+            parent[pid] = int(open(f"{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            names[pid] = open(f"{d}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+
+    def below_driver(pid: int) -> bool:
+        for _ in range(64):
+            if pid == driver_pid:
+                return True
+            pid = parent.get(pid, 0)
+            if pid <= 1:
+                return False
+        return False
+
+    out = {}
+    for pid, name in names.items():
+        try:
             kind = "driver" if pid == driver_pid else next((k for cls, k in _KINDS if name.startswith(f"ray::{cls}")), None)
-            if kind is None:
+            if kind is None or not below_driver(pid):
                 continue
+            d = f"/proc/{pid}"
             for line in open(f"{d}/status"):
                 if line.startswith("VmRSS:"):
                     out[pid] = (kind, int(line.split()[1]) * 1024)
@@ -54,21 +72,30 @@ def _processes(driver_pid: int) -> dict[int, tuple[str, int]]:
 
 def run_memory_bench(d_model: int = 1024, layers: int = 24, heads: int = 16, vocab: int = 50257, seq_len: int = 64,
                      workers: int = 2, stage: int = 3, replicate_every: int = 0, meta: bool = False, steps: int = 3,
-                     global_batch: int = 4, micro_batch: int = 2, workdir: str | None = None) -> dict:
+                     global_batch: int = 4, micro_batch: int = 2, workdir: str | None = None,
+                     events: bool = False) -> dict:
+    """`events`: the job also loses a worker, is scaled up by one, gets a preemption notice and saves
+    checkpoints (drills at fixed steps; it needs workers >= 2 and steps >= 12), and each event's
+    extra peak over the workers' steady state is reported with its time."""
     if workers < 1 or steps < 1 or stage not in (1, 2, 3) or replicate_every < 0:
         raise ValueError("need workers >= 1, steps >= 1, stage 1-3 and replicate_every >= 0")
+    if events and (workers < 2 or steps < 12):
+        raise ValueError("--events needs workers >= 2 and steps >= 12 (a kill, a scale-up and a notice in turn)")
     from elastic_zero.api import RunConfig, run
     from elastic_zero.job.spec import spec_from_dict
 
+    work = workdir or tempfile.mkdtemp(prefix="ez-bench-memory-")
     config = dict(vocab_size=vocab, seq_len=seq_len, n_layer=layers, n_head=heads, d_model=d_model, tied_head=True)
     model = {"factory": gpt_on_meta, "kwargs": config} if meta else {"preset": "gpt-small", "kwargs": config}
     spec = spec_from_dict({
         "name": "bench-memory", "model": model, "zero": {"stage": stage},
         "data": {"source": "synthetic", "seq_len": seq_len, "vocab_size": vocab},
         "train": {"steps": steps, "global_batch": global_batch, "micro_batch": micro_batch},
-        "elastic": {"workers": workers, "min_workers": workers, "max_workers": workers,
-                    "replicate_every": replicate_every, "collective_timeout_s": 600.0}})
-    work = workdir or tempfile.mkdtemp(prefix="ez-bench-memory-")
+        "elastic": {"workers": workers, "min_workers": workers if not events else 1,
+                    "max_workers": workers if not events else workers + 1, "join_window_s": 0.0,
+                    "replicate_every": replicate_every, "collective_timeout_s": 600.0},
+        **({"faults": drills(steps, workers),
+            "checkpoint": {"uri": os.path.join(work, "ckpt"), "every": max(2, steps // 4)}} if events else {})})
     samples: list[tuple[float, dict]] = []
     stop = threading.Event()
 
@@ -96,7 +123,57 @@ def run_memory_bench(d_model: int = 1024, layers: int = 24, heads: int = 16, voc
               "step_time_s_median": result.metrics.get("step_time_s_median"),
               "processes": _peaks(samples, first_step),
               "export": _export_peak(result.final_checkpoint, os.path.join(work, "weights.safetensors"))}
+    if events:
+        records = [json.loads(line) for line in open(os.path.join(result.path, "events.jsonl"))]
+        report["events"] = event_peaks(samples, first_step, event_windows(result.metrics, records, started),
+                                       shard_bytes=12 * params / workers)
     return report
+
+
+def drills(steps: int, workers: int) -> list[dict]:
+    """A kill, a scale-up by one, a preemption notice: a third, a half and two thirds of the way."""
+    return [{"at_step": steps // 3, "action": "kill", "rank": 1},
+            {"at_step": steps // 2, "action": "scale", "workers": workers + 1},
+            {"at_step": 2 * steps // 3, "action": "preempt", "rank": 0, "deadline_s": 600.0}]
+
+
+def event_windows(summary: dict, records: list[dict], started: float) -> list[tuple[str, float, float]]:
+    """(name, start, end) in epoch seconds of each event the run's summary and events tell: a
+    recovery from its failure to its next step done, a hand-over from its safe point to its next step
+    done, a checkpoint save over the step before its commit (the save runs beside the next step)."""
+    step_s = summary.get("step_time_s_median") or 0.0
+    out = []
+    for r in summary["recoveries"]:
+        out.append(("kill and recovery", r["failed_at"], r["failed_at"] + (r.get("to_next_step_done_s") or 0.0)))
+    for r in summary["reconfigurations"]:
+        name = "preemption hand-off" if r["cause"] == "leave" else "scale-up hand-over"
+        out.append((name, r["failed_at"], r["failed_at"] + (r.get("to_next_step_done_s") or 0.0)))
+    for e in records:
+        if e.get("event") == "checkpoint_committed" and e["t"] > started:
+            out.append(("checkpoint save", e["t"] - step_s, e["t"]))
+    return sorted(out, key=lambda w: w[1])
+
+
+def event_peaks(samples, first_step: float, windows, shard_bytes: float) -> list[dict]:
+    """For each window: the largest rise of a worker's RSS over its own steady state (its peak from
+    its first step to the first event), in GiB and as a share of a shard's replicated state
+    (`shard_bytes`: master and optimizer state of one worker's shard)."""
+    first_event = windows[0][1] if windows else float("inf")
+    steady: dict[int, int] = {}
+    for t, procs in samples:
+        if first_step <= t < first_event:
+            for pid, (kind, rss) in procs.items():
+                if kind == "worker":
+                    steady[pid] = max(steady.get(pid, 0), rss)
+    out = []
+    for name, start, end in windows:
+        rises = [rss - steady[pid] for t, procs in samples if start <= t <= end
+                 for pid, (kind, rss) in procs.items() if kind == "worker" and pid in steady]
+        extra = max(rises, default=0)
+        out.append({"event": name, "at_s": round(start - samples[0][0], 1) if samples else None,
+                    "seconds": round(end - start, 2), "extra_peak_gib": round(max(extra, 0) / GIB, 3),
+                    "of_a_shard": round(max(extra, 0) / shard_bytes, 2) if shard_bytes else None})
+    return out
 
 
 def _peaks(samples, first_step: float) -> list[dict]:
@@ -145,6 +222,11 @@ def format_memory(report: dict) -> str:
     e = report["export"]
     lines.append(f"export to safetensors: peak {e['peak_gib']:.2f} GiB (the interpreter with its imports "
                  f"{e['imports_only_gib']:.2f}), {e['written_gib']:.2f} GiB written in {e['seconds']:.1f} s")
+    if report.get("events"):
+        lines.append(f"{'event':<22} {'at (s)':>7} {'lasted (s)':>10} {'extra peak (GiB)':>17} {'of a shard':>10}")
+        for ev in report["events"]:
+            lines.append(f"{ev['event']:<22} {ev['at_s']:>7} {ev['seconds']:>10} {ev['extra_peak_gib']:>17.3f} "
+                         f"{ev['of_a_shard']:>10}")
     return "\n".join(lines)
 
 
