@@ -185,7 +185,7 @@ def save(uri: str, states: Sequence[ShardState], stage: int, extra: dict | None 
 
 
 def make_manifest(state: ShardState, files: Sequence[DataFile], stage: int, extra: dict | None = None) -> Manifest:
-    # (the dtype of a vector packed on read is asked of the engine, not of a second copy)
+    # (a shard in place, of views of the engine's tensors, tells each vector's dtype without a copy)
     dtype_of = getattr(state.vectors, "dtype_of", lambda name: state.vectors[name].dtype)
     dtypes = {name: str(dtype_of(name)).replace("torch.", "") for name in state.vectors}
     return Manifest(int(state.scalars["step"]), state.partition.world_size, stage, state.layout.to_dict(), dtypes,

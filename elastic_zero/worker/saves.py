@@ -27,9 +27,9 @@ class CheckpointSaves:
         elif step in self.replicas.current.own:
             snapshot, in_flight_rows = self.replicas.current.own[step], []
         elif step == self.spec.train.steps or waited:
-            # nothing trains beside it (the final weights, a stop): read from the engine a vector at a time
+            # nothing trains beside it (the final weights, a stop): written from the engine's own tensors
             # (a generation that follows, after a loss in this save, waits for it first: _enter)
-            snapshot, in_flight_rows = self.engine.packed_on_read(), []
+            snapshot, in_flight_rows = self.engine.shard_in_place(), []
             self._writer_reads_engine = True
         else:
             snapshot, in_flight_rows = self._host_snapshot(), []

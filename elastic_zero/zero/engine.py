@@ -111,7 +111,9 @@ class ZeroEngine(ShardIO):
         self._host_copy = None  # the one step(host_copy=True) made: (ShardState, event, seconds)
         self._sync = True
         self._interrupted = False
-        self._partition_over(self.comm, hollow)
+        # the gradient and optimizer state are made after the units take their values: with a model
+        # built for real, its own tensors go unit by unit first, so the two are never held together
+        self._partition_over(self.comm, hollow, state_later=not hollow)
         for unit in self.units if not hollow else ():  # one at a time: at stage 3 the peak is a unit or two
             full32 = unit.initial_values(initializer.values if initializer is not None else None)
             self.comm.broadcast(full32, 0)  # every rank starts from rank 0's parameters
@@ -120,12 +122,14 @@ class ZeroEngine(ShardIO):
             unit.take_values(full32)
             del full32
             self._after_bind(unit)
+        if not hollow:
+            self._allocate_state(self.device)
         if initializer is not None:
             initializer.fill_frozen(model)
         self._install_hooks()
         exit_guard.track(self)  # closed at interpreter exit if still open: see exit_guard.py
 
-    def _partition_over(self, comm, hollow: bool = False) -> None:
+    def _partition_over(self, comm, hollow: bool = False, state_later: bool = False) -> None:
         """Cut the layout over `comm`'s ranks and allocate this rank's buffers (values not set;
         `hollow`: shaped, holding no bytes)."""
         self.comm = comm
@@ -141,22 +145,16 @@ class ZeroEngine(ShardIO):
                                          self.rank, self.compute_dtype, where, allocated=self.stage != 3 or hollow))
         shard_numel = self.partition.shard_numel
         self._master = None if self._master_is_view else torch.zeros(shard_numel, device=where)
-        self._grad = torch.zeros(shard_numel, device=where)
-        self._state = {name: torch.zeros(shard_numel, device=where) for name in self.optimizer.state_names}
-        self._groups = self._build_update_groups()
+        self._allocate_state(torch.device("meta") if state_later else where)
         self._order = [u for u in self.units if u.module is not None]
         self._root = next((u for u in self.units if u.module is None), None)
 
-    # ---- shard views -------------------------------------------------------------------------
-
-    def _shard_slice(self, unit: UnitBuffer) -> slice:
-        start = self.partition.shard_unit_offset(unit.index)
-        return slice(start, start + unit.chunk)
-
-    def _master_unit(self, unit: UnitBuffer) -> torch.Tensor:
-        if self._master_is_view:
-            return unit.own()
-        return self._master[self._shard_slice(unit)]
+    def _allocate_state(self, where: torch.device) -> None:
+        """The gradient shard and the optimizer's state vectors (zeros), and the update's views of them."""
+        shard_numel = self.partition.shard_numel
+        self._grad = torch.zeros(shard_numel, device=where)
+        self._state = {name: torch.zeros(shard_numel, device=where) for name in self.optimizer.state_names}
+        self._groups = self._build_update_groups()
 
     def _build_update_groups(self):
         views = {name: functools.partial(self._vector_unit, name) for name in self.vector_names()}
@@ -381,14 +379,6 @@ class ZeroEngine(ShardIO):
         """Wait until every parameter buffer that is allocated holds the current parameters."""
         for unit in self.units:
             unit.wait_gathered()
-
-    def vector_names(self) -> tuple[str, ...]:
-        return ("params", *self._state)
-
-    def _vector_unit(self, name: str, unit: UnitBuffer) -> torch.Tensor:
-        if name == "params":
-            return self._master_unit(unit)
-        return self._state[name][self._shard_slice(unit)]
 
     def _after_bind(self, unit: UnitBuffer) -> None:
         if self.stage == 1:

@@ -4,7 +4,9 @@ the engine module holds the training path only."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 from collections.abc import Mapping
 
 import torch
@@ -13,9 +15,31 @@ from elastic_zero.plan.partition import partition_layout
 from elastic_zero.zero.comm import as_comm
 from elastic_zero.zero.host_memory import host_empty
 from elastic_zero.zero.shard import ShardState, check_shard_fits
+from elastic_zero.zero.unit_buffer import UnitBuffer
 
 
 class ShardIO:
+    # ---- where each unit's piece of the shard's vectors lives ----------------------------------
+
+    def _shard_slice(self, unit: UnitBuffer) -> slice:
+        start = self.partition.shard_unit_offset(unit.index)
+        return slice(start, start + unit.chunk)
+
+    def _master_unit(self, unit: UnitBuffer) -> torch.Tensor:
+        if self._master_is_view:
+            return unit.own()
+        return self._master[self._shard_slice(unit)]
+
+    def vector_names(self) -> tuple[str, ...]:
+        return ("params", *self._state)
+
+    def _vector_unit(self, name: str, unit: UnitBuffer) -> torch.Tensor:
+        if name == "params":
+            return self._master_unit(unit)
+        return self._state[name][self._shard_slice(unit)]
+
+    # ---- the state as plain data ---------------------------------------------------------------
+
     def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
         """The model's state dict with the full fp32 parameters; every rank must call it."""
         self.synchronize()
@@ -86,15 +110,15 @@ class ShardIO:
             return None
         return taken
 
-    def packed_on_read(self) -> ShardState:
-        """This rank's shard whose vectors are copied out of the engine one at a time, as they are
-        read (the last one kept): a save that nothing trains beside (the final weights, a stop)
-        holds one vector's copy, not the whole shard's. The engine must not change until it is written."""
+    def shard_in_place(self) -> ShardState:
+        """This rank's shard whose vectors are views of the engine's own tensors, not copies: what a
+        save that nothing trains beside (the final weights, a stop) writes from, a block at a time.
+        The engine must not change until it is written."""
         self.synchronize()
         scalars: dict = {"step": self.step_count}
         if self.loss_scale is not None:
             scalars["loss_scale"] = self.loss_scale.scale
-        return ShardState(self.layout, self.partition, self.rank, _PackOnRead(self, self.vector_names()), scalars)
+        return ShardState(self.layout, self.partition, self.rank, _InPlace(self, self.vector_names()), scalars)
 
     def load_shard_state(self, state: ShardState) -> None:
         """Replace this rank's shard with `state` (same layout, world size and rank) and republish."""
@@ -158,27 +182,16 @@ class ShardIO:
         }
 
 
-class _PackOnRead(Mapping):
-    """A shard's vectors by name, each packed from the engine's unit chunks when read."""
+class _InPlace(Mapping):
+    """A shard's vectors by name, each a _VectorInPlace over the engine's unit chunks."""
 
     def __init__(self, engine, names) -> None:
         self._engine, self._names = engine, tuple(names)
-        self._last: tuple[str, torch.Tensor] | None = None
 
-    def __getitem__(self, name: str) -> torch.Tensor:
+    def __getitem__(self, name: str) -> "_VectorInPlace":
         if name not in self._names:
             raise KeyError(name)
-        if self._last is None or self._last[0] != name:
-            self._last = None  # let the previous copy go first
-            engine = self._engine
-            ranges = engine.partition.ranges(engine.rank)
-            out = host_empty(sum(r.numel for r in ranges), engine._vector_unit(name, engine.units[0]).dtype)
-            offset = 0
-            for unit, r in zip(engine.units, ranges):
-                out[offset : offset + r.numel].copy_(engine._vector_unit(name, unit)[: r.numel])
-                offset += r.numel
-            self._last = (name, out)
-        return self._last[1]
+        return _VectorInPlace(self._engine, name)
 
     def dtype_of(self, name: str) -> torch.dtype:
         return self._engine._vector_unit(name, self._engine.units[0]).dtype
@@ -188,3 +201,39 @@ class _PackOnRead(Mapping):
 
     def __len__(self) -> int:
         return len(self._names)
+
+
+class _VectorInPlace:
+    """One vector of the shard, packed in unit order as a ShardState's are, made of views of the
+    engine's unit chunks: a slice within one unit's range is a view, no copy (a checkpoint writer
+    slices it block by block); a slice across ranges is put together."""
+
+    def __init__(self, engine, name: str) -> None:
+        ranges = engine.partition.ranges(engine.rank)
+        self.pieces = [engine._vector_unit(name, unit)[: r.numel] for unit, r in zip(engine.units, ranges)]
+        self.starts = list(itertools.accumulate([0] + [p.numel() for p in self.pieces[:-1]]))
+        self.dtype = self.pieces[0].dtype if self.pieces else torch.float32
+        self._numel = sum(p.numel() for p in self.pieces)
+
+    def numel(self) -> int:
+        return self._numel
+
+    def dim(self) -> int:
+        return 1
+
+    def __getitem__(self, index: slice) -> torch.Tensor:
+        start, stop, step = index.indices(self._numel)
+        if step != 1:
+            raise IndexError("a shard vector in place is sliced with step 1 only")
+        parts = []
+        i = max(bisect.bisect_right(self.starts, start) - 1, 0)
+        while start < stop and i < len(self.pieces):
+            lo, piece = self.starts[i], self.pieces[i]
+            take = min(stop, lo + piece.numel())
+            if take > start:
+                parts.append(piece[start - lo : take - lo])
+                start = take
+            i += 1
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat(parts) if parts else self.pieces[0][:0]
