@@ -35,7 +35,7 @@ def test_the_memory_bench_measures_every_process_of_a_job_and_the_export(tmp_pat
 
 def test_event_windows_and_their_extra_peaks_from_a_timeline():
     """Pure: the windows come from the summary and the events; each one's extra is the largest rise
-    of a worker over its own steady state."""
+    of a worker over its own steady state just before it."""
     from elastic_zero.bench.memory import GIB, event_peaks, event_windows
 
     summary = {"step_time_s_median": 1.0,
@@ -46,9 +46,10 @@ def test_event_windows_and_their_extra_peaks_from_a_timeline():
     windows = event_windows(summary, records, started=100.0)
     assert windows == [("checkpoint save", 104.0, 105.0), ("kill and recovery", 110.0, 113.0),
                        ("preemption hand-off", 120.0, 122.0), ("scale-up hand-over", 130.0, 132.0)]
-    rss = {101.0: 2, 102.0: 3, 104.5: 4, 111.0: 5, 121.0: 3, 131.0: 3}  # GiB of worker 7; its steady peak is 3
+    # GiB of worker 7: its steady peak before each event is 3, then 4 once the world shrank (its shard grew)
+    rss = {101.0: 2, 102.0: 3, 104.5: 4, 107.0: 3, 111.0: 5, 115.0: 4, 121.0: 4.5, 125.0: 4, 131.0: 4}
     samples = [(t, {7: ("worker", int(v * GIB)), 9: ("driver", 10 * GIB)}) for t, v in sorted(rss.items())]
     peaks = event_peaks(samples, first_step=100.5, windows=windows, shard_bytes=GIB)
     assert [(p["event"], p["extra_peak_gib"], p["of_a_shard"]) for p in peaks] == [
-        ("checkpoint save", 1.0, 1.0), ("kill and recovery", 2.0, 2.0), ("preemption hand-off", 0.0, 0.0),
+        ("checkpoint save", 1.0, 1.0), ("kill and recovery", 2.0, 2.0), ("preemption hand-off", 0.5, 0.5),
         ("scale-up hand-over", 0.0, 0.0)]

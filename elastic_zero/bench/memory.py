@@ -155,18 +155,20 @@ def event_windows(summary: dict, records: list[dict], started: float) -> list[tu
 
 
 def event_peaks(samples, first_step: float, windows, shard_bytes: float) -> list[dict]:
-    """For each window: the largest rise of a worker's RSS over its own steady state (its peak from
-    its first step to the first event), in GiB and as a share of a shard's replicated state
-    (`shard_bytes`: master and optimizer state of one worker's shard)."""
-    first_event = windows[0][1] if windows else float("inf")
-    steady: dict[int, int] = {}
-    for t, procs in samples:
-        if first_step <= t < first_event:
-            for pid, (kind, rss) in procs.items():
-                if kind == "worker":
-                    steady[pid] = max(steady.get(pid, 0), rss)
+    """For each window: the largest rise of a worker's RSS over its own steady state just before it
+    (its peak between the previous event's end, or the first step, and this one's start: a world
+    size that changed has changed the shard too), in GiB and as a share of a shard's replicated
+    state (`shard_bytes`: master and optimizer state of one worker's shard at the starting size)."""
     out = []
+    since = first_step
     for name, start, end in windows:
+        steady: dict[int, int] = {}
+        for t, procs in samples:
+            if since <= t < start:
+                for pid, (kind, rss) in procs.items():
+                    if kind == "worker":
+                        steady[pid] = max(steady.get(pid, 0), rss)
+        since = max(since, end)
         rises = [rss - steady[pid] for t, procs in samples if start <= t <= end
                  for pid, (kind, rss) in procs.items() if kind == "worker" and pid in steady]
         extra = max(rises, default=0)
