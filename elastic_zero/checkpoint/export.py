@@ -71,24 +71,30 @@ def iter_weights(fs: pafs.FileSystem, directory: str) -> Iterator[tuple[str, tor
     the same tensor), then what the job saved beside its shards with the final weights (buffers,
     frozen parameters: `model_tensors`)."""
     manifest = read_manifest(fs, directory)
-    layout = FlatLayout.from_dict(manifest.layout)
     aliases_of = _aliases_of(manifest)
-    dtype = manifest.vectors["params"]
-    handles: dict = {}
-    try:
-        for slot in layout.slots:
-            out = torch.empty(slot.numel, dtype=torch.float32)
-            _read_range(fs, directory, manifest, handles, "params", dtype, slot.offset, slot.end, out)
-            tensor = out.view(slot.shape)
-            yield slot.name, tensor
-            for alias in aliases_of.get(slot.name, ()):
-                yield alias, tensor
-    finally:
-        for h in handles.values():
-            h.close()
+    for name, tensor in iter_params(fs, directory, manifest):
+        yield name, tensor
+        for alias in aliases_of.get(name, ()):
+            yield alias, tensor
     side = manifest.extra.get(MODEL_TENSORS_KEY)
     if side:
         yield from safetensors_format.read(fs, f"{directory}/{side}")
+
+
+def iter_params(fs: pafs.FileSystem, directory: str, manifest=None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, fp32 tensor of its own) of every trained parameter, in the layout's order, each read
+    from the blocks that overlap it."""
+    manifest = manifest or read_manifest(fs, directory)
+    dtype = manifest.vectors["params"]
+    handles: dict = {}
+    try:
+        for slot in FlatLayout.from_dict(manifest.layout).slots:
+            out = torch.empty(slot.numel, dtype=torch.float32)
+            _read_range(fs, directory, manifest, handles, "params", dtype, slot.offset, slot.end, out)
+            yield slot.name, out.view(slot.shape)
+    finally:
+        for h in handles.values():
+            h.close()
 
 
 def _aliases_of(manifest) -> dict[str, list[str]]:
@@ -182,7 +188,7 @@ def _atomically(fs: pafs.FileSystem, path: str, write, directory: bool = False) 
     except BaseException:
         try:
             (fs.delete_dir if directory else fs.delete_file)(tmp)
-        except OSError:
+        except OSError:  # the caller needs the first error, not this one; the leftover has a dot-name
             pass
         raise
     return path

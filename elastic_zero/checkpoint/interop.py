@@ -10,19 +10,18 @@ from typing import Mapping, Sequence
 import pyarrow.fs as pafs
 import torch
 
+from elastic_zero.checkpoint.export import iter_params
 from elastic_zero.checkpoint.safetensors_format import LazyTensors
-from elastic_zero.checkpoint.store import MANIFEST, list_checkpoints, load_shard, read_manifest, resolve
+from elastic_zero.checkpoint.store import MANIFEST, list_checkpoints, resolve
 from elastic_zero.plan.layout import FlatLayout
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.zero.shard import ShardState
 
 
 def export_state_dict(fs: pafs.FileSystem, directory: str) -> dict[str, torch.Tensor]:
-    """The checkpoint's fp32 parameters as {name: tensor}, loadable with torch.load(weights_only=True)."""
-    manifest = read_manifest(fs, directory)
-    layout = FlatLayout.from_dict(manifest.layout)
-    flat = load_shard(fs, directory, layout, 1, 0, ["params"]).vectors["params"]
-    return {s.name: flat[s.offset : s.end].view(s.shape).clone() for s in layout.slots}
+    """The checkpoint's fp32 parameters as {name: tensor}, loadable with torch.load(weights_only=True):
+    read a parameter at a time (export.py), so the model is held once."""
+    return dict(iter_params(fs, directory))
 
 
 def shards_from_state_dict(state_dict: Mapping[str, torch.Tensor], layout: FlatLayout, world_size: int,

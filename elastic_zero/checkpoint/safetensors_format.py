@@ -61,6 +61,10 @@ def entries(fs: pafs.FileSystem, path: str) -> list[Entry]:
     """(name, shape, dtype) of every tensor in the file, in the order of their bytes."""
     with fs.open_input_file(path) as f:
         header, _ = _header(f, path)
+    return _entries_of(header)
+
+
+def _entries_of(header: dict) -> list[Entry]:
     return [(name, tuple(e["shape"]), _TORCH[e["dtype"]])
             for name, e in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0])]
 
@@ -69,16 +73,21 @@ def read(fs: pafs.FileSystem, path: str, names: Iterable[str] | None = None) -> 
     """(name, tensor) of the file's tensors (or of `names`), one read at a time."""
     with fs.open_input_file(path) as f:
         header, start = _header(f, path)
-        for name in (names if names is not None else [n for n, _, _ in entries(fs, path)]):
-            e = header[name]
-            begin, end = e["data_offsets"]
-            data = f.read_at(end - begin, start + begin)
-            if len(data) != end - begin:
-                raise ValueError(f"{path}: truncated at tensor {name!r}")
-            with warnings.catch_warnings():  # read-only bytes: copied out below
-                warnings.simplefilter("ignore", UserWarning)
-                flat = torch.frombuffer(data, dtype=torch.uint8) if end > begin else torch.empty(0, dtype=torch.uint8)
-            yield name, flat.view(_TORCH[e["dtype"]]).reshape(e["shape"]).clone()
+        for name in (names if names is not None else [n for n, _, _ in _entries_of(header)]):
+            yield name, _tensor(f, path, header, start, name)
+
+
+def _tensor(f, path: str, header: dict, start: int, name: str) -> torch.Tensor:
+    """One tensor of an open file whose header (and where its data starts) was read."""
+    e = header[name]
+    begin, end = e["data_offsets"]
+    data = f.read_at(end - begin, start + begin)
+    if len(data) != end - begin:
+        raise ValueError(f"{path}: truncated at tensor {name!r}")
+    with warnings.catch_warnings():  # read-only bytes: copied out below
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.frombuffer(data, dtype=torch.uint8) if end > begin else torch.empty(0, dtype=torch.uint8)
+    return flat.view(_TORCH[e["dtype"]]).reshape(e["shape"]).clone()
 
 
 def _header(f, path: str) -> tuple[dict, int]:
@@ -102,17 +111,21 @@ class LazyTensors(Mapping):
     def __init__(self, fs: pafs.FileSystem, paths: list[str]) -> None:
         self._fs = fs
         self._file_of: dict[str, str] = {}
+        self._headers: dict[str, tuple[dict, int]] = {}  # path -> (header, where its data starts), read once
         self.shapes: dict[str, tuple[int, ...]] = {}
         for path in paths:
-            for name, shape, _ in entries(fs, path):
+            with fs.open_input_file(path) as f:
+                self._headers[path] = _header(f, path)
+            for name, shape, _ in _entries_of(self._headers[path][0]):
                 self._file_of[name] = path
                 self.shapes[name] = shape
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._file_of:
             raise KeyError(name)
-        ((_, tensor),) = read(self._fs, self._file_of[name], [name])
-        return tensor
+        path = self._file_of[name]
+        with self._fs.open_input_file(path) as f:
+            return _tensor(f, path, *self._headers[path], name)
 
     def __iter__(self):
         return iter(self._file_of)

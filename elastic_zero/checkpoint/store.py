@@ -185,9 +185,7 @@ def save(uri: str, states: Sequence[ShardState], stage: int, extra: dict | None 
 
 
 def make_manifest(state: ShardState, files: Sequence[DataFile], stage: int, extra: dict | None = None) -> Manifest:
-    # (a shard in place, of views of the engine's tensors, tells each vector's dtype without a copy)
-    dtype_of = getattr(state.vectors, "dtype_of", lambda name: state.vectors[name].dtype)
-    dtypes = {name: str(dtype_of(name)).replace("torch.", "") for name in state.vectors}
+    dtypes = {name: str(v.dtype).replace("torch.", "") for name, v in state.vectors.items()}
     return Manifest(int(state.scalars["step"]), state.partition.world_size, stage, state.layout.to_dict(), dtypes,
                     tuple(files), dict(state.scalars), dict(extra or {}))
 

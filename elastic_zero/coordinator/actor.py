@@ -344,17 +344,13 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             return
         members = [m.actor_id for m in self.state.generation.members]
         plan = self._last_plan
-        failures = []
-        for ask in ("settle_saves", "checkpoint_now"):  # a save of that step in flight may commit; else one now
-            if ask == "checkpoint_now" and self._commit_of_step(command.step) is not None:
-                break
-            for r in ray.get([getattr(self._workers[a], ask).remote(*((plan,) if ask == "checkpoint_now" else ()))
-                              for a in members]):
-                for directory in r["checkpoints"]:
-                    self._checkpoint_committed(directory, plan.number)
-                for error in r["checkpoint_errors"]:
-                    self._log("checkpoint_failed", generation=plan.number, error=error)
-                    failures.append(error)
+        # a save of that step in flight may commit; if none did, one now
+        failures = self._saves_reported(ray.get([self._workers[a].settle_saves.remote() for a in members]), plan.number)
+        if self._commit_of_step(command.step) is None:
+            failures += self._saves_reported(ray.get([self._workers[a].checkpoint_now.remote(plan) for a in members]),
+                                             plan.number)
+        for error in failures:
+            self._log("checkpoint_failed", generation=plan.number, error=error)
         written = self._commit_of_step(command.step)
         if written is None:
             why = failures[-1] if failures else "no commit was reported"

@@ -62,11 +62,7 @@ class FinalSave:
                 actor_id, error = next(iter(errors.items()))
                 self._carry_out(Fail(f"writing the final weights failed on {actor_id}: {error}"))
                 return
-            failures = []
-            for r in reports.values():
-                for directory in r["checkpoints"]:
-                    self._checkpoint_committed(directory, plan.number)
-                failures += r["checkpoint_errors"]
+            failures = self._saves_reported(reports.values(), plan.number)
             written = self._commit_of_step(self.spec.train.steps)
             if written is None:
                 why = failures[0] if failures else "no commit was reported"
@@ -78,6 +74,15 @@ class FinalSave:
         self._result = {"ok": True, "summary": self.books.summary(memory.get("param_count")),
                         "final_checkpoint": final_checkpoint}
         self._apply(FinalWeightsWritten())
+
+    def _saves_reported(self, reports, generation: int) -> list[str]:
+        """Record the commits the members' save reports name (rank 0's); return their errors."""
+        errors = []
+        for r in reports:
+            for directory in r["checkpoints"]:
+                self._checkpoint_committed(directory, generation)
+            errors += r["checkpoint_errors"]
+        return errors
 
     def _save_on(self, members: list[str], plan) -> tuple[dict, dict, dict]:
         """Each member's part of the final save: (reports, lost {actor: (when, why)}, errors {actor: why}).

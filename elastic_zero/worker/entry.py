@@ -40,7 +40,7 @@ class GenerationEntry:
         """Join generation `plan.number` in one of three ways, by where its state comes from; return
         this worker's rank, or None for a leaver that has handed its shards over."""
         clock = _PhaseClock(report.setdefault("phases_s", {}))
-        if getattr(self, "_writer_reads_engine", False):  # a save of the engine's own tensors, abandoned or not
+        if self._writer_reads_engine:  # a save of the engine's own tensors, abandoned or not
             self.writer.wait()
             self._writer_reads_engine = False
         with self._generation_lock:

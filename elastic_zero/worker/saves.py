@@ -20,15 +20,15 @@ class CheckpointSaves:
             return
         if now and not again and self._saved_through == step - 1:  # saved at this step already
             return
+        final = step == self.spec.train.steps or waited  # the weights the job ends with: nothing trains beside
         flight = self.replicator.in_flight
         if flight is not None and flight.step == step:  # the snapshot on its way to the buddy
             flight.wait_copied()
             snapshot, in_flight_rows = flight.snapshot, flight.rows
         elif step in self.replicas.current.own:
             snapshot, in_flight_rows = self.replicas.current.own[step], []
-        elif step == self.spec.train.steps or waited:
-            # nothing trains beside it (the final weights, a stop): written from the engine's own tensors
-            # (a generation that follows, after a loss in this save, waits for it first: _enter)
+        elif final:  # written from the engine's own tensors (a generation that follows, after a loss
+            # in this save, waits for it first: _enter)
             snapshot, in_flight_rows = self.engine.shard_in_place(), []
             self._writer_reads_engine = True
         else:
@@ -41,7 +41,6 @@ class CheckpointSaves:
         self._unsaved_log, self._saved_through = [], step - 1  # rows name a step by its index
         # a save the caller waits for may follow one of the same step that did not commit: a tag of its own
         tag = f"g{plan.number}-s{step}" + ("-now" if waited else "")
-        final = step == self.spec.train.steps or waited  # the weights the job ends with
         model_tensors = self._untrained_tensors() if final and self.engine.rank == 0 else None
         report["checkpoint_stall_s"].append(self.writer.save(snapshot, tag, extra, rows, model_tensors))
         self._take_checkpoint_news(report)

@@ -114,6 +114,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         # a checkpoint at the next step asked for in generation _checkpoint_for, taken unless a checkpoint
         # was saved for a request of that generation or a later one (_checkpoint_taken)
         self._checkpoint_for = self._checkpoint_taken = -1
+        self._writer_reads_engine = False  # a save in flight writes from the engine's own tensors (saves.py)
         if coordinator:
             self._start_node_duties()
             relay_warnings(lambda text: coordinator_handle(coordinator, namespace).worker_warning.remote(actor_id, text))

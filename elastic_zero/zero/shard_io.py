@@ -193,9 +193,6 @@ class _InPlace(Mapping):
             raise KeyError(name)
         return _VectorInPlace(self._engine, name)
 
-    def dtype_of(self, name: str) -> torch.dtype:
-        return self._engine._vector_unit(name, self._engine.units[0]).dtype
-
     def __iter__(self):
         return iter(self._names)
 
