@@ -50,6 +50,10 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+class _RayletSlowToRegister(RuntimeError):
+    """`ray start` gave up waiting for its raylet to register with the GCS."""
+
+
 class RayHead:
     def __init__(self, auth: bool, num_cpus: int = 6, env: dict | None = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="ezhead", dir="/tmp")  # short: Ray's socket paths have a length limit
@@ -155,28 +159,44 @@ class RayHead:
 class RayNode:
     """A worker node of `head` on this machine, told apart by a resource of its own (`name`)."""
 
-    def __init__(self, head: RayHead, name: str, num_cpus: int, index: int) -> None:
-        self.head, self.name = head, name
-        self.dir = tempfile.mkdtemp(prefix=f"ez{name}", dir="/tmp")
+    def __init__(self, head: RayHead, name: str, num_cpus: int, index: int, attempts: int = 2) -> None:
+        self.head, self.name, self.num_cpus, self.index = head, name, num_cpus, index
+        for attempt in range(1, attempts + 1):
+            self.dir = tempfile.mkdtemp(prefix=f"ez{name}", dir="/tmp")
+            self._start()
+            try:
+                self.node_id = self._wait_registered()
+                return
+            except _RayletSlowToRegister:
+                # Ray gives a raylet 30 s to register with the GCS; a loaded machine (seen in CI) can miss
+                # that once. What the failed start left behind is stopped, and the node starts afresh.
+                self._kill_leftovers()
+                if attempt == attempts:
+                    raise
+
+    def _start(self) -> None:
+        head = self.head
         names = ("node-manager-port", "object-manager-port", "runtime-env-agent-port", "metrics-export-port",
                  "dashboard-agent-listen-port", "dashboard-agent-grpc-port")
-        low = head.worker_ports[0] + 100 + 25 * index  # the head's range goes on: [low, low + 24]
+        low = head.worker_ports[0] + 100 + 25 * self.index  # the head's range goes on: [low, low + 24]
         picked = [p for p in free_ports(len(names) + 10) if not head.worker_ports[0] <= p < head.worker_ports[1]]
         env = dict(head.server_env)
         args = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--block", "--address", head.gcs_address,
                 "--node-ip-address", "127.0.0.1", "--temp-dir", os.path.join(self.dir, "ray"),
-                "--num-cpus", str(num_cpus), "--resources", json.dumps({name: 1}), "--disable-usage-stats",
+                "--num-cpus", str(self.num_cpus), "--resources", json.dumps({self.name: 1}), "--disable-usage-stats",
                 "--min-worker-port", str(low), "--max-worker-port", str(low + 24)]
         args += [f"--{n}={port}" for n, port in zip(names, picked)]
         self.log = open(os.path.join(self.dir, "node.log"), "w")
         self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.node_id = self._wait_registered()
 
     def _wait_registered(self, timeout_s: float = 90.0) -> str:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"ray start exited {self.proc.returncode}: {open(self.log.name).read()[-2000:]}")
+                printed = open(self.log.name).read()
+                if "timed out during startup" in printed:
+                    raise _RayletSlowToRegister(printed[-2000:])
+                raise RuntimeError(f"ray start exited {self.proc.returncode}: {printed[-2000:]}")
             try:
                 nodes = self.head.alive_nodes()
             except OSError:  # the head's dashboard still warming up (seen: a connection closed unanswered)
@@ -187,6 +207,16 @@ class RayNode:
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"node {self.name} did not join the cluster in {timeout_s:.0f} s")
+
+    def _kill_leftovers(self) -> None:
+        """SIGKILL to every process of a failed start: `ray start` has exited, so they are no longer
+        its descendants, but they are still in the process group it led (Ray's processes stay in it)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.log.close()
 
     def processes(self) -> list[int]:
         return [self.proc.pid] + descendants(self.proc.pid)
