@@ -3,8 +3,13 @@
 On a cluster (an address given) the coordinator is a detached named actor: the job goes on if
 this driver dies, and status/scale/stop reach it by name. A driver that is told to stop (SIGTERM,
 as `ray job stop` sends, or Ctrl-C) takes the job down with it. If the coordinator's process dies,
-Ray restarts it and it resumes from the latest checkpoint by itself; the driver waits for it and
-follows the new one.
+this driver starts it again (COORDINATOR_RESTARTS times at most), and it resumes from the latest
+checkpoint by itself.
+
+Why the driver and not Ray (max_restarts): Ray's memory monitor kills retriable actors first and,
+among the rest, the newest. A coordinator Ray may restart would be the first victim on a node short
+of memory, and the whole job (its workers die with it) would go back to a checkpoint; one it may
+not, started before its workers, is the last.
 """
 
 from __future__ import annotations
@@ -46,11 +51,13 @@ def drive(job: JobSpec, job_id: str, run_dir: str, run_config, started_at: float
         from elastic_zero.job.preflight import check_cluster
 
         check_cluster(job, ray.cluster_resources())
-        actor = _start_coordinator(job, job_id, run_dir, started_at, detached=bool(run_config.address))
+        detached = bool(run_config.address)
+        followed = [_start_coordinator(job, job_id, run_dir, started_at, detached)]
         try:
-            return _follow(actor, job_id, view)
+            return _follow(followed, view, lambda: _start_coordinator(job, job_id, run_dir, started_at, detached,
+                                                                      restarted=True))
         finally:  # collected, or this driver was stopped: either way the coordinator goes
-            ray.kill(actor, no_restart=True)
+            ray.kill(followed[0], no_restart=True)
     finally:
         restore()
         if view is not None:
@@ -59,14 +66,15 @@ def drive(job: JobSpec, job_id: str, run_dir: str, run_config, started_at: float
             ray.shutdown()
 
 
-def _start_coordinator(job: JobSpec, job_id: str, run_dir: str, started_at: float, detached: bool):
+def _start_coordinator(job: JobSpec, job_id: str, run_dir: str, started_at: float, detached: bool,
+                       restarted: bool = False):
     import ray
 
     from elastic_zero.coordinator.actor import NAMESPACE, Coordinator, coordinator_name
 
     name = coordinator_name(job_id)
     _clear_finished(name, job_id)
-    options = dict(name=name, namespace=NAMESPACE, num_cpus=0, max_concurrency=16, max_restarts=COORDINATOR_RESTARTS)
+    options = dict(name=name, namespace=NAMESPACE, num_cpus=0, max_concurrency=16, max_restarts=0)
     # on the head node (where a submitted job's driver runs too; the cluster ends with it anyway),
     # not on a worker node that may be preempted or lost: Ray's documented way to pin to the head
     options["resources"] = {HEAD_RESOURCE: 0.001}
@@ -75,7 +83,8 @@ def _start_coordinator(job: JobSpec, job_id: str, run_dir: str, started_at: floa
     deadline = time.monotonic() + 10
     while True:
         try:
-            return ray.remote(Coordinator).options(**options).remote(job.to_dict(), job_id, run_dir, started_at)
+            return ray.remote(Coordinator).options(**options).remote(job.to_dict(), job_id, run_dir, started_at,
+                                                                     restarted)
         except ValueError:  # the name of a coordinator just killed is released a moment later
             if time.monotonic() > deadline:
                 raise SpecError(f"a job with id {job_id!r} is already running on this Ray cluster") from None
@@ -103,26 +112,31 @@ def _clear_finished(name: str, job_id: str) -> None:
     ray.kill(existing, no_restart=True)
 
 
-def _follow(actor, job_id: str, view: ProgressView | None) -> dict:
+def _follow(followed: list, view: ProgressView | None, restart) -> dict:
+    """Follow the coordinator in `followed[0]` to the job's end; one that died is replaced by
+    `restart()` (in `followed[0]`), COORDINATOR_RESTARTS times at most."""
     import ray
 
-    from elastic_zero.coordinator.actor import NAMESPACE, coordinator_name
-
-    cursor, lost_since = 0, None
+    cursor, unreachable_since, restarts = 0, None, 0
     while True:
+        actor = followed[0]
         try:
             p = ray.get(actor.progress.remote(cursor), timeout=60)
-            lost_since = None
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
-            # the coordinator died: Ray restarts it and it resumes by itself; wait for it
-            lost_since = lost_since or time.monotonic()
-            if time.monotonic() - lost_since > REATTACH_S:
-                return _lost(f"the coordinator did not come back within {REATTACH_S:.0f} s")
-            time.sleep(1.0)
-            try:
-                actor = ray.get_actor(coordinator_name(job_id), namespace=NAMESPACE)
-            except ValueError:
+            unreachable_since = None
+        except ray.exceptions.ActorDiedError:
+            if restarts == COORDINATOR_RESTARTS:
                 return _lost(f"the coordinator died and was not restarted ({COORDINATOR_RESTARTS} restarts at most)")
+            restarts += 1
+            # its workers died with it: it resumes from the latest checkpoint, and goes on with its
+            # predecessor's events (the cursor stays)
+            followed[0] = restart()
+            continue
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            # unreachable for now (its node's connection, a slow answer): wait for it
+            unreachable_since = unreachable_since or time.monotonic()
+            if time.monotonic() - unreachable_since > REATTACH_S:
+                return _lost(f"the coordinator did not answer within {REATTACH_S:.0f} s")
+            time.sleep(1.0)
             continue
         if view is not None:
             for record in p["events"]:

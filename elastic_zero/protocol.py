@@ -82,12 +82,14 @@ class Report:
     log: tuple = ()  # (step, rank, first sample position, count) of each step it committed
     ward_log: tuple = ()  # the same rows of its ward, which came with the ward's replica
     step_times: tuple = ()
+    step_ends: tuple = ()  # the epoch time each step it ran was done, in the order of step_times
     protect_times: tuple = ()  # of each step's time, the seconds of its commit (replicas) and checkpoint save
     first_step_at: float | None = None
     last_loss: float | None = None
     last_metrics: dict = field(default_factory=dict)  # the loss function's extra metrics at the last step
     losses: tuple = ()  # (step, loss) of every step it ran (every rank sees the same loss)
     phases_s: dict = field(default_factory=dict)  # seconds in each phase of entering the generation
+    received_bytes: int = 0  # state it took in to enter the generation: from peers (a handover) or a checkpoint
     checkpoint_stall_s: tuple = ()
     checkpoint_errors: tuple = ()
     checkpoints: tuple = ()  # directories it committed (rank 0)

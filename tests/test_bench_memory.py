@@ -1,55 +1,105 @@
-"""`bench memory`, short: a tiny GPT through a job on the suite's Ray, every process found and measured.
-Oracle: the processes the job runs (two workers, a coordinator, this driver) and the model's own size."""
+"""`bench memory` and `bench state-size`, short: a tiny GPT through jobs on the suite's Ray, every process
+found and measured, every elastic event found in what the jobs wrote. Oracles: the processes a job
+runs (workers, a coordinator, this driver), the model's own size, and timelines made by hand."""
 
 import pytest
 
-from elastic_zero.bench.memory import format_memory, run_memory_bench
+from elastic_zero.bench.memory import GIB, format_memory, run_memory_bench
+from elastic_zero.bench.state_events import (EventWindow, change_windows, extra_peaks, rate_row, save_windows,
+                                             start_up_extra, swap_windows)
 
-pytestmark = [pytest.mark.runtime, pytest.mark.usefixtures("local_ray")]
 
-
-def test_the_memory_bench_measures_every_process_of_a_job_and_the_export(tmp_path):
+def _param_count(**config) -> int:
     from elastic_zero.models import build_preset
 
-    report = run_memory_bench(d_model=64, layers=2, heads=2, vocab=256, seq_len=16, workers=2, steps=300, meta=True,
-                              replicate_every=1, events=True, workdir=str(tmp_path))
-    expected = sum(p.numel() for p in build_preset("gpt-small", vocab_size=256, seq_len=16, n_layer=2, n_head=2,
-                                                   d_model=64, tied_head=True).parameters())
+    return sum(p.numel() for p in build_preset("gpt-small", tied_head=True, **config).parameters())
+
+
+@pytest.mark.runtime
+@pytest.mark.usefixtures("local_ray")
+def test_the_memory_bench_measures_every_process_of_a_job_and_the_export(tmp_path):
+    report = run_memory_bench(d_model=64, layers=2, heads=2, vocab=256, seq_len=16, workers=2, steps=3, meta=True,
+                              replicate_every=1, workdir=str(tmp_path))
+    expected = _param_count(vocab_size=256, seq_len=16, n_layer=2, n_head=2, d_model=64)
     assert report["params"] == expected
-    kinds = [p["kind"] for p in report["processes"]]
-    # the two it started (a replacement and the scale-up's joiner come if the job lasts long enough)
-    assert kinds.count("coordinator") == 1 and kinds.count("driver") == 1 and kinds.count("worker") >= 2, kinds
+    kinds = sorted(p["kind"] for p in report["processes"])
+    assert kinds == ["coordinator", "driver", "worker", "worker"], kinds
     for p in report["processes"]:
         assert 0 < p["peak_gib"] == max(p["start_up_gib"], p["training_gib"])
-    workers = [p for p in report["processes"] if p["kind"] == "worker"]
-    assert sum(p["start_up_gib"] > 0 for p in workers) == 2 and all(p["training_gib"] > 0 for p in workers)
-    # (the scale-up's and the notice's hand-offs come when the joiners are ready: seconds, which a job
-    # of a tiny model may not last; at real sizes, steps of seconds, they come in turn)
-    names = {e["event"] for e in report["events"]}
-    assert {"kill and recovery", "checkpoint save"} <= names, names
-    assert all(e["seconds"] >= 0 and e["extra_peak_gib"] >= 0 for e in report["events"])
     export = report["export"]
     assert export["written_gib"] * 2**30 >= 4 * expected and export["peak_gib"] >= export["imports_only_gib"] > 0
     assert "2 workers" in format_memory(report)
 
 
-def test_event_windows_and_their_extra_peaks_from_a_timeline():
-    """Pure: the windows come from the summary and the events; each one's extra is the largest rise
-    of a worker over its own steady state just before it."""
-    from elastic_zero.bench.memory import GIB, event_peaks, event_windows
+@pytest.mark.runtime
+@pytest.mark.usefixtures("local_ray")
+def test_the_state_size_bench_finds_every_event_of_its_jobs(tmp_path):
+    from elastic_zero.bench.state_size import format_state_size, run_state_size_bench
 
-    summary = {"step_time_s_median": 1.0,
-               "recoveries": [{"failed_at": 110.0, "to_next_step_done_s": 3.0}],
-               "reconfigurations": [{"failed_at": 120.0, "to_next_step_done_s": 2.0, "cause": "leave"},
-                                    {"failed_at": 130.0, "to_next_step_done_s": 2.0, "cause": "scale"}]}
-    records = [{"event": "checkpoint_committed", "t": 105.0}, {"event": "checkpoint_committed", "t": 90.0}]
-    windows = event_windows(summary, records, started=100.0)
-    assert windows == [("checkpoint save", 104.0, 105.0), ("kill and recovery", 110.0, 113.0),
-                       ("preemption hand-off", 120.0, 122.0), ("scale-up hand-over", 130.0, 132.0)]
+    report = run_state_size_bench(d_model=64, layers=2, heads=2, vocab=256, seq_len=16, workers=3, steps=60,
+                                  workdir=str(tmp_path))
+    assert report["params"] == _param_count(vocab_size=256, seq_len=16, n_layer=2, n_head=2, d_model=64)
+    assert all(v > 0 for v in report["links_gb_per_s"].values())
+    names = [e["event"] for e in report["events"]]
+    # (the scale-up's hand-over comes when its joiner is ready: seconds, which a job of a tiny model may
+    # not last; at real sizes, steps of seconds, it comes in turn)
+    for wanted in ("replica swap", "kill and recovery", "checkpoint save", "resume at 2 workers",
+                   "export (its own process)"):
+        assert wanted in names, names
+    for e in report["events"]:
+        assert e["extra_peak_gib"] >= 0 and e["seconds"] >= 0
+        assert e["moved_gib"] is not None and e["moved_gib"] >= 0, e
+    kinds = [p["kind"] for p in report["processes"]]
+    assert kinds.count("coordinator") == 1 and kinds.count("worker (resumed)") == 2, kinds
+    assert "kill and recovery" in format_state_size(report)
+
+
+@pytest.mark.unit
+def test_event_windows_from_a_summary_and_its_events():
+    summary = {"step_end_curve": [[0, 101.0], [1, 102.0], [2, 103.0], [3, 104.0], [4, 105.0], [5, 106.0],
+                                  [6, 112.0]],
+               "step_time_curve": [[s, 1.0] for s in range(7)],
+               "protect_time_curve": [[s, 0.25] for s in range(7)],
+               "recoveries": [{"failed_at": 110.0, "to_next_step_done_s": 3.0, "received_bytes": 40,
+                               "phases_s": {"groups": 0.1, "handover": 0.5}}],
+               "reconfigurations": [{"failed_at": 120.0, "to_next_step_done_s": 2.0, "cause": "leave",
+                                     "received_bytes": 10, "phases_s": {"handover": 0.2}},
+                                    {"failed_at": 130.0, "to_next_step_done_s": 2.0, "cause": "scale up"}]}
+    # commits after steps 2 and 5 (every 3): a swap is its step and the next, and counts only if it ended before
+    assert swap_windows(summary, 3, before=113.0, shard_bytes=7) == [
+        EventWindow("replica swap", 102.0, 104.0, 7, 0.5, "loopback"),
+        EventWindow("replica swap", 105.0, 112.0, 7, 0.5, "loopback")]
+    assert swap_windows(summary, 3, before=110.0, shard_bytes=7) == [
+        EventWindow("replica swap", 102.0, 104.0, 7, 0.5, "loopback")]
+    assert change_windows(summary) == [
+        EventWindow("kill and recovery", 110.0, 113.0, 40, 0.5, "loopback"),
+        EventWindow("preemption hand-off", 120.0, 122.0, 10, 0.2, "loopback"),
+        EventWindow("scale-up hand-over", 130.0, 132.0, None, None, "memory")]
+    records = [{"event": "checkpoint_committed", "t": 105.5, "directory": "/c/step-0000000004"},
+               {"event": "checkpoint_committed", "t": 99.0, "directory": "/c/step-0000000000"}]
+    # step-4 holds 4 steps done: written from the end of step 3, one of its 2 writers' part
+    assert save_windows(summary, records, {"/c/step-0000000004": (4, 600, 2)}) == [
+        EventWindow("checkpoint save", 104.0, 105.5, 300, 1.5, "memory")]
+
+
+@pytest.mark.unit
+def test_extra_peaks_hold_each_event_against_the_state_just_before_it():
+    windows = [EventWindow("checkpoint save", 104.0, 105.0), EventWindow("kill and recovery", 110.0, 113.0),
+               EventWindow("preemption hand-off", 120.0, 122.0), EventWindow("scale-up hand-over", 130.0, 132.0)]
     # GiB of worker 7: its steady peak before each event is 3, then 4 once the world shrank (its shard grew)
     rss = {101.0: 2, 102.0: 3, 104.5: 4, 107.0: 3, 111.0: 5, 115.0: 4, 121.0: 4.5, 125.0: 4, 131.0: 4}
     samples = [(t, {7: ("worker", int(v * GIB)), 9: ("driver", 10 * GIB)}) for t, v in sorted(rss.items())]
-    peaks = event_peaks(samples, first_step=100.5, windows=windows, shard_bytes=GIB)
-    assert [(p["event"], p["extra_peak_gib"], p["of_a_shard"]) for p in peaks] == [
-        ("checkpoint save", 1.0, 1.0), ("kill and recovery", 2.0, 2.0), ("preemption hand-off", 0.5, 0.5),
-        ("scale-up hand-over", 0.0, 0.0)]
+    assert [e / GIB for e in extra_peaks(samples, 100.5, windows)] == [1.0, 2.0, 0.5, 0.0]
+    # a resumed job: 5 GiB while reading the checkpoint, 4 once training
+    resumed = [(t, {3: ("worker", int(v * GIB))}) for t, v in ((1.0, 5), (2.0, 3.5), (3.0, 4))]
+    assert start_up_extra(resumed, first_step_done=2.0) == GIB
+
+
+@pytest.mark.unit
+def test_a_row_holds_the_peak_against_a_shard_and_the_rate_against_its_link():
+    row = rate_row("kill and recovery", 12.34, 3.0, GIB // 2, GIB, 2 * 10**9, 2.0, "loopback",
+                   {"loopback": 4e9, "memory": 10e9})
+    assert row == {"event": "kill and recovery", "at_s": 12.3, "seconds": 3.0, "extra_peak_gib": 0.5,
+                   "of_a_shard": 0.5, "moved_gib": round(2e9 / GIB, 3), "moving_s": 2.0, "gb_per_s": 1.0,
+                   "link": "loopback", "of_link": 0.25}
+    assert rate_row("export", None, 1.0, 0, GIB, None, None, "memory", {"memory": 1e9})["gb_per_s"] is None

@@ -9,10 +9,11 @@ from elastic_zero.protocol import Outcome, Report
 pytestmark = pytest.mark.unit
 
 
-def _report(actor_id, rank, times, protect, first_step_at=10.0, kind="finished", step=3):
+def _report(actor_id, rank, times, protect, first_step_at=10.0, kind="finished", step=3, received_bytes=0):
+    ends = tuple(first_step_at + sum(times[:i + 1]) for i in range(len(times))) if first_step_at else ()
     return Report(Outcome(actor_id, kind, step), ended_at=20.0, rank=rank, step_times=tuple(times),
-                  protect_times=tuple(protect), losses=tuple((s, 1.0) for s in range(len(times))),
-                  first_step_at=first_step_at)
+                  step_ends=ends, protect_times=tuple(protect), losses=tuple((s, 1.0) for s in range(len(times))),
+                  first_step_at=first_step_at, received_bytes=received_bytes)
 
 
 def test_step_times_are_rank_0s_and_their_protected_share_is_kept_apart():
@@ -23,6 +24,19 @@ def test_step_times_are_rank_0s_and_their_protected_share_is_kept_apart():
     summary = books.summary(None)
     assert summary["step_time_curve"] == [(0, 0.5), (1, 0.9)]
     assert summary["protect_time_curve"] == [(0, 0.1), (1, 0.2)]
+    assert summary["step_end_curve"] == [(0, 10.5), (1, 11.4)]  # rank 0's clock too
+
+
+def test_a_change_records_what_its_busiest_receiver_took_in():
+    books = Books(global_batch=8, steps=4, started_at=0.0)
+    books.add_generation_results(0, [_report("w0", 0, [0.5], [0.0], received_bytes=100),
+                                     _report("w1", 1, [0.5], [0.0], received_bytes=300)])
+    assert books.summary(None)["start"]["received_bytes"] == 300  # the first generation's (a resume)
+    books.begin_change("recovery", 12.0, step=1, cause="lost w1", reached=1)
+    books.add_generation_results(1, [_report("w0", 0, [0.5], [0.0], first_step_at=13.0, received_bytes=700),
+                                     _report("w2", 1, [0.5], [0.0], first_step_at=13.0, received_bytes=500)])
+    (recovery,) = books.summary(None)["recoveries"]
+    assert recovery["received_bytes"] == 700
 
 
 def test_without_rank_0s_report_another_ranks_clock_is_used():

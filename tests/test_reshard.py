@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 
 from elastic_zero.plan.layout import ParamSpec, build_layout
 from elastic_zero.plan.partition import partition_layout
-from elastic_zero.plan.reshard import plan_reshard, sends_and_receives, vector_offsets
+from elastic_zero.plan.reshard import plan_reshard, received_from_others, sends_and_receives, vector_offsets
 
 layouts = st.builds(
     lambda sizes, align: build_layout(
@@ -60,3 +60,19 @@ def test_plan_refuses_partitions_of_different_layouts_and_splits_roles():
     sends, receives = sends_and_receives(plan, rank_old=1, rank_new=None)
     assert sends and not receives and all(t.src == 1 for t in sends)
     assert vector_offsets(partition_layout(a, 3), 2) == (0,)
+
+
+@given(layouts, st.integers(1, 6), st.integers(1, 6))
+@settings(max_examples=200, deadline=None)
+def test_what_a_process_receives_from_others_is_its_new_shard_less_what_it_held(layout, n_old, n_new):
+    """Oracle: element by element, a new rank's elements whose old owner sits in another process.
+    Processes: old rank r and new rank r are one process (a scale-up or down keeps the first ranks)."""
+    old, new = partition_layout(layout, n_old), partition_layout(layout, n_new)
+    plan = plan_reshard(old, new)
+    processes = max(n_old, n_new)
+    holder_of_old, member_of_new = list(range(n_old)), list(range(n_new))
+    owner = {i: r for r in range(n_old) for rg in old.ranges(r) for i in range(rg.start, rg.stop)}
+    for me in range(processes):
+        wanted = [i for rg in (new.ranges(me) if me < n_new else ()) for i in range(rg.start, rg.stop)]
+        expected = sum(1 for i in wanted if owner[i] != me)
+        assert received_from_others(plan, holder_of_old, member_of_new, me) == expected

@@ -187,7 +187,7 @@ def test_job_on_a_token_auth_head(auth_head, workdir):
         time.sleep(1)
     assert _metric(head, "ray_elastic_zero_reconfigurations_total", job_id) >= 2
 
-    # the coordinator dies (its workers with it): Ray restarts it and it resumes from the checkpoint
+    # the coordinator dies (its workers with it): the job's driver starts it again and it resumes from the checkpoint
     os.kill(record["coordinator"]["pid"], signal.SIGKILL)
     resumed = _until(head, cwd, job_id, "resumed", lambda r: r["restarts"] == 1 and r["state"] == "running"
                      and r["step"] > 0 and r["generation"] is not None)

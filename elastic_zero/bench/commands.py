@@ -91,9 +91,22 @@ def add_bench_parsers(sub) -> None:
     mem.add_argument("--steps", type=int, default=3)
     mem.add_argument("--global-batch", type=int, default=4)
     mem.add_argument("--micro-batch", type=int, default=2)
-    mem.add_argument("--events", action="store_true", help="also a kill, a scale-up, a preemption notice and "
-                                                            "checkpoints in the job, each event's extra peak")
     mem.add_argument("--json", action="store_true", help="print one JSON object")
+    size = bench_sub.add_parser("state-size", help="every process's memory through every elastic event of a GPT of "
+                                                   "real size, and each event's bytes per second against the links'")
+    size.add_argument("--d-model", type=int, default=1024)
+    size.add_argument("--layers", type=int, default=16)
+    size.add_argument("--heads", type=int, default=16)
+    size.add_argument("--vocab", type=int, default=50257)
+    size.add_argument("--seq-len", type=int, default=64)
+    size.add_argument("--workers", type=int, default=3)
+    size.add_argument("--resume-workers", type=int, default=2, help="the world size the checkpoint is resumed at")
+    size.add_argument("--replicate-every", type=int, default=3, help="steps between replica swaps (>= 1)")
+    size.add_argument("--steps", type=int, default=18)
+    size.add_argument("--global-batch", type=int, default=6)
+    size.add_argument("--micro-batch", type=int, default=2)
+    size.add_argument("--real", action="store_true", help="build the model for real, not on the meta device")
+    size.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run_bench(args) -> int:
@@ -157,7 +170,15 @@ def run_bench(args) -> int:
 
         report = run_memory_bench(args.d_model, args.layers, args.heads, args.vocab, args.seq_len, args.workers,
                                   args.stage, args.replicate_every, args.meta, args.steps, args.global_batch,
-                                  args.micro_batch, events=args.events)
+                                  args.micro_batch)
         print(json.dumps(report) if args.json else format_memory(report))
+        return 0
+    if args.bench == "state-size":
+        from elastic_zero.bench.state_size import format_state_size, run_state_size_bench
+
+        report = run_state_size_bench(args.d_model, args.layers, args.heads, args.vocab, args.seq_len, args.workers,
+                                      args.resume_workers, args.replicate_every, args.steps, args.global_batch,
+                                      args.micro_batch, meta=not args.real)
+        print(json.dumps(report) if args.json else format_state_size(report))
         return 0
     raise ValueError(f"unknown bench {args.bench!r}")

@@ -1,6 +1,6 @@
 """`elastic-zero bench memory`: every process's peak RSS through one job of a GPT of real size on the
 embedded local Ray, by phase, against the engine's own state; and the peak of exporting its final
-weights. The job's workers, its coordinator and this driver are read from /proc every 0.1 s (Ray
+weights. (Memory through the elastic events: `bench state-size`, state_size.py.) The job's workers, its coordinator and this driver are read from /proc every 0.1 s (Ray
 names a worker's process after its actor's class), so what is measured is the whole process, not
 what the engine reports of itself.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,7 @@ def gpt_on_meta(**config):
         return build_preset("gpt-small", **config)
 
 
-def _processes(driver_pid: int) -> dict[int, tuple[str, int]]:
+def processes_below(driver_pid: int) -> dict[int, tuple[str, int]]:
     """{pid: (kind, rss bytes)} of the driver and of the Ray actors below it (its embedded Ray's
     raylet is its child): another Ray on the machine, with actors of the same names, is not counted."""
     parent, names = {}, {}
@@ -70,115 +71,75 @@ def _processes(driver_pid: int) -> dict[int, tuple[str, int]]:
     return out
 
 
+class Sampler:
+    """Samples every process of this driver's job (`processes_below`) every 0.1 s on a thread, while
+    in its `with` block: `samples` is [(epoch seconds, {pid: (kind, rss bytes)})]."""
+
+    def __init__(self, period_s: float = 0.1) -> None:
+        self.samples: list[tuple[float, dict]] = []
+        self._period_s, self._stop = period_s, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), processes_below(os.getpid())))
+            self._stop.wait(self._period_s)
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def run_memory_bench(d_model: int = 1024, layers: int = 24, heads: int = 16, vocab: int = 50257, seq_len: int = 64,
                      workers: int = 2, stage: int = 3, replicate_every: int = 0, meta: bool = False, steps: int = 3,
-                     global_batch: int = 4, micro_batch: int = 2, workdir: str | None = None,
-                     events: bool = False) -> dict:
-    """`events`: the job also loses a worker, is scaled up by one, gets a preemption notice and saves
-    checkpoints (drills at fixed steps; it needs workers >= 2 and steps >= 12), and each event's
-    extra peak over the workers' steady state is reported with its time."""
+                     global_batch: int = 4, micro_batch: int = 2, workdir: str | None = None) -> dict:
     if workers < 1 or steps < 1 or stage not in (1, 2, 3) or replicate_every < 0:
         raise ValueError("need workers >= 1, steps >= 1, stage 1-3 and replicate_every >= 0")
-    if events and (workers < 2 or steps < 12):
-        raise ValueError("--events needs workers >= 2 and steps >= 12 (a kill, a scale-up and a notice in turn)")
     from elastic_zero.api import RunConfig, run
-    from elastic_zero.job.spec import spec_from_dict
 
     work = workdir or tempfile.mkdtemp(prefix="ez-bench-memory-")
+    try:
+        spec = gpt_spec("bench-memory", d_model, layers, heads, vocab, seq_len, meta, stage, steps, global_batch,
+                        micro_batch, {"workers": workers, "replicate_every": replicate_every})
+        started = time.time()
+        with Sampler() as sampler:
+            result = run(spec, RunConfig(run_dir=os.path.join(work, "run"), progress=False))
+        if not result.ok:
+            raise RuntimeError(f"bench memory: the job failed: {result.error}")
+        first_step = started + (result.metrics.get("time_to_first_step_s") or 0.0)
+        params = result.metrics["param_count"]
+        return {"config": {"d_model": d_model, "layers": layers, "heads": heads, "vocab": vocab, "seq_len": seq_len,
+                           "workers": workers, "stage": stage, "replicate_every": replicate_every, "meta": meta,
+                           "steps": steps, "global_batch": global_batch},
+                "params": params, "engine_state_per_worker_gib": round(16 * params / workers / GIB, 3),
+                "step_time_s_median": result.metrics.get("step_time_s_median"),
+                "processes": peaks(sampler.samples, first_step),
+                "export": export_peak(result.final_checkpoint, os.path.join(work, "weights.safetensors"))}
+    finally:
+        if workdir is None:  # the checkpoints of a model of real size: gigabytes
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def gpt_spec(name: str, d_model: int, layers: int, heads: int, vocab: int, seq_len: int, meta: bool, stage: int,
+             steps: int, global_batch: int, micro_batch: int, elastic: dict, **sections):
+    """The job spec of the bench's GPT (our preset, a tied head) on synthetic tokens."""
+    from elastic_zero.job.spec import spec_from_dict
+
     config = dict(vocab_size=vocab, seq_len=seq_len, n_layer=layers, n_head=heads, d_model=d_model, tied_head=True)
     model = {"factory": gpt_on_meta, "kwargs": config} if meta else {"preset": "gpt-small", "kwargs": config}
-    spec = spec_from_dict({
-        "name": "bench-memory", "model": model, "zero": {"stage": stage},
+    return spec_from_dict({
+        "name": name, "model": model, "zero": {"stage": stage},
         "data": {"source": "synthetic", "seq_len": seq_len, "vocab_size": vocab},
         "train": {"steps": steps, "global_batch": global_batch, "micro_batch": micro_batch},
-        "elastic": {"workers": workers, "min_workers": workers if not events else 1,
-                    "max_workers": workers if not events else workers + 1, "join_window_s": 0.0,
-                    "replicate_every": replicate_every, "collective_timeout_s": 600.0},
-        **({"faults": drills(steps, workers),
-            "checkpoint": {"uri": os.path.join(work, "ckpt"), "every": max(2, steps // 4)}} if events else {})})
-    samples: list[tuple[float, dict]] = []
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            samples.append((time.time(), _processes(os.getpid())))
-            time.sleep(0.1)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    started = time.time()
-    sampler.start()
-    try:
-        result = run(spec, RunConfig(run_dir=os.path.join(work, "run"), progress=False))
-    finally:
-        stop.set()
-        sampler.join()
-    if not result.ok:
-        raise RuntimeError(f"bench memory: the job failed: {result.error}")
-    first_step = started + (result.metrics.get("time_to_first_step_s") or 0.0)
-    params = result.metrics["param_count"]
-    report = {"config": {"d_model": d_model, "layers": layers, "heads": heads, "vocab": vocab, "seq_len": seq_len,
-                         "workers": workers, "stage": stage, "replicate_every": replicate_every, "meta": meta,
-                         "steps": steps, "global_batch": global_batch},
-              "params": params, "engine_state_per_worker_gib": round(16 * params / workers / GIB, 3),
-              "step_time_s_median": result.metrics.get("step_time_s_median"),
-              "processes": _peaks(samples, first_step),
-              "export": _export_peak(result.final_checkpoint, os.path.join(work, "weights.safetensors"))}
-    if events:
-        records = [json.loads(line) for line in open(os.path.join(result.path, "events.jsonl"))]
-        report["events"] = event_peaks(samples, first_step, event_windows(result.metrics, records, started),
-                                       shard_bytes=12 * params / workers)
-    return report
+        "elastic": {"min_workers": elastic["workers"], "max_workers": elastic["workers"], "join_window_s": 0.0,
+                    "collective_timeout_s": 600.0, **elastic}, **sections})
 
 
-def drills(steps: int, workers: int) -> list[dict]:
-    """A kill, a scale-up by one, a preemption notice: a third, a half and two thirds of the way."""
-    return [{"at_step": steps // 3, "action": "kill", "rank": 1},
-            {"at_step": steps // 2, "action": "scale", "workers": workers + 1},
-            {"at_step": 2 * steps // 3, "action": "preempt", "rank": 0, "deadline_s": 600.0}]
-
-
-def event_windows(summary: dict, records: list[dict], started: float) -> list[tuple[str, float, float]]:
-    """(name, start, end) in epoch seconds of each event the run's summary and events tell: a
-    recovery from its failure to its next step done, a hand-over from its safe point to its next step
-    done, a checkpoint save over the step before its commit (the save runs beside the next step)."""
-    step_s = summary.get("step_time_s_median") or 0.0
-    out = []
-    for r in summary["recoveries"]:
-        out.append(("kill and recovery", r["failed_at"], r["failed_at"] + (r.get("to_next_step_done_s") or 0.0)))
-    for r in summary["reconfigurations"]:
-        name = "preemption hand-off" if r["cause"] == "leave" else "scale-up hand-over"
-        out.append((name, r["failed_at"], r["failed_at"] + (r.get("to_next_step_done_s") or 0.0)))
-    for e in records:
-        if e.get("event") == "checkpoint_committed" and e["t"] > started:
-            out.append(("checkpoint save", e["t"] - step_s, e["t"]))
-    return sorted(out, key=lambda w: w[1])
-
-
-def event_peaks(samples, first_step: float, windows, shard_bytes: float) -> list[dict]:
-    """For each window: the largest rise of a worker's RSS over its own steady state just before it
-    (its peak between the previous event's end, or the first step, and this one's start: a world
-    size that changed has changed the shard too), in GiB and as a share of a shard's replicated
-    state (`shard_bytes`: master and optimizer state of one worker's shard at the starting size)."""
-    out = []
-    since = first_step
-    for name, start, end in windows:
-        steady: dict[int, int] = {}
-        for t, procs in samples:
-            if since <= t < start:
-                for pid, (kind, rss) in procs.items():
-                    if kind == "worker":
-                        steady[pid] = max(steady.get(pid, 0), rss)
-        since = max(since, end)
-        rises = [rss - steady[pid] for t, procs in samples if start <= t <= end
-                 for pid, (kind, rss) in procs.items() if kind == "worker" and pid in steady]
-        extra = max(rises, default=0)
-        out.append({"event": name, "at_s": round(start - samples[0][0], 1) if samples else None,
-                    "seconds": round(end - start, 2), "extra_peak_gib": round(max(extra, 0) / GIB, 3),
-                    "of_a_shard": round(max(extra, 0) / shard_bytes, 2) if shard_bytes else None})
-    return out
-
-
-def _peaks(samples, first_step: float) -> list[dict]:
+def peaks(samples, first_step: float) -> list[dict]:
     """Each process's peak RSS (GiB) before the first step, after it, and in all."""
     by_pid: dict[int, dict] = {}
     for t, procs in samples:
@@ -193,7 +154,7 @@ def _peaks(samples, first_step: float) -> list[dict]:
     return out
 
 
-def _export_peak(checkpoint: str, out: str) -> dict:
+def export_peak(checkpoint: str, out: str) -> dict:
     """`elastic-zero export` of the final checkpoint to safetensors in a process of its own: its
     peak RSS, the peak of the same interpreter having only imported what export imports, the
     bytes written and the seconds."""
@@ -224,11 +185,6 @@ def format_memory(report: dict) -> str:
     e = report["export"]
     lines.append(f"export to safetensors: peak {e['peak_gib']:.2f} GiB (the interpreter with its imports "
                  f"{e['imports_only_gib']:.2f}), {e['written_gib']:.2f} GiB written in {e['seconds']:.1f} s")
-    if report.get("events"):
-        lines.append(f"{'event':<22} {'at (s)':>7} {'lasted (s)':>10} {'extra peak (GiB)':>17} {'of a shard':>10}")
-        for ev in report["events"]:
-            lines.append(f"{ev['event']:<22} {ev['at_s']:>7} {ev['seconds']:>10} {ev['extra_peak_gib']:>17.3f} "
-                         f"{ev['of_a_shard']:>10}")
     return "\n".join(lines)
 
 

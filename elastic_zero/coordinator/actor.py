@@ -6,8 +6,9 @@ membership. Workers never wait on it on the training path: they report when a ge
 and rank 0 sends fire-and-forget notes of its progress.
 
 Its loop runs on a thread of its own from the start, so the job goes on whoever waits for it (or
-nobody: on a cluster it is a detached actor, and its driver may die). Ray restarts it if its process
-dies; the new one resumes from the latest checkpoint (its workers died with it). What the outside
+nobody: on a cluster it is a detached actor, and its driver may die). Its driver starts it again if
+its process dies (driver.py says why not Ray); the new one resumes from the latest checkpoint (its
+workers died with it). What the outside
 sees of it (status, progress, stop) is in face.py; its side of nodes that go (notices, silence) in
 node_watch.py; spawning and retiring workers in spawner.py; the final weights (a checkpoint the
 workers write) in final_save.py.
@@ -54,9 +55,10 @@ def coordinator_name(job: str) -> str:
 
 
 class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
-    def __init__(self, spec: dict, job_id: str, run_dir: str, started_at: float) -> None:
+    def __init__(self, spec: dict, job_id: str, run_dir: str, started_at: float, restarted: bool = False) -> None:
+        """`restarted`: a driver started it again after the job's coordinator died."""
         self.job_id, self.run_dir, self.started_at = job_id, run_dir, started_at
-        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self.restarted = restarted or ray.get_runtime_context().was_current_actor_reconstructed
         self.spec = spec_from_dict(spec)
         if self.restarted and self.spec.checkpoint.uri and self.spec.checkpoint.every:
             # the workers died with the previous coordinator: resume from the latest checkpoint

@@ -28,6 +28,8 @@ class Books:
     last_metrics: dict = field(default_factory=dict)
     loss_curve: dict = field(default_factory=dict)  # step -> loss; a step recomputed later is replaced
     step_seconds: dict = field(default_factory=dict)  # step -> (its time, of it protecting it) on rank 0, the same way
+    step_ends: dict = field(default_factory=dict)  # step -> the epoch time it was done, on rank 0, the same way
+    start: dict = field(default_factory=dict)  # how the first generation entered: its phases, the bytes it read
     pending_change: dict | None = None  # a change whose stall is measured when the next generation reports
     checkpoint_stalls: list = field(default_factory=list)
     checkpoint_errors: list = field(default_factory=list)
@@ -37,6 +39,7 @@ class Books:
         firsts = [r.first_step_at for r in results if r.first_step_at]
         if firsts and self.first_step_at is None:
             self.first_step_at = min(firsts)
+            self.start = {"phases_s": _slowest_phases(results), "received_bytes": max(r.received_bytes for r in results)}
         if not firsts and self.pending_change is not None and results and \
                 all(r.outcome.kind == "finished" for r in results):
             self._close_change_without_a_step(results)
@@ -57,8 +60,8 @@ class Books:
             if done:
                 change["to_next_step_done_s"] = round(max(done) - since, 4)
                 change["first_step_s"] = round(max(r.step_times[0] for r in results if r.step_times), 4)
-            phases = [r.phases_s for r in results]
-            change["phases_s"] = {k: max(p.get(k, 0.0) for p in phases) for k in sorted(set().union(*phases))}
+            change["phases_s"] = _slowest_phases(results)
+            change["received_bytes"] = max(r.received_bytes for r in results)  # the busiest receiver's
             entered = [r.entered_at for r in results if r.entered_at]
             if entered:  # from the failure (or the safe point) until the last participant began the next generation
                 change["phases_s"]["to_enter"] = round(max(entered) - since, 4)
@@ -78,11 +81,13 @@ class Books:
         # generation's times replace an earlier one's for the steps it ran again. One rank's clock:
         # its steps follow each other, so their times add up to its wall time (a maximum over ranks
         # would count the ranks' skew against each other as time spent); rank 0's, else another's.
-        seconds: dict = {}
+        seconds, ends = {}, {}
         for r in sorted(results, key=lambda r: r.rank != 0):
-            for (step, _), t, protect in zip(r.losses, r.step_times, r.protect_times):
+            for (step, _), t, protect, end in zip(r.losses, r.step_times, r.protect_times, r.step_ends):
                 seconds.setdefault(step, (t, protect))
+                ends.setdefault(step, end)
         self.step_seconds.update(seconds)
+        self.step_ends.update(ends)
 
     def _close_change_without_a_step(self, results: list[Report]) -> None:
         """A recovery with no step left to run (a member lost in the final save): its stall lasts
@@ -131,6 +136,8 @@ class Books:
             "final_metrics": self.last_metrics,
             "loss_curve": sorted(self.loss_curve.items()),
             "step_time_curve": sorted((step, round(s, 5)) for step, (s, _) in self.step_seconds.items()),
+            "step_end_curve": sorted((step, round(t, 4)) for step, t in self.step_ends.items()),  # epoch seconds
+            "start": self.start,
             # of each step's time, its commit (replicas to the buddy) and checkpoint save
             "protect_time_curve": sorted((step, round(p, 5)) for step, (_, p) in self.step_seconds.items()),
             "global_batch": self.global_batch,
@@ -146,3 +153,9 @@ class Books:
             "param_count": param_count,
             "time_to_first_step_s": None if self.first_step_at is None else round(self.first_step_at - self.started_at, 3),
         }
+
+
+def _slowest_phases(results: list[Report]) -> dict:
+    """Each phase of entering a generation: its longest time over the participants."""
+    phases = [r.phases_s for r in results]
+    return {k: max(p.get(k, 0.0) for p in phases) for k in sorted(set().union(*phases))}

@@ -64,6 +64,12 @@ def plan_reshard(old: Partition, new: Partition) -> tuple[Transfer, ...]:
     return tuple(transfers)
 
 
+def received_from_others(plan: tuple[Transfer, ...], holder_of_old, member_of_new, me: int) -> int:
+    """The elements process `me` receives from other processes when `plan` runs between processes
+    (holder_of_old[r]: the process holding old rank r; member_of_new[r]: the process becoming new rank r)."""
+    return sum(t.numel for t in plan if member_of_new[t.dst] == me and holder_of_old[t.src] != me)
+
+
 def sends_and_receives(plan: tuple[Transfer, ...], rank_old: int | None, rank_new: int | None):
     """The transfers this process sends (as an old rank) and receives (as a new rank)."""
     sends = tuple(t for t in plan if t.src == rank_old) if rank_old is not None else ()

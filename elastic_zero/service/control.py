@@ -45,7 +45,8 @@ def call(op: str, job_id: str, address: str | None = "auto", **args):
             except ray.exceptions.RayActorError:  # it went (a finished one lingers a while) as we asked
                 final = _final_status(job_id)
                 if final is None:
-                    raise NoSuchJob(f"the coordinator of {job_id!r} is gone and left no status") from None
+                    raise NoSuchJob(f"the coordinator of {job_id!r} is gone and left no status (if its driver "
+                                    f"is restarting it, ask again in a few seconds)") from None
                 return final
         if op == "scale":
             return ray.get(actor.scale.remote(int(args["workers"])), timeout=30)

@@ -12,6 +12,7 @@ import torch
 from elastic_zero.checkpoint import open_store, resolve, restore_candidates, restore_shard
 from elastic_zero.job.build import DTYPES
 from elastic_zero.plan.partition import partition_layout
+from elastic_zero.plan.reshard import plan_reshard, received_from_others
 from elastic_zero.protocol import GenerationPlan
 from elastic_zero.worker.handover import hand_over
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine
@@ -55,7 +56,7 @@ class GenerationEntry:
             self.engine = self._standalone_engine()
         if plan.source == "checkpoint":  # no complete step survived in memory
             return self._restore_checkpoint(plan, report, clock)
-        return self._take_handover(plan, clock)  # "live" (a planned change) or "snapshot" (a recovery)
+        return self._take_handover(plan, report, clock)  # "live" (a planned change) or "snapshot" (a recovery)
 
     def _start_fresh(self, plan: GenerationPlan, report: dict, clock: _PhaseClock) -> int:
         """Generation 0: build the engine on its group, from the model or the checkpoint to resume."""
@@ -66,6 +67,7 @@ class GenerationEntry:
         if self.spec.checkpoint.resume:
             state, report["restored_from"] = self._restore(self._resume_candidates())
             if state is not None:  # "latest" with nothing committed yet: a fresh start
+                report["received_bytes"] = state.nbytes()
                 self.engine.load_shard_state(state)
         clock.lap("resume")
         self._commit(plan)
@@ -77,6 +79,7 @@ class GenerationEntry:
         rank = plan.generation.rank_of(self.actor_id)
         self._build_groups(plan, self._member_groups(plan, rank))
         state, report["restored_from"] = self._restore(plan.checkpoints)
+        report["received_bytes"] = state.nbytes()
         self._forget_log_from(int(state.scalars["step"]))
         clock.lap("read_checkpoint")
         self.engine.reconfigure(self._train_comm(), state)
@@ -85,7 +88,7 @@ class GenerationEntry:
         clock.lap("commit")
         return rank
 
-    def _take_handover(self, plan: GenerationPlan, clock: _PhaseClock) -> int | None:
+    def _take_handover(self, plan: GenerationPlan, report: dict, clock: _PhaseClock) -> int | None:
         """The participants move the old layout's shards (live, or the replicas of a committed step)
         to the new layout by the reshard plan; leavers hand theirs over and wait for the commit."""
         world = plan.generation.world_size
@@ -108,6 +111,9 @@ class GenerationEntry:
         mine = hand_over(TorchComm(self._groups["handover"], role="host"), old, new, plan.holder_of_old,
                          list(range(world)), self._held_shards(plan), template)
         clock.lap("handover")
+        if mine is not None:
+            moved = received_from_others(plan_reshard(old, new), plan.holder_of_old, list(range(world)), me)
+            report["received_bytes"] = moved * sum(v.element_size() for v in mine.vectors.values())
         if mine is None:
             self._await_new_layout(plan)
             return None
@@ -186,8 +192,9 @@ class GenerationEntry:
         mine = [r for r, holder in enumerate(plan.holder_of_old) if plan.participants[holder] == self.actor_id]
         if not mine:
             return {}
-        if plan.source == "live":
-            return {prev.rank_of(self.actor_id): self._host_snapshot()}
+        if plan.source == "live":  # the engine does not change until the handover is done
+            own = self.engine.shard_in_place() if self.device.type == "cpu" else self._host_snapshot()
+            return {prev.rank_of(self.actor_id): own}  # (views of it on a CPU: no copy; the handover's group is gloo)
         replicas = self.replicas.of(prev.number)
         own_rank = prev.rank_of(self.actor_id) if self.actor_id in [m.actor_id for m in prev.members] else None
         return {r: (replicas.own if r == own_rank else replicas.ward)[plan.step] for r in mine}

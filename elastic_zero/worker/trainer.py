@@ -162,7 +162,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
 
     def train(self, plan: GenerationPlan) -> Report:
         # the report in the making; "uncommitted" (steps since the last commit) stays here
-        report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [], "protect_times": [], "losses": [],
+        report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [], "step_ends": [], "protect_times": [], "losses": [],
                   "first_step_at": None, "last_loss": None, "checkpoint_stall_s": [], "entered_at": time.time(),
                   "checkpoint_errors": [], "checkpoints": [], "restored_from": None}
         try:
@@ -248,7 +248,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             if checkpoint_now:  # on every rank: a request still on its way to one is for this checkpoint too
                 self._checkpoint_taken = max(self._checkpoint_for, plan.number)
             self._save_checkpoint(plan, report, now=checkpoint_now)
-            report["step_times"].append(time.time() - started)
+            report["step_ends"].append(time.time())
+            report["step_times"].append(report["step_ends"][-1] - started)
             report["protect_times"].append(time.time() - trained + blocked)
             if rank == 0 and self._coordinator:
                 self._tell_progress(plan, report)

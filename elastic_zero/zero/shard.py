@@ -34,6 +34,9 @@ class ShardState:
     def numel(self) -> int:
         return sum(r.numel for r in self.ranges)
 
+    def nbytes(self) -> int:
+        return sum(v.numel() * v.element_size() for v in self.vectors.values())
+
     def check(self) -> None:
         """Raise ValueError unless every vector holds exactly the elements of the ranges."""
         for name, vec in self.vectors.items():

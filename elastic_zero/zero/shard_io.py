@@ -136,6 +136,10 @@ class ShardIO:
             raise RuntimeError("reconfigure() at a safe point only: a backward has not been stepped")
         self._await_shard_readers()  # before the buffers a host copy may still read are freed
         self.synchronize()
+        # the old partition's state goes before the new one is made (`state` holds every value the new
+        # one takes): a worker never holds both
+        self._master = self._grad = self._host_copy = None
+        self._state, self._groups = {}, ()  # (the update's groups hold views of them)
         self._partition_over(comm)
         for unit in self.units:
             unit.bind_params()
