@@ -26,7 +26,7 @@ from elastic_zero.job.spec import JobSpec, SpecError
 HEAD_RESOURCE = "node:__internal_head__"
 COORDINATOR_RESTARTS = 3
 POLL_S = 0.5
-REATTACH_S = 120.0  # how long a restarting coordinator may take to answer again
+REATTACH_S = 120.0  # how long a coordinator may go unanswering (its process alive) before the job is given up
 
 
 def drive(job: JobSpec, job_id: str, run_dir: str, run_config, started_at: float) -> dict:

@@ -41,8 +41,8 @@ def test_the_state_size_bench_finds_every_event_of_its_jobs(tmp_path):
     assert report["params"] == _param_count(vocab_size=256, seq_len=16, n_layer=2, n_head=2, d_model=64)
     assert all(v > 0 for v in report["links_gb_per_s"].values())
     names = [e["event"] for e in report["events"]]
-    # (the scale-up's hand-over comes when its joiner is ready: seconds, which a job of a tiny model may
-    # not last; at real sizes, steps of seconds, it comes in turn)
+    # (the replacements' joining, a scale-up, comes when they are ready: seconds, which a job of a tiny
+    # model may not last; at real sizes, steps of seconds, it comes in turn)
     for wanted in ("replica swap", "kill and recovery", "checkpoint save", "resume at 2 workers",
                    "export (its own process)"):
         assert wanted in names, names
@@ -63,8 +63,11 @@ def test_event_windows_from_a_summary_and_its_events():
                "recoveries": [{"failed_at": 110.0, "to_next_step_done_s": 3.0, "received_bytes": 40,
                                "phases_s": {"groups": 0.1, "handover": 0.5}}],
                "reconfigurations": [{"failed_at": 120.0, "to_next_step_done_s": 2.0, "cause": "leave",
-                                     "received_bytes": 10, "phases_s": {"handover": 0.2}},
-                                    {"failed_at": 130.0, "to_next_step_done_s": 2.0, "cause": "scale up"}]}
+                                     "received_bytes": 10, "phases_s": {"handover": 0.2}, "from": 3, "to": 2},
+                                    {"failed_at": 130.0, "to_next_step_done_s": 2.0, "cause": "scale", "from": 2,
+                                     "to": 3},
+                                    {"failed_at": 140.0, "to_next_step_done_s": 1.0, "cause": "scale", "from": 3,
+                                     "to": 2}]}
     # commits after steps 2 and 5 (every 3): a swap is its step and the next, and counts only if it ended before
     assert swap_windows(summary, 3, before=113.0, shard_bytes=7) == [
         EventWindow("replica swap", 102.0, 104.0, 7, 0.5, "loopback"),
@@ -73,8 +76,9 @@ def test_event_windows_from_a_summary_and_its_events():
         EventWindow("replica swap", 102.0, 104.0, 7, 0.5, "loopback")]
     assert change_windows(summary) == [
         EventWindow("kill and recovery", 110.0, 113.0, 40, 0.5, "loopback"),
-        EventWindow("preemption hand-off", 120.0, 122.0, 10, 0.2, "loopback"),
-        EventWindow("scale-up hand-over", 130.0, 132.0, None, None, "memory")]
+        EventWindow("preemption hand-off (3 -> 2)", 120.0, 122.0, 10, 0.2, "loopback"),
+        EventWindow("scale-up hand-over (2 -> 3)", 130.0, 132.0, None, None, "memory"),
+        EventWindow("scale-down hand-over (3 -> 2)", 140.0, 141.0, None, None, "memory")]
     records = [{"event": "checkpoint_committed", "t": 105.5, "directory": "/c/step-0000000004"},
                {"event": "checkpoint_committed", "t": 99.0, "directory": "/c/step-0000000000"}]
     # step-4 holds 4 steps done: written from the end of step 3, one of its 2 writers' part

@@ -24,10 +24,11 @@ class EventWindow:
     link: str | None = None  # "loopback" (TCP between workers) or "memory" (copies, files in the page cache)
 
 
-def drills(kill_at: int, scale_at: int, preempt_at: int, workers: int) -> list[dict]:
-    """A kill of rank 1, a scale-up by one, a preemption notice for rank 0, at those steps."""
+def drills(kill_at: int, preempt_at: int) -> list[dict]:
+    """A kill of rank 1 and a preemption notice for rank 0, at those steps. Each is followed by a
+    scale-up: the replacement the job spawns joins when it is ready (a hand-over and a reshard), so
+    the world never grows past its size: a node that holds the job at its size holds every event."""
     return [{"at_step": kill_at, "action": "kill", "rank": 1},
-            {"at_step": scale_at, "action": "scale", "workers": workers + 1},
             {"at_step": preempt_at, "action": "preempt", "rank": 0, "deadline_s": 600.0}]
 
 
@@ -48,13 +49,16 @@ def swap_windows(summary: dict, replicate_every: int, before: float, shard_bytes
 
 
 def change_windows(summary: dict) -> list[EventWindow]:
-    """A recovery from its failure to its next step done; a hand-over (scale-up or preemption) from
-    its safe point to its next step done. Bytes: what the busiest new rank took in from peers."""
+    """A recovery from its failure to its next step done; a hand-over (a preemption's, a scale-up's or
+    down's) from its safe point to its next step done. Bytes: what the busiest new rank took in from
+    peers."""
     out = []
     for kind, changes in (("recovery", summary["recoveries"]), ("reconfiguration", summary["reconfigurations"])):
         for c in changes:
-            name = ("kill and recovery" if kind == "recovery" else
-                    "preemption hand-off" if c.get("cause") == "leave" else "scale-up hand-over")
+            sizes = f" ({c.get('from')} -> {c.get('to')})" if kind == "reconfiguration" else ""
+            grew = (c.get("to") or 0) > (c.get("from") or 0)
+            name = ("kill and recovery" if kind == "recovery" else "preemption hand-off" if c.get("cause") == "leave"
+                    else "scale-up hand-over" if grew else "scale-down hand-over") + sizes
             phases = c.get("phases_s", {})
             moving = phases.get("handover", phases.get("read_checkpoint"))
             out.append(EventWindow(name, c["failed_at"], c["failed_at"] + (c.get("to_next_step_done_s") or 0.0),

@@ -78,8 +78,9 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
                          seq_len: int = 64, workers: int = 3, resume_workers: int = 2, replicate_every: int = 3,
                          steps: int = 18, global_batch: int = 6, micro_batch: int = 2, meta: bool = True,
                          workdir: str | None = None) -> dict:
-    """Steps: a few with replica swaps, then a kill at a third of them, a scale-up by one at a half,
-    a preemption notice at two thirds, checkpoints every quarter; then the resumed job runs 2 more."""
+    """Steps: a few with replica swaps, then a kill at a third of them and a preemption notice at two
+    thirds (each followed by its replacement's joining, a scale-up), checkpoints every quarter; then
+    the resumed job runs 2 more."""
     if workers < 2 or resume_workers < 1 or resume_workers == workers or replicate_every < 1 or steps < 12:
         raise ValueError("need workers >= 2, resume_workers >= 1 and not workers, replicate_every >= 1, steps >= 12")
     from elastic_zero.api import RunConfig, run
@@ -89,12 +90,11 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
     work = workdir or tempfile.mkdtemp(prefix="ez-bench-state-size-")
     ckpt = os.path.join(work, "ckpt")
     model = (d_model, layers, heads, vocab, seq_len, meta, 3)
-    kill_at, scale_at, preempt_at = steps // 3, steps // 2, 2 * steps // 3
+    kill_at, preempt_at = steps // 3, 2 * steps // 3
     try:
         spec = gpt_spec("bench-state-size", *model, steps, global_batch, micro_batch,
-                        {"workers": workers, "min_workers": 1, "max_workers": workers + 1,
-                         "replicate_every": replicate_every},
-                        faults=drills(kill_at, scale_at, preempt_at, workers),
+                        {"workers": workers, "min_workers": 1, "replicate_every": replicate_every},
+                        faults=drills(kill_at, preempt_at),
                         checkpoint={"uri": ckpt, "every": max(2, steps // 4)})
         started = time.time()
         with Sampler() as sampler:

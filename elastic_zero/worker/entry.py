@@ -192,9 +192,11 @@ class GenerationEntry:
         mine = [r for r, holder in enumerate(plan.holder_of_old) if plan.participants[holder] == self.actor_id]
         if not mine:
             return {}
-        if plan.source == "live":  # the engine does not change until the handover is done
-            own = self.engine.shard_in_place() if self.device.type == "cpu" else self._host_snapshot()
-            return {prev.rank_of(self.actor_id): own}  # (views of it on a CPU: no copy; the handover's group is gloo)
         replicas = self.replicas.of(prev.number)
+        if plan.source == "live":
+            # the safe point committed this step: its own snapshot is the engine's state (no copy); a
+            # host copy only without replicas
+            kept = replicas.own.get(plan.step) if replicas is not None else None
+            return {prev.rank_of(self.actor_id): kept if kept is not None else self._host_snapshot()}
         own_rank = prev.rank_of(self.actor_id) if self.actor_id in [m.actor_id for m in prev.members] else None
         return {r: (replicas.own if r == own_rank else replicas.ward)[plan.step] for r in mine}
