@@ -47,7 +47,9 @@ class StepCommits:
         rows = report["uncommitted"] if report else []
         if report:
             report["uncommitted"] = []
-        self.replicator.start(self._host_comm(), self.engine.step_count, snapshot, copied, plan.generation.buddies, rows)
+        # (the snapshot's own step: a recovery commits its new layout before the engine takes it)
+        self.replicator.start(self._host_comm(), int(snapshot.scalars["step"]), snapshot, copied,
+                              plan.generation.buddies, rows)
         return copy_s
 
     def _finish_commit(self, plan: GenerationPlan, report: dict | None) -> float:

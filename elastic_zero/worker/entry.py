@@ -17,7 +17,7 @@ from elastic_zero.protocol import GenerationPlan
 from elastic_zero.worker.handover import hand_over
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine
 from elastic_zero.zero.abortable import GroupAborted
-from elastic_zero.zero.host_memory import release_free_memory
+from elastic_zero.zero.host_memory import host_empty, release_free_memory
 
 
 class _PhaseClock:
@@ -108,23 +108,36 @@ class GenerationEntry:
         template = ShardState(self.engine.layout, old, 0,
                               {n: torch.empty(0) for n in self.engine.vector_names()},
                               {**self._scalars(), "step": plan.step})
+        if plan.source == "snapshot":  # the engine's state is stale: the replicas are what is restored
+            self.engine.release_state()
         mine = hand_over(TorchComm(self._groups["handover"], role="host"), old, new, plan.holder_of_old,
                          list(range(world)), self._held_shards(plan), template)
         clock.lap("handover")
-        if mine is not None:
-            moved = received_from_others(plan_reshard(old, new), plan.holder_of_old, list(range(world)), me)
-            report["received_bytes"] = moved * sum(v.element_size() for v in mine.vectors.values())
         if mine is None:
             self._await_new_layout(plan)
             return None
+        moved = received_from_others(plan_reshard(old, new), plan.holder_of_old, list(range(world)), me)
+        report["received_bytes"] = moved * sum(v.element_size() for v in mine.vectors.values())
+        if (plan.source != "live" or plan.leaving) and self._replicating:
+            # the new layout is committed before the engine is cut anew, and the one before it goes as
+            # soon as every member holds it: a worker never holds the old layout's replicas, the new
+            # layout's and its engine's state at once
+            self._commit(plan, snapshot=mine)  # `mine` is the snapshot as it is: reconfigure copies it
+            self._layout_committed_everywhere(plan, me)
+            clock.lap("commit")
         self.engine.reconfigure(self._train_comm(), mine)
         clock.lap("reconfigure")
-        if plan.source != "live" or plan.leaving:
-            self._commit(plan, snapshot=mine)  # reconfigure copied it: it can be the snapshot as it is
-            clock.lap("commit")
-        # else a scale-up: every member of the layout it was built from is still here with its replicas,
-        # which stay the fallback until the first step's commit, so the pause skips a commit of its own
+        # a scale-up skips its commit here: every member of the layout it was built from is still here
+        # with its replicas, which stay the fallback until the first step's commit, so its pause is shorter
         return me
+
+    def _layout_committed_everywhere(self, plan: GenerationPlan, rank: int) -> None:
+        """After this member's commit: once every member's is done (a barrier on the host group), the
+        layout before is needed no more, and the leavers may go."""
+        self._host_comm().all_reduce(host_empty(1, torch.float32).zero_())
+        self.replicas.confirmed()
+        if rank == 0 and plan.leaving:
+            self.store.set(committed_key(plan), "1")
 
     def _await_new_layout(self, plan: GenerationPlan) -> None:
         """A leaver stays until every new rank has committed the new layout: until then its shard of

@@ -356,7 +356,8 @@ class ZeroEngine(ShardIO):
         """After a failed collective: forget the work in flight and the gradients of the lost step."""
         self._pending_reduces = []
         self._interrupted = False
-        self._grad.zero_()
+        if self._grad is not None:  # (None: its state was released for a recovery)
+            self._grad.zero_()
         for unit in self.units:
             unit.gather_handle = None
             unit.start_backward()

@@ -31,7 +31,7 @@ class ShardIO:
         return self._master[self._shard_slice(unit)]
 
     def vector_names(self) -> tuple[str, ...]:
-        return ("params", *self._state)
+        return ("params", *self.optimizer.state_names)
 
     def _vector_unit(self, name: str, unit: UnitBuffer) -> torch.Tensor:
         if name == "params":
@@ -127,6 +127,15 @@ class ShardIO:
         self.synchronize()
         self._write_shard(state)
 
+    def release_state(self) -> None:
+        """Free the shard's state (master, gradient, optimizer state): a recovery that starts from
+        replicas lets the stale state go before the new shard arrives. Only reconfigure() makes the
+        engine usable again."""
+        self._await_shard_readers()  # before the buffers a host copy may still read are freed
+        self.synchronize()
+        self._master = self._grad = self._host_copy = None
+        self._state, self._groups = {}, ()  # (the update's groups hold views of them)
+
     def reconfigure(self, process_group, state: ShardState) -> None:
         """Continue on another process group (another world size) from `state`, this rank's shard of
         the new partition: the model, its hooks and the optimizer stay; the buffers are cut anew."""
@@ -134,12 +143,7 @@ class ShardIO:
         self._check_shard(state, comm.world_size, comm.rank)
         if self._pending_reduces or any(u.grads_seen for u in self.units):
             raise RuntimeError("reconfigure() at a safe point only: a backward has not been stepped")
-        self._await_shard_readers()  # before the buffers a host copy may still read are freed
-        self.synchronize()
-        # the old partition's state goes before the new one is made (`state` holds every value the new
-        # one takes): a worker never holds both
-        self._master = self._grad = self._host_copy = None
-        self._state, self._groups = {}, ()  # (the update's groups hold views of them)
+        self.release_state()  # `state` holds every value the new partition takes: never both at once
         self._partition_over(comm)
         for unit in self.units:
             unit.bind_params()
