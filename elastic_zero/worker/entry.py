@@ -108,17 +108,19 @@ class GenerationEntry:
         template = ShardState(self.engine.layout, old, 0,
                               {n: torch.empty(0) for n in self.engine.vector_names()},
                               {**self._scalars(), "step": plan.step})
-        if plan.source == "snapshot":  # the engine's state is stale: the replicas are what is restored
-            self.engine.release_state()
+        held = self._held_shards(plan)
+        # what moves is held apart from the engine (replicas, or a host copy): its state goes before the
+        # new shard comes (in a recovery it is stale anyway)
+        self.engine.release_state()
         mine = hand_over(TorchComm(self._groups["handover"], role="host"), old, new, plan.holder_of_old,
-                         list(range(world)), self._held_shards(plan), template)
+                         list(range(world)), held, template)
         clock.lap("handover")
         if mine is None:
             self._await_new_layout(plan)
             return None
         moved = received_from_others(plan_reshard(old, new), plan.holder_of_old, list(range(world)), me)
         report["received_bytes"] = moved * sum(v.element_size() for v in mine.vectors.values())
-        if (plan.source != "live" or plan.leaving) and self._replicating:
+        if self._replicating:
             # the new layout is committed before the engine is cut anew, and the one before it goes as
             # soon as every member holds it: a worker never holds the old layout's replicas, the new
             # layout's and its engine's state at once
@@ -127,8 +129,6 @@ class GenerationEntry:
             clock.lap("commit")
         self.engine.reconfigure(self._train_comm(), mine)
         clock.lap("reconfigure")
-        # a scale-up skips its commit here: every member of the layout it was built from is still here
-        # with its replicas, which stay the fallback until the first step's commit, so its pause is shorter
         return me
 
     def _layout_committed_everywhere(self, plan: GenerationPlan, rank: int) -> None:

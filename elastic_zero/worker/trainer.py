@@ -230,16 +230,13 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             # which a step that will commit (every `replicate_every`, or a safe point) has the engine make
             # as it updates
             will_stop = agree[0] > 0 and step + 1 < spec.train.steps
-            # a layout not committed yet (a scale-up's: its pause skipped the commit) commits at its first
-            # step, not the next due one: until then the layout before it is kept, and its shards are larger
-            layout_due = not committed
-            engine.step(host_copy=self._commit_due(step + 1) or ((will_stop or layout_due) and self._replicating))
+            engine.step(host_copy=self._commit_due(step + 1) or (will_stop and self._replicating))
             engine.zero_grad()
             stopping = agree[0] > 0 and engine.step_count < spec.train.steps
             trained = time.time()
             last = engine.step_count == spec.train.steps
             # a safe point always commits: the next generation's fallback is this layout at this step
-            if self._commit_due(engine.step_count) or ((stopping or layout_due) and self._replicating):
+            if self._commit_due(engine.step_count) or (stopping and self._replicating):
                 blocked += self._start_commit(plan, report)
                 if last or stopping:  # nothing follows to hide the swap behind: committed before going on
                     self._finish_commit(plan, report)  # (its wait is in the time since `trained`)
