@@ -5,8 +5,8 @@ runs (workers, a coordinator, this driver), the model's own size, and timelines 
 import pytest
 
 from elastic_zero.bench.memory import GIB, format_memory, run_memory_bench
-from elastic_zero.bench.state_events import (EventWindow, change_windows, extra_peaks, rate_row, save_windows,
-                                             start_up_extra, swap_windows)
+from elastic_zero.bench.state_events import (EventWindow, change_windows, extra_peaks, quiet_steps, rate_row,
+                                             save_windows, start_up_extra, steady_peaks, swap_windows)
 
 
 def _param_count(**config) -> int:
@@ -87,13 +87,20 @@ def test_event_windows_from_a_summary_and_its_events():
 
 
 @pytest.mark.unit
-def test_extra_peaks_hold_each_event_against_the_state_just_before_it():
-    windows = [EventWindow("checkpoint save", 104.0, 105.0), EventWindow("kill and recovery", 110.0, 113.0),
-               EventWindow("preemption hand-off", 120.0, 122.0), EventWindow("scale-up hand-over", 130.0, 132.0)]
-    # GiB of worker 7: its steady peak before each event is 3, then 4 once the world shrank (its shard grew)
-    rss = {101.0: 2, 102.0: 3, 104.5: 4, 107.0: 3, 111.0: 5, 115.0: 4, 121.0: 4.5, 125.0: 4, 131.0: 4}
-    samples = [(t, {7: ("worker", int(v * GIB)), 9: ("driver", 10 * GIB)}) for t, v in sorted(rss.items())]
-    assert [e / GIB for e in extra_peaks(samples, 100.5, windows)] == [1.0, 2.0, 0.5, 0.0]
+def test_extra_peaks_hold_each_event_against_the_quiet_steps_before_the_first():
+    # steps of 1 s ending at 101..106; replicas every 3: steps 2, 5 make a swap, 3 finishes one, 1 and 4 are quiet
+    summary = {"step_end_curve": [[s, 101.0 + s] for s in range(6)], "step_time_curve": [[s, 1.0] for s in range(6)]}
+    assert quiet_steps(summary, 3, before=106.5) == [(101.0, 102.0), (104.0, 105.0)]
+    assert quiet_steps(summary, 1, before=103.5) == [(101.0, 102.0), (102.0, 103.0)]  # every step swaps
+    # GiB of workers 7 and 8 (8 a replacement, started later)
+    rss = {101.5: (3, None), 103.5: (4.5, None), 104.5: (3.2, None), 110.0: (5, 1), 112.0: (3, 4.0)}
+    samples = [(t, {pid: ("worker", int(v * GIB)) for pid, v in ((7, a), (8, b)) if v is not None} | {9: ("driver", 9 * GIB)})
+               for t, (a, b) in sorted(rss.items())]
+    steady = steady_peaks(samples, quiet_steps(summary, 3, before=106.5))
+    assert steady == {7: int(3.2 * GIB)}
+    windows = [EventWindow("replica swap", 103.0, 104.0), EventWindow("kill and recovery", 109.0, 113.0)]
+    # the swap: 4.5 - 3.2; the recovery: worker 8 is held against the lowest steady peak, 4 - 3.2 < 5 - 3.2
+    assert [round(e / GIB, 3) for e in extra_peaks(samples, steady, windows)] == [1.3, 1.8]
     # a resumed job: 5 GiB while reading the checkpoint, 4 once training
     resumed = [(t, {3: ("worker", int(v * GIB))}) for t, v in ((1.0, 5), (2.0, 3.5), (3.0, 4))]
     assert start_up_extra(resumed, first_step_done=2.0) == GIB

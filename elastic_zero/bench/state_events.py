@@ -2,9 +2,11 @@
 the RSS samples taken meanwhile: when each event happened, how much more memory a worker held during
 it than just before, and how fast it moved its bytes. Pure: no Ray, no files.
 
-An event's extra peak is the largest rise of a worker's RSS during it over that worker's own peak
-between the previous event's end (or the first step) and this event's start: a world size that
-changed has changed the shard too, so each event is held against the state just before it.
+An event's extra peak is the largest rise of a worker's RSS during it over that worker's steady
+peak: its peak in the quiet steps before the first event (neither making nor finishing a replica
+swap, the first step aside). A worker started later (a replacement) is held against the lowest
+steady peak of the others. The world size an event leads to counts in its extra: a shard grows
+when the world shrinks.
 """
 
 from __future__ import annotations
@@ -84,20 +86,33 @@ def save_windows(summary: dict, records: list[dict], saved: dict[str, tuple[int,
     return out
 
 
-def extra_peaks(samples: list[tuple[float, dict]], first_step: float, windows: list[EventWindow]) -> list[float]:
-    """Each window's largest rise of a worker's RSS over its own steady peak just before it (bytes,
-    never below 0)."""
-    out, since = [], first_step
-    for w in sorted(windows, key=lambda w: w.start):
-        steady: dict[int, int] = {}
-        for t, procs in samples:
-            if since <= t < w.start:
-                for pid, (kind, rss) in procs.items():
-                    if kind == "worker":
-                        steady[pid] = max(steady.get(pid, 0), rss)
-        since = max(since, w.end)
-        rises = [rss - steady[pid] for t, procs in samples if w.start <= t <= w.end
-                 for pid, (kind, rss) in procs.items() if kind == "worker" and pid in steady]
+def quiet_steps(summary: dict, replicate_every: int, before: float) -> list[tuple[float, float]]:
+    """(start, end) of each step done before `before` that neither makes a replica swap nor finishes
+    one (the first step aside: it starts up); every step but the first when every step swaps."""
+    ends, times = dict(summary["step_end_curve"]), dict(summary["step_time_curve"])
+    done = [s for s in sorted(ends) if 0 < s and ends[s] < before]
+    quiet = [s for s in done if replicate_every > 1 and (s + 1) % replicate_every and s % replicate_every]
+    return [(ends[s] - times[s], ends[s]) for s in (quiet or done)]
+
+
+def steady_peaks(samples: list[tuple[float, dict]], steps: list[tuple[float, float]]) -> dict[int, int]:
+    """Each worker's peak RSS within `steps` (bytes, by pid)."""
+    peaks: dict[int, int] = {}
+    for t, procs in samples:
+        if any(start <= t <= end for start, end in steps):
+            for pid, (kind, rss) in procs.items():
+                if kind == "worker":
+                    peaks[pid] = max(peaks.get(pid, 0), rss)
+    return peaks
+
+
+def extra_peaks(samples: list[tuple[float, dict]], steady: dict[int, int], windows: list[EventWindow]) -> list[int]:
+    """Each window's largest rise of a worker's RSS over its steady peak (bytes, never below 0)."""
+    fallback = min(steady.values(), default=0)
+    out = []
+    for w in windows:
+        rises = [rss - steady.get(pid, fallback) for t, procs in samples if w.start <= t <= w.end
+                 for pid, (kind, rss) in procs.items() if kind == "worker"]
         out.append(max(0, max(rises, default=0)))
     return out
 

@@ -20,8 +20,8 @@ import threading
 import time
 
 from elastic_zero.bench.memory import GIB, Sampler, export_peak, gpt_spec, peaks
-from elastic_zero.bench.state_events import (change_windows, drills, extra_peaks, rate_row, save_windows,
-                                             start_up_extra, swap_windows)
+from elastic_zero.bench.state_events import (change_windows, drills, extra_peaks, quiet_steps, rate_row,
+                                             save_windows, start_up_extra, steady_peaks, swap_windows)
 
 
 def memcpy_bandwidth(nbytes: int = 256 * 2**20, rounds: int = 5) -> float:
@@ -112,11 +112,11 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
         first_change = min((w.start for w in changes), default=float("inf"))
         windows = sorted(swap_windows(summary, replicate_every, first_change, shard_bytes) + changes
                          + save_windows(summary, records, saved), key=lambda w: w.start)
-        first_step = started + (summary.get("time_to_first_step_s") or 0.0)
-        extras = extra_peaks(sampler.samples, first_step, windows)
+        steady = steady_peaks(sampler.samples, quiet_steps(summary, replicate_every, first_change))
+        extras = extra_peaks(sampler.samples, steady, windows)
         rows = [rate_row(w.name, w.start - started, w.end - w.start, extra, shard_bytes, w.moved_bytes, w.moving_s,
                          w.link, links) for w, extra in zip(windows, extras)]
-        processes = peaks(sampler.samples, first_step)
+        processes = peaks(sampler.samples, started + (summary.get("time_to_first_step_s") or 0.0))
 
         # the same checkpoint resumed at another world size: a periodic one, not the final (nothing would be left to run)
         resume_step = max(step for step, _, _ in saved.values() if step < steps)
@@ -142,6 +142,7 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
                            "steps": steps, "global_batch": global_batch, "meta": meta},
                 "params": params, "adamw_state_gib": round(16 * params / GIB, 2),
                 "shard_gib": round(shard_bytes / GIB, 3),
+                "steady_worker_peak_gib": round(max(steady.values(), default=0) / GIB, 2),
                 "links_gb_per_s": {k: round(v / 1e9, 2) for k, v in links.items()},
                 "step_time_s_median": summary.get("step_time_s_median"),
                 "processes": processes + [dict(p, kind=f"{p['kind']} (resumed)")
@@ -159,7 +160,8 @@ def format_state_size(report: dict) -> str:
              f"fp32 AdamW state {report['adamw_state_gib']:.2f} GiB; ZeRO-3 on {c['workers']} workers, replicas every "
              f"{c['replicate_every']} steps; a shard's replicated state {report['shard_gib']:.2f} GiB",
              f"links: memcpy {links['memory']:.2f} GB/s, loopback TCP {links['loopback']:.2f} GB/s; "
-             f"median step {report['step_time_s_median']:.2f} s",
+             f"median step {report['step_time_s_median']:.2f} s; a worker's steady peak (quiet steps before the first "
+             f"event) {report['steady_worker_peak_gib']:.2f} GiB",
              f"{'process':<22} {'start-up':>9} {'training':>9} {'peak':>7}   (GiB of RSS)"]
     for p in report["processes"]:
         lines.append(f"{p['kind']:<22} {p['start_up_gib']:>9.2f} {p['training_gib']:>9.2f} {p['peak_gib']:>7.2f}")
@@ -173,7 +175,7 @@ def format_state_size(report: dict) -> str:
                      f"{e['moving_s'] if e['moving_s'] is not None else dash:>7} "
                      f"{e['gb_per_s'] if e['gb_per_s'] is not None else dash:>6} {e['link'] or dash:>8} "
                      f"{e['of_link'] if e['of_link'] is not None else dash:>7}")
-    lines.append("extra peak: GiB over the worker's own peak just before the event; shards: that over a shard's "
-                 "replicated state at the starting size; moved: GiB the busiest worker took in (a save: wrote), "
-                 "in the seconds after it")
+    lines.append("extra peak: GiB over the worker's steady peak; shards: that over a shard's replicated state at "
+                 "the starting size; moved: GiB the busiest worker took in (a save: wrote; a swap: sent), in the "
+                 "seconds after it (a swap: the seconds training waited for it)")
     return "\n".join(lines)
