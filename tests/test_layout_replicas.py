@@ -32,3 +32,14 @@ def test_a_confirmed_step_lets_the_older_ones_go():
     r.add(0, None, 6, "own6", None)  # alone: no ward
     r.confirmed()
     assert r.report()["own_steps"] == (6,) and r.report()["ward_steps"] == (5,)
+
+
+def test_a_handover_keeps_only_the_step_it_restores():
+    """A safe point (or a recovery) restores one step: the others of that layout go before the handover."""
+    r = LayoutReplicas()
+    r.add(0, None, 4, "own4", "ward4")
+    r.add(0, None, 6, "own6", "ward6")  # the safe point's commit, not confirmed by an all-reduce after it
+    r.of(0).keep_only(6)
+    assert r.report()["own_steps"] == (6,) and r.report()["ward_steps"] == (6,)
+    r.of(0).keep_only(4)  # a step it does not hold: nothing is left to restore from
+    assert r.report()["own_steps"] == () and r.report()["ward_steps"] == ()

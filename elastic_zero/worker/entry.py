@@ -108,6 +108,9 @@ class GenerationEntry:
         template = ShardState(self.engine.layout, old, 0,
                               {n: torch.empty(0) for n in self.engine.vector_names()},
                               {**self._scalars(), "step": plan.step})
+        store = self.replicas.of(plan.previous.number)
+        if store is not None:  # the handover's step is the one restored, in this layout or a later one
+            store.keep_only(plan.step)
         held = self._held_shards(plan)
         # what moves is held apart from the engine (replicas, or a host copy): its state goes before the
         # new shard comes (in a recovery it is stale anyway)

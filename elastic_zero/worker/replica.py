@@ -38,6 +38,12 @@ class ReplicaStore:
             for old in sorted(store)[:-1]:
                 del store[old]
 
+    def keep_only(self, step: int) -> None:
+        """A handover restores `step`: the other steps' snapshots are needed no more."""
+        for store in (self.own, self.ward):
+            for other in [s for s in store if s != step]:
+                del store[other]
+
     def clear(self) -> None:
         self.own.clear()
         self.ward.clear()
