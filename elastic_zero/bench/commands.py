@@ -79,12 +79,7 @@ def add_bench_parsers(sub) -> None:
     data.add_argument("--json", action="store_true", help="print one JSON object")
     mem = bench_sub.add_parser("memory", help="every process's peak RSS through a job of a GPT of real size, "
                                               "and of exporting its weights")
-    mem.add_argument("--d-model", type=int, default=1024)
-    mem.add_argument("--layers", type=int, default=24)
-    mem.add_argument("--heads", type=int, default=16)
-    mem.add_argument("--vocab", type=int, default=50257)
-    mem.add_argument("--seq-len", type=int, default=64)
-    mem.add_argument("--workers", type=int, default=2)
+    _gpt_job_arguments(mem, layers=24, workers=2)
     mem.add_argument("--stage", type=int, default=3, choices=(1, 2, 3))
     mem.add_argument("--replicate-every", type=int, default=0, help="0: no buddy replicas (see the spec)")
     mem.add_argument("--meta", action="store_true", help="build the model's parameters on the meta device")
@@ -94,12 +89,7 @@ def add_bench_parsers(sub) -> None:
     mem.add_argument("--json", action="store_true", help="print one JSON object")
     size = bench_sub.add_parser("state-size", help="every process's memory through every elastic event of a GPT of "
                                                    "real size, and each event's bytes per second against the links'")
-    size.add_argument("--d-model", type=int, default=1024)
-    size.add_argument("--layers", type=int, default=16)
-    size.add_argument("--heads", type=int, default=16)
-    size.add_argument("--vocab", type=int, default=50257)
-    size.add_argument("--seq-len", type=int, default=64)
-    size.add_argument("--workers", type=int, default=3)
+    _gpt_job_arguments(size, layers=16, workers=3)
     size.add_argument("--resume-workers", type=int, default=2, help="the world size the checkpoint is resumed at")
     size.add_argument("--replicate-every", type=int, default=3, help="steps between replica swaps (>= 1)")
     size.add_argument("--steps", type=int, default=18)
@@ -107,6 +97,16 @@ def add_bench_parsers(sub) -> None:
     size.add_argument("--micro-batch", type=int, default=2)
     size.add_argument("--real", action="store_true", help="build the model for real, not on the meta device")
     size.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _gpt_job_arguments(parser, layers: int, workers: int) -> None:
+    """The shape of the memory benches' GPT (GPT-2 medium's widths) and the job's workers."""
+    parser.add_argument("--d-model", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=layers)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=workers)
 
 
 def run_bench(args) -> int:

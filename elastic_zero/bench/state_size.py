@@ -81,8 +81,13 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
     """Steps: a few with replica swaps, then a kill at a third of them and a preemption notice at two
     thirds (each followed by its replacement's joining, a scale-up), checkpoints every quarter; then
     the resumed job runs 2 more."""
-    if workers < 2 or resume_workers < 1 or resume_workers == workers or replicate_every < 1 or steps < 12:
-        raise ValueError("need workers >= 2, resume_workers >= 1 and not workers, replicate_every >= 1, steps >= 12")
+    for wrong, why in ((workers < 2, f"--workers {workers}: at least 2 (a kill needs a survivor)"),
+                       (not 1 <= resume_workers != workers, f"--resume-workers {resume_workers}: at least 1, and not "
+                                                            f"--workers ({workers}): the resume is at another size"),
+                       (replicate_every < 1, f"--replicate-every {replicate_every}: at least 1 (a swap is an event)"),
+                       (steps < 12, f"--steps {steps}: at least 12 (the events come in turn)")):
+        if wrong:
+            raise ValueError(f"bench state-size: {why}")
     from elastic_zero.api import RunConfig, run
     from elastic_zero.coordinator.final_save import step_of_directory
 
@@ -143,6 +148,7 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
                 "params": params, "adamw_state_gib": round(16 * params / GIB, 2),
                 "shard_gib": round(shard_bytes / GIB, 3),
                 "steady_worker_peak_gib": round(max(steady.values(), default=0) / GIB, 2),
+                "export": export,
                 "links_gb_per_s": {k: round(v / 1e9, 2) for k, v in links.items()},
                 "step_time_s_median": summary.get("step_time_s_median"),
                 "processes": processes + [dict(p, kind=f"{p['kind']} (resumed)")
