@@ -1,8 +1,8 @@
 """`elastic-zero bench memory`: every process's peak RSS through one job of a GPT of real size on the
 embedded local Ray, by phase, against the engine's own state; and the peak of exporting its final
-weights. (Memory through the elastic events: `bench state-size`, state_size.py.) The job's workers, its coordinator and this driver are read from /proc every 0.1 s (Ray
-names a worker's process after its actor's class), so what is measured is the whole process, not
-what the engine reports of itself.
+weights (memory through the elastic events is `bench state-size`, state_size.py). The job's workers,
+its coordinator and this driver are read from /proc every 0.1 s (Ray names a worker's process after
+its actor's class), so what is measured is the whole process, not what the engine reports of itself.
 
 Phases of a worker: start-up (to the job's first step: the model built, the engine made) and
 training (the steps, the replicas, the final checkpoint written). The GPT is our own (nanoGPT's

@@ -162,9 +162,10 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
 
     def train(self, plan: GenerationPlan) -> Report:
         # the report in the making; "uncommitted" (steps since the last commit) stays here
-        report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [], "step_ends": [], "protect_times": [], "losses": [],
-                  "first_step_at": None, "last_loss": None, "checkpoint_stall_s": [], "entered_at": time.time(),
-                  "checkpoint_errors": [], "checkpoints": [], "restored_from": None}
+        report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [],
+                  "step_ends": [], "protect_times": [], "losses": [], "first_step_at": None, "last_loss": None,
+                  "checkpoint_stall_s": [], "entered_at": time.time(), "checkpoint_errors": [], "checkpoints": [],
+                  "restored_from": None}
         try:
             if self.device.type == "cuda":  # set_device holds per thread, and Ray may call on another
                 torch.cuda.set_device(self.device)
