@@ -110,9 +110,8 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
         shard_bytes = 12 * params // workers  # master weights and AdamW's two moments of one worker's shard
         records = [json.loads(line) for line in open(os.path.join(result.path, "events.jsonl"))]
         committed = [e["directory"] for e in records if e.get("event") == "checkpoint_committed"]
-        saved = {d: (step_of_directory(d), _directory_bytes(d), _world_at(summary["world_size_history"],
-                                                                        step_of_directory(d) - 1))
-                 for d in committed if os.path.isdir(d)}
+        saved = {d: (step, _directory_bytes(d), _world_at(summary["world_size_history"], step - 1))
+                 for d, step in ((d, step_of_directory(d)) for d in committed) if os.path.isdir(d)}
         changes = change_windows(summary)
         first_change = min((w.start for w in changes), default=float("inf"))
         windows = sorted(swap_windows(summary, replicate_every, first_change, shard_bytes) + changes
@@ -133,7 +132,7 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
             resumed = run(again, RunConfig(run_dir=os.path.join(work, "run-resumed"), progress=False))
         if not resumed.ok:
             raise RuntimeError(f"bench state-size: the resumed job failed: {resumed.error}")
-        first_done = dict(resumed.metrics["step_end_curve"])[min(dict(resumed.metrics["step_end_curve"]))]
+        first_done = resumed.metrics["step_end_curve"][0][1]  # (sorted by step)
         start = resumed.metrics["start"]
         rows.append(rate_row(f"resume at {resume_workers} workers", None, first_done - started,
                              start_up_extra(resumed_sampler.samples, first_done), shard_bytes,

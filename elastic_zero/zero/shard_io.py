@@ -128,9 +128,9 @@ class ShardIO:
         self._write_shard(state)
 
     def release_state(self) -> None:
-        """Free the shard's state (master, gradient, optimizer state): a recovery that starts from
-        replicas lets the stale state go before the new shard arrives. Only reconfigure() makes the
-        engine usable again."""
+        """Free the shard's state (master, gradient, optimizer state): a handover, whose shards move
+        from replicas or a host copy, lets it go before the new shard arrives. Only reconfigure()
+        makes the engine usable again."""
         self._await_shard_readers()  # before the buffers a host copy may still read are freed
         self.synchronize()
         self._master = self._grad = self._host_copy = None
