@@ -8,8 +8,9 @@ own on its loopback, which answers the challenge for it. The secret is made per 
 coordinator and given to its workers through Ray (whose token auth protects it where the
 cluster has it); it never touches the network in the clear.
 
-Store traffic is small (rendezvous, a few keys per step at most), so the relays are plain
-threads copying bytes.
+Store traffic is small (rendezvous, a few keys per step at most), so each process copies the bytes
+of all its relayed connections on one thread (SpliceLoop); a connection has a thread of its own only
+while it answers the challenge.
 
 The coordinator opens its store on a thread of its own: the store is torch's, and importing torch
 takes a second of a two-core machine, which the coordinator spends while its workers start (they
@@ -22,6 +23,8 @@ import datetime
 import hashlib
 import hmac
 import os
+import queue
+import selectors
 import socket
 import threading
 from typing import TYPE_CHECKING
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 NONCE_BYTES = 16
+SEND_TIMEOUT_S = 10.0
 _DIGEST_BYTES = hashlib.sha256().digest_size
 
 
@@ -42,7 +46,7 @@ def _listener(host: str) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
-    sock.listen(128)
+    sock.listen(socket.SOMAXCONN)  # a thousand workers may connect at once: a full backlog drops SYNs (1-3 s each)
     return sock
 
 
@@ -122,24 +126,34 @@ class RendezvousServer:
         self._sock.close()
 
 
+class LocalRelay:
+    """A listener on this process's loopback that answers the coordinator's challenge for every
+    store connection made to it: the client side of the relay, shared by every client of the process."""
+
+    def __init__(self, host: str, port: int, secret: bytes) -> None:
+        self._target, self._secret = (host, port), secret
+        self._listener = _listener("127.0.0.1")
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True, name="rendezvous-client-relay").start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # the listening socket was closed: the worker is going away
+                return
+            threading.Thread(target=_answer_and_splice, args=(conn, *self._target, self._secret), daemon=True).start()
+
+    def client(self, timeout_s: float) -> dist.TCPStore:
+        import torch.distributed as dist
+
+        return dist.TCPStore("127.0.0.1", self.port, None, False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
 def connect(host: str, port: int, secret: bytes, timeout_s: float) -> dist.TCPStore:
     """A TCPStore client of the job's store at (host, port), through a local relay that answers
     the coordinator's challenge with `secret`."""
-    import torch.distributed as dist
-
-    local = _listener("127.0.0.1")
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = local.accept()
-            except OSError:  # the listening socket was closed: the worker is going away
-                return
-            threading.Thread(target=_answer_and_splice, args=(conn, host, port, secret), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True, name="rendezvous-client-relay").start()
-    return dist.TCPStore("127.0.0.1", local.getsockname()[1], None, False,
-                         timeout=datetime.timedelta(seconds=timeout_s))
+    return LocalRelay(host, port, secret).client(timeout_s)
 
 
 def _answer_and_splice(conn: socket.socket, host: str, port: int, secret: bytes) -> None:
@@ -164,22 +178,69 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def _splice(a: socket.socket, b: socket.socket) -> None:
-    """Copy bytes both ways until either side closes."""
-    def pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while chunk := src.recv(65536):
-                dst.sendall(chunk)
-        except OSError:  # either end reset: the copy in the other direction ends with it
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:  # already shut down by the other pump
-                    pass
+class SpliceLoop:
+    """Copies bytes both ways between pairs of sockets until either side closes, every pair of the
+    process on one thread: a thread per direction would make the coordinator of 1,024 workers run
+    thousands of threads (a store connection per worker, and one per process group it builds)."""
 
-    threading.Thread(target=pump, args=(b, a), daemon=True).start()
-    pump(a, b)
-    a.close()
-    b.close()
+    def __init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._wake, self._waker = socket.socketpair()
+        self._wake.setblocking(False)
+        self._pending: queue.SimpleQueue = queue.SimpleQueue()
+        self._selector.register(self._wake, selectors.EVENT_READ, None)
+        threading.Thread(target=self._run, daemon=True, name="rendezvous-splices").start()
+
+    def add(self, a: socket.socket, b: socket.socket) -> None:
+        self._pending.put((a, b))
+        self._waker.send(b"\0")
+
+    def _run(self) -> None:
+        while True:
+            for key, _ in self._selector.select():
+                if key.data is None:
+                    self._take_new()
+                else:
+                    self._pump(key.fileobj, key.data)
+
+    def _take_new(self) -> None:
+        try:
+            self._wake.recv(4096)
+        except BlockingIOError:
+            pass
+        while not self._pending.empty():
+            a, b = self._pending.get()
+            for sock in (a, b):
+                # a read is only made when select says there is data; a send to a peer that reads
+                # nothing (a frozen machine, a full buffer) gives up after this and ends the pair
+                sock.settimeout(SEND_TIMEOUT_S)
+            self._selector.register(a, selectors.EVENT_READ, b)
+            self._selector.register(b, selectors.EVENT_READ, a)
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            chunk = src.recv(65536)
+            if chunk:
+                dst.sendall(chunk)
+                return
+        except OSError:  # either end reset, or the peer read nothing for SEND_TIMEOUT_S
+            pass
+        for sock in (src, dst):  # one side closed: the copy in the other direction ends with it
+            try:
+                self._selector.unregister(sock)
+            except (KeyError, ValueError):  # already unregistered with its peer
+                pass
+            sock.close()
+
+
+_splice_loop: SpliceLoop | None = None
+_splice_loop_lock = threading.Lock()
+
+
+def _splice(a: socket.socket, b: socket.socket) -> None:
+    """Copy bytes both ways until either side closes (on the process's splice loop)."""
+    global _splice_loop
+    with _splice_loop_lock:
+        if _splice_loop is None:
+            _splice_loop = SpliceLoop()
+    _splice_loop.add(a, b)

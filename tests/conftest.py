@@ -1,6 +1,12 @@
 import os
 import sys
 
+# This machine's DNS server drops about one query in 25, and torch's TCPStore resolves the name of
+# both ends of every store connection (a reverse lookup of 127.0.0.1 in its IPv4-mapped form, which
+# /etc/hosts does not answer): a dropped query stalls that connection 5 s, glibc's timeout (measured:
+# 4 of 110 connections made in a row). One second per try here instead; Ray's processes inherit it.
+os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:2")
+
 import pytest
 import torch
 

@@ -72,3 +72,16 @@ def test_a_node_is_lost_only_when_none_of_its_workers_is_heard():
     assert nodes_gone_silent(["w2", "w3"], node_of, heard, now=10.0, timeout_s=1.0) == {"b"}
     # a worker whose node is unknown names no node
     assert nodes_gone_silent(["w9"], node_of, heard, now=10.0, timeout_s=1.0) == set()
+
+
+def test_the_next_look_for_silence_is_when_the_least_recently_heard_would_pass_the_timeout():
+    from elastic_zero.plan.liveness import next_silence_at
+
+    heard = {"w0": 10.0, "w1": 9.4, "w2": 3.0}  # w2 is not watched
+    assert next_silence_at(heard, ["w0", "w1"], now=10.0, timeout_s=1.0) == 10.4
+    # one never heard counts from now; nobody watched: no time
+    assert next_silence_at(heard, ["w0", "w9"], now=10.0, timeout_s=1.0) == 11.0
+    assert next_silence_at(heard, [], now=10.0, timeout_s=1.0) is None
+    # at that moment, and not before, silent_members finds the member
+    assert silent_members(heard, ["w0", "w1"], now=10.39, timeout_s=1.0)[0] == ()
+    assert silent_members(heard, ["w0", "w1"], now=10.41, timeout_s=1.0)[0] == ("w1",)

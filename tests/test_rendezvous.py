@@ -98,3 +98,32 @@ def test_a_store_that_cannot_open_is_said_by_whoever_asks_for_it(monkeypatch):
     with pytest.raises(RuntimeError, match="could not be opened: OSError"):
         server.store
     server.close()
+
+
+def test_hundreds_of_relayed_connections_share_one_copying_thread():
+    """Each relayed connection once had two threads in each relay; at 1,024 workers the coordinator
+    ran thousands. Now the bytes of every connection are copied on one thread per process."""
+    import threading
+
+    from elastic_zero.rendezvous import LocalRelay
+
+    secret = new_secret()
+    server = RendezvousServer("127.0.0.1", secret, 10)
+    relay = LocalRelay("127.0.0.1", server.port, secret)
+    before = threading.active_count()
+    clients = [relay.client(10) for _ in range(300)]
+    for i, client in enumerate(clients):
+        client.set(f"k{i}", str(i))
+    assert [clients[-1 - i].get(f"k{i}") for i in range(300)] == [str(i).encode() for i in range(300)]
+    # the challenge's threads are gone once answered; what stays is the copying thread of each side
+    assert threading.active_count() - before <= 4
+    # a blocking get waits for its key, without holding up the others
+    waiting = []
+    getter = threading.Thread(target=lambda: waiting.append(clients[0].get("late")))
+    getter.start()
+    clients[1].set("other", "x")
+    assert clients[2].get("other") == b"x" and not waiting
+    clients[3].set("late", "here")
+    getter.join(10)
+    assert waiting == [b"here"]
+    server.close()

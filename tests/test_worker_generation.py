@@ -46,9 +46,11 @@ def _bare_worker():
     worker._aborted = threading.Event()
     worker._safe_point_for = -1
     worker._generation = -1
+    worker._aborted_upto = -1
     worker._groups = {}
     worker.engine = None
     worker.writer = None
+    worker._writer_reads_engine = False
     return worker
 
 
@@ -139,3 +141,20 @@ def test_a_worker_whose_node_is_unknown_says_so(monkeypatch):
     hello = worker.hello()
     assert hello.member.node == "unknown-w3"  # its own failure domain, not one shared by every such worker
     assert hello.warning == "the Ray node of w3 is unknown (RuntimeError: no runtime context)"
+
+
+def test_an_abort_that_comes_before_train_entered_its_generation_aborts_it_on_entry():
+    """Ray runs a worker's calls concurrently: the coordinator's one abort of generation 7 may run
+    before train(plan 7) has entered it. It must not be lost (the coordinator aborts each survivor
+    once), nor reach generation 8."""
+    from types import SimpleNamespace
+
+    worker = _bare_worker()
+    worker._generation = 6
+    worker.abort_generation(7)
+    assert not worker._aborted.is_set()  # generation 6 goes on
+    seen = {}
+    worker._start_fresh = lambda plan, report, clock: seen.setdefault(plan.number, worker._aborted.is_set())
+    for number in (7, 8):
+        worker._enter(SimpleNamespace(number=number, source="init"), {})
+    assert seen == {7: True, 8: False}

@@ -97,6 +97,15 @@ def add_bench_parsers(sub) -> None:
     size.add_argument("--micro-batch", type=int, default=2)
     size.add_argument("--real", action="store_true", help="build the model for real, not on the meta device")
     size.add_argument("--json", action="store_true", help="print one JSON object")
+    cp = bench_sub.add_parser("control-plane", help="the real coordinator driving many simulated workers: liveness, "
+                                                    "recovery, joiners, notices, rendezvous, status, at each size")
+    cp.add_argument("--workers", default="16,64,256,1024", help="comma-separated sizes, one run each")
+    cp.add_argument("--per-node", type=int, default=8, help="simulated workers per node")
+    cp.add_argument("--steady", type=float, default=60.0, help="seconds of steady state measured")
+    cp.add_argument("--step", type=float, default=0.25, help="the simulated step's seconds")
+    cp.add_argument("--real", default="3,12", help="also the coordinator's CPU on real gpt-tiny jobs of these "
+                                                   "sizes (comma-separated; empty: none)")
+    cp.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _gpt_job_arguments(parser, layers: int, workers: int) -> None:
@@ -180,5 +189,26 @@ def run_bench(args) -> int:
                                       args.resume_workers, args.replicate_every, args.steps, args.global_batch,
                                       args.micro_batch, meta=not args.real)
         print(json.dumps(report) if args.json else format_state_size(report))
+        return 0
+    if args.bench == "control-plane":
+        from elastic_zero.bench.control_plane import check_arguments, format_control_plane, run_control_plane
+
+        try:
+            sizes = [int(n) for n in args.workers.split(",")]
+        except ValueError:
+            raise ValueError(f"bench control-plane: --workers: comma-separated whole numbers, "
+                             f"got {args.workers!r}") from None
+        try:
+            real = tuple(int(n) for n in args.real.split(",") if n.strip())
+        except ValueError:
+            raise ValueError(f"bench control-plane: --real: comma-separated whole numbers, got {args.real!r}") from None
+        wrong = check_arguments(sizes, args.per_node) + \
+            ([f"--steady: must be > 0, got {args.steady:g}"] if args.steady <= 0 else []) + \
+            ([f"--step: must be > 0, got {args.step:g}"] if args.step <= 0 else []) + \
+            ([f"--real: each at least 1, got {args.real}"] if any(n < 1 for n in real) else [])
+        if wrong:
+            raise ValueError(f"bench control-plane: {wrong[0]}")
+        report = run_control_plane(sizes, args.per_node, args.steady, args.step, real)
+        print(json.dumps(report) if args.json else format_control_plane(report))
         return 0
     raise ValueError(f"unknown bench {args.bench!r}")

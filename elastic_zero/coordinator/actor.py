@@ -29,6 +29,7 @@ import time
 import ray
 
 from elastic_zero.coordinator.books import Books
+from elastic_zero.coordinator.completions import Completions
 from elastic_zero.coordinator.events import NodeNotice
 from elastic_zero.coordinator.face import CoordinatorFace
 from elastic_zero.coordinator.death_causes import is_memory_kill, memory_kill
@@ -55,8 +56,10 @@ def coordinator_name(job: str) -> str:
 
 
 class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
-    def __init__(self, spec: dict, job_id: str, run_dir: str, started_at: float, restarted: bool = False) -> None:
-        """`restarted`: a driver started it again after the job's coordinator died."""
+    def __init__(self, spec: dict, job_id: str, run_dir: str, started_at: float, restarted: bool = False,
+                 workforce=None) -> None:
+        """`restarted`: a driver started it again after the job's coordinator died. `workforce`: where
+        its workers come from (workforce.py; None: a Ray actor each)."""
         self.job_id, self.run_dir, self.started_at = job_id, run_dir, started_at
         self.restarted = restarted or ray.get_runtime_context().was_current_actor_reconstructed
         self.spec = spec_from_dict(spec)
@@ -87,6 +90,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         self._done = threading.Event()
         self._collected = threading.Event()  # the driver took the result
         self._inbox: queue.Queue = queue.Queue()
+        self.completions = Completions()  # hellos and train calls in flight, collected as they complete
         self._lock = threading.Lock()
         self._coordinator_name, self._namespace = coordinator_name(job_id), NAMESPACE
         self._train_refs: dict = {}
@@ -97,7 +101,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         self._timed_faults: set[str] = set()
         self._candidate_logs: list = []  # (directory, sample records) of a checkpoint generation's candidates
         self._failure_seen_at: float | None = None  # a participant of the current generation failed
-        self._start_spawner()
+        self._start_spawner(workforce)
         self._start_node_watch()
         threading.Thread(target=self._main, daemon=True, name="coordinator-loop").start()
 
@@ -153,19 +157,18 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
                 self._carry_out(Fail(str(exc)))
                 return
         self._apply(Start())
-        last_tick = time.monotonic()
+        last_tick = next_listen = time.monotonic()
         while self._result is None:
             while not self._inbox.empty():
                 item = self._inbox.get_nowait()
                 self._on_node_notice(item) if isinstance(item, NodeNotice) else self._apply(item)
-            refs = list(self._ready_refs) + list(self._train_refs)
-            done, _ = ray.wait(refs, num_returns=1, timeout=0.05) if refs else ([], [])
-            if not refs:
-                time.sleep(0.05)
-            for ref in done:
+            for ref in self.completions.completed(max(0.0, min(0.05, next_listen - time.monotonic()))):
                 self._collect(ref)
+                if time.monotonic() >= next_listen:  # a thousand reports take a while: silence is not put off
+                    next_listen = self._notice_silent_workers()
             self._kill_unresponsive()
-            self._notice_silent_workers()
+            if time.monotonic() >= next_listen:
+                next_listen = self._notice_silent_workers()
             if self._plan is not None and not self._train_refs:
                 self._end_generation()
             if time.monotonic() - last_tick > 0.5:
@@ -173,6 +176,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
                 self._apply(Tick())
 
     def _collect(self, ref) -> None:
+        if ref not in self._ready_refs and ref not in self._train_refs:
+            return  # given up on already (its worker was silent)
         if ref in self._ready_refs:
             self._hello_arrived(ref)
             return
@@ -191,9 +196,11 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
 
     def _generation_failed(self) -> None:
         """A participant died or its collective failed: the generation is over. Abort the others now,
-        so that they don't find out one collective (or one timeout) at a time."""
-        if self._failure_seen_at is None:
-            self._failure_seen_at = time.monotonic()
+        so that they don't find out one collective (or one timeout) at a time; once: every survivor's
+        report of the failure comes here too, and aborting all for each would be O(workers^2) calls."""
+        if self._failure_seen_at is not None:
+            return
+        self._failure_seen_at = time.monotonic()
         for other in self._train_refs.values():
             self._workers[other].abort_generation.remote(self._plan.number)
 
@@ -208,8 +215,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             self._log("worker_unresponsive", actor_id=actor_id)
             handle = self._workers.get(actor_id)
             if handle is not None:
-                ray.kill(handle, no_restart=True)
-        self._failure_seen_at = time.monotonic()  # their deaths arrive through ray.wait
+                self.workforce.kill(handle)
+        self._failure_seen_at = time.monotonic()  # their deaths arrive as their calls complete
 
     def _end_generation(self) -> None:
         plan, results = self._plan, self._results
@@ -302,8 +309,11 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             self.metrics.add("elastic_zero_reconfigurations" if plan.source == "live" else "elastic_zero_recoveries")
         self._failure_seen_at = None
         self._listen_to(plan.participants)
+        shared = ray.put(plan)  # serialized once: pickling a plan of N members for each of N calls is O(N^2)
         for actor_id in plan.participants:
-            self._train_refs[self._workers[actor_id].train.remote(plan)] = actor_id
+            ref = self._workers[actor_id].train.remote(shared)
+            self._train_refs[ref] = actor_id
+            self.completions.watch(ref)
 
     def _checkpoint_candidates(self) -> tuple[str, ...]:
         """What a checkpoint generation may restore: the committed checkpoints, newest commit first.
@@ -349,7 +359,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         # a save of that step in flight may commit; if none did, one now
         failures = self._saves_reported(ray.get([self._workers[a].settle_saves.remote() for a in members]), plan.number)
         if self._commit_of_step(command.step) is None:
-            failures += self._saves_reported(ray.get([self._workers[a].checkpoint_now.remote(plan) for a in members]),
+            shared = ray.put(plan)
+            failures += self._saves_reported(ray.get([self._workers[a].checkpoint_now.remote(shared) for a in members]),
                                              plan.number)
         for error in failures:
             self._log("checkpoint_failed", generation=plan.number, error=error)

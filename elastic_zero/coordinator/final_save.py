@@ -87,7 +87,8 @@ class FinalSave:
     def _save_on(self, members: list[str], plan) -> tuple[dict, dict, dict]:
         """Each member's part of the final save: (reports, lost {actor: (when, why)}, errors {actor: why}).
         Once one is lost or fails, the others' groups are aborted so that they return at once."""
-        refs = {self._workers[a].checkpoint_now.remote(plan, True): a for a in members}
+        shared = ray.put(plan)  # serialized once, not once per member
+        refs = {self._workers[a].checkpoint_now.remote(shared, True): a for a in members}
         reports, lost, errors = {}, {}, {}
         self._listen_to(members)
         broken_at = None
@@ -120,7 +121,7 @@ class FinalSave:
             if broken_at is not None and refs and time.monotonic() - broken_at > self.spec.elastic.collective_timeout_s:
                 for ref, actor_id in list(refs.items()):  # alive but not answering: lost as well
                     self._log("worker_unresponsive", actor_id=actor_id)
-                    ray.kill(self._workers[actor_id], no_restart=True)
+                    self.workforce.kill(self._workers[actor_id])
                     lost[actor_id] = (time.time(), "unresponsive in the final save")
                     del refs[ref]
         return reports, lost, errors

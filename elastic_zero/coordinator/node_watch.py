@@ -2,9 +2,9 @@
 metadata server (no extra process); Ray's drains are read here for the whole cluster; a notice for
 a node becomes a preemption notice for each of the job's workers there (they hand their shards over
 at the next safe point), keeps new workers off that node, and, once the node's workers are gone,
-is acknowledged where the cloud wants it (Azure). Workers whose heartbeats stopped (their node
-vanished) are counted lost here, and their node is kept out of new placements for a while. Mixed
-into the Coordinator actor."""
+is acknowledged where the cloud wants it (Azure). Workers whose heartbeats (heartbeats.py) stopped
+(their node vanished) are counted lost here, and their node is kept out of new placements for a
+while. Mixed into the Coordinator actor."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import time
 import ray
 
 from elastic_zero.coordinator.events import NodeNotice, PreemptionNotice
-from elastic_zero.plan.liveness import nodes_gone_silent, silent_members
+from elastic_zero.heartbeats import HeartbeatListener
+from elastic_zero.plan.liveness import next_silence_at, nodes_gone_silent, silent_members
 from elastic_zero.preemption.notices import Notice
 from elastic_zero.preemption.ray_drain import RayDrains
 from elastic_zero.protocol import Outcome, Report
@@ -22,6 +23,8 @@ from elastic_zero.protocol import Outcome, Report
 NODE_ID_LABEL = "ray.io/node-id"
 ACK_TIMEOUT_S = 5.0
 LOST_NODE_AVOID_S = 120.0  # Ray counts a vanished node alive until its health checks give up
+SILENCE_POLL_S = 0.5  # the longest between two looks for silent members (a generation starting, beats resuming)
+SILENCE_MIN_GAP_S = 0.002  # the shortest: a member heard just now is not looked at again at once
 
 
 class NodeWatch:
@@ -30,7 +33,9 @@ class NodeWatch:
         self._watchers: dict[str, str] = {}  # node -> the worker that watches its metadata server
         self._noticed: dict[str, Notice] = {}  # node -> the first notice for it
         self._lost_nodes: dict[str, float] = {}  # node whose workers went silent -> avoided until (monotonic)
-        self._heard: dict[str, float] = {}  # actor id -> when its last heartbeat came (monotonic)
+        # actor id -> when its last heartbeat came (monotonic), written by the listener's thread
+        self.heartbeats = HeartbeatListener(self.host, self._secret)
+        self._heard: dict[str, float] = self.heartbeats.heard
         self._drain_stop = threading.Event()
         if "ray-drain" in self.spec.preemption.watch:
             threading.Thread(target=self._watch_ray_drains, daemon=True, name="ray-drains").start()
@@ -41,8 +46,9 @@ class NodeWatch:
         """A watcher says `node` goes by `deadline_at` (epoch seconds; None: unknown, soon)."""
         self._inbox.put(NodeNotice(node, Notice(source, deadline_at, detail, tuple(ack))))
 
-    def heartbeat(self, actor_id: str) -> None:
-        self._heard[actor_id] = time.monotonic()
+    def liveness(self) -> dict:
+        """What the heartbeat listener saw: how many workers it heard, its longest pause."""
+        return {"heard": len(self._heard), "listener_longest_pause_s": round(self.heartbeats.longest_pause_s, 3)}
 
     def watcher_note(self, node: str, message: str, problem: bool = True) -> None:
         """What a node's watcher could not read or reach (it says each thing once), or that the node
@@ -62,18 +68,21 @@ class NodeWatch:
 
     # ---- the coordinator's side -------------------------------------------------------------------
 
-    def _notice_silent_workers(self) -> None:
+    def _notice_silent_workers(self) -> float:
         """A participant whose heartbeats stopped is lost (its node vanished; see plan/liveness.py):
         its report will come, if ever, only when Ray's health checks give up on its node, so it is
-        counted dead now, with its last sign of life as the time of the failure."""
+        counted dead now, with its last sign of life as the time of the failure. Returns when to look
+        again (monotonic): the moment the least recently heard would pass the timeout, so that a
+        silence is found when it begins and the loop does not scan every member many times a second."""
         timeout_s = self.spec.elastic.heartbeat_timeout_s
-        if not timeout_s or self._plan is None or not self._train_refs:
-            return
         now = time.monotonic()
+        if not timeout_s or self._plan is None or not self._train_refs:
+            return now + SILENCE_POLL_S
         lost, reason = silent_members(self._heard, self._train_refs.values(), now, timeout_s,
                                       witnesses=[a for a in self._workers if a in self._heard])
         if not lost:
-            return
+            due = next_silence_at(self._heard, self._train_refs.values(), now, timeout_s)
+            return max(now + SILENCE_MIN_GAP_S, min(now + SILENCE_POLL_S, (due or now) + SILENCE_MIN_GAP_S))
         for ref, actor_id in list(self._train_refs.items()):
             if actor_id in lost:
                 del self._train_refs[ref]
@@ -85,6 +94,7 @@ class NodeWatch:
         self._nodes_lost(lost, now)
         self._retire(lost, "silent: presumed lost (with its node, unless others are heard there)", lost=True)
         self._generation_failed()
+        return now + SILENCE_MIN_GAP_S
 
     def _listen_to(self, participants) -> None:
         """A generation starts: its participants' silence counts from now at the earliest."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ray
 
 from elastic_zero.coordinator.events import WorkersReady, WorkerStartFailed
-from elastic_zero.worker.actor import TrainingWorker
+from elastic_zero.coordinator.workforce import RayWorkforce
 
 
 def start_error(exc: Exception) -> str:
@@ -34,11 +34,11 @@ def lost_while_starting(exc: Exception) -> bool:
 
 
 class WorkerSpawner:
-    def _start_spawner(self) -> None:
+    def _start_spawner(self, workforce=None) -> None:
         self._workers: dict[str, object] = {}  # actor id -> handle, from spawn to retirement
         self._ready_refs: dict = {}  # hello() in flight -> actor id
         self._spawned = 0
-        self._worker_cls = ray.remote(TrainingWorker)
+        self.workforce = workforce or RayWorkforce()
 
     def _spawn(self, count: int) -> None:
         opts = {"num_gpus": 1} if self.spec.elastic.use_gpu else {"num_cpus": 1}
@@ -46,11 +46,14 @@ class WorkerSpawner:
         for _ in range(count):
             actor_id = f"w{self._spawned}"
             self._spawned += 1
-            handle = self._worker_cls.options(max_concurrency=4, **opts, **self._spawn_options()).remote(
-                self.spec_dict, actor_id, self.host, self.rendezvous.port, self._secret,
-                self._coordinator_name, self._namespace, joiner)
+            handle = self.workforce.spawn(
+                {**opts, **self._spawn_options()}, spec=self.spec_dict, actor_id=actor_id, store_host=self.host,
+                store_port=self.rendezvous.port, store_secret=self._secret, coordinator=self._coordinator_name,
+                namespace=self._namespace, joiner=joiner, heartbeat_port=self.heartbeats.port)
             self._workers[actor_id] = handle
-            self._ready_refs[handle.hello.remote()] = actor_id
+            ref = handle.hello.remote()
+            self._ready_refs[ref] = actor_id
+            self.completions.watch(ref)
         self._log("spawn", count=count)
 
     def _hello_arrived(self, ref) -> None:
@@ -78,6 +81,6 @@ class WorkerSpawner:
             handle = self._workers.pop(actor_id, None)
             if handle is not None:
                 self._leaving_worker_retired(actor_id, handle, lost)
-                ray.kill(handle, no_restart=True)
+                self.workforce.kill(handle)
         if actor_ids:
             self._log("retire", actor_ids=list(actor_ids), why=why)

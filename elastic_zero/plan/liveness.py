@@ -22,6 +22,9 @@ def silent_members(last_heard: Mapping[str, float], watched: Iterable[str], now:
 
     last_heard[a]: when a was last heard of (a heartbeat, or being watched from then on); a member
     never heard of counts from `now`, that is, not yet silent."""
+    watched = list(watched)
+    if all(now - last_heard.get(a, now) <= timeout_s for a in watched):  # the common case, in O(members)
+        return (), "every member was heard within the timeout"
     watched = sorted(set(watched))
     silence = {a: now - last_heard.get(a, now) for a in sorted(set(watched) | set(witnesses))}
     silent = tuple(a for a in watched if silence[a] > timeout_s)
@@ -33,6 +36,14 @@ def silent_members(last_heard: Mapping[str, float], watched: Iterable[str], now:
     worst = max(silent, key=lambda a: silence[a])
     return silent, (f"no heartbeat from {', '.join(silent)} for {silence[worst]:.1f} s (timeout {timeout_s:g} s) "
                     f"while {', '.join(heard)} were heard")
+
+
+def next_silence_at(last_heard: Mapping[str, float], watched: Iterable[str], now: float,
+                    timeout_s: float) -> float | None:
+    """When the first of the watched would pass the timeout if no beat of theirs came before: the
+    earliest moment silent_members() can find anybody (None: nobody watched)."""
+    oldest = min((last_heard.get(a, now) for a in watched), default=None)
+    return None if oldest is None else oldest + timeout_s
 
 
 def nodes_gone_silent(lost: Iterable[str], node_of: Mapping[str, str], last_heard: Mapping[str, float],

@@ -16,10 +16,12 @@ if TYPE_CHECKING:
 
 class TrainingWorker:
     def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int, store_secret: bytes,
-                 coordinator: str | None = None, namespace: str | None = None, joiner: bool = False) -> None:
+                 coordinator: str | None = None, namespace: str | None = None, joiner: bool = False,
+                 heartbeat_port: int | None = None) -> None:
         from elastic_zero.worker.trainer import Trainer
 
-        self._trainer = Trainer(spec, actor_id, store_host, store_port, store_secret, coordinator, namespace, joiner)
+        self._trainer = Trainer(spec, actor_id, store_host, store_port, store_secret, coordinator, namespace, joiner,
+                                heartbeat_port)
 
     def hello(self) -> Hello:
         return self._trainer.hello()

@@ -46,7 +46,10 @@ class GenerationEntry:
             self._writer_reads_engine = False
         with self._generation_lock:
             self._generation = plan.number
-            self._aborted.clear()
+            if plan.number <= self._aborted_upto:  # aborted before it was entered
+                self._aborted.set()
+            else:
+                self._aborted.clear()
             self._groups = {}  # the last generation's are dropped (aborted already if it failed)
             if self.engine is not None:
                 self.engine.clear_interrupt()

@@ -1,6 +1,6 @@
-"""What a worker does for the job beyond its shard: it beats (a heartbeat to the coordinator every
-HEARTBEAT_EVERY_S, on a thread of its own, whatever training is doing: a node that vanishes goes
-silent, see plan/liveness.py), it takes SIGTERM as a notice that it goes, and one worker per node
+"""What a worker does for the job beyond its shard: it beats (a heartbeat datagram to the coordinator
+every HEARTBEAT_EVERY_S, on a thread of its own, whatever training is doing: a node that vanishes goes
+silent, see heartbeats.py and plan/liveness.py), it takes SIGTERM as a notice that it goes, and one worker per node
 watches the node's cloud metadata server when the coordinator asks it to. Mixed into the worker
 actor; the coordinator is reached by its name."""
 
@@ -10,6 +10,7 @@ import functools
 import threading
 import time
 
+from elastic_zero.heartbeats import HeartbeatSender
 from elastic_zero.preemption.cloud_watcher import CloudWatcher
 from elastic_zero.preemption.sigterm import catch_sigterm, termination_grace_s
 from elastic_zero.job.spec import HEARTBEAT_EVERY_S
@@ -25,18 +26,16 @@ def coordinator_handle(name: str, namespace: str):
 class NodeDuties:
     _cloud_watcher: CloudWatcher | None = None
 
-    def _start_node_duties(self) -> None:
-        if self.spec.elastic.heartbeat_timeout_s:
-            threading.Thread(target=self._beat, daemon=True, name="heartbeat").start()
+    def _start_node_duties(self, coordinator_host: str, heartbeat_port: int | None, secret: bytes) -> None:
+        if self.spec.elastic.heartbeat_timeout_s and heartbeat_port:
+            sender = HeartbeatSender(coordinator_host, heartbeat_port, secret)
+            threading.Thread(target=self._beat, args=(sender,), daemon=True, name="heartbeat").start()
         if "sigterm" in self.spec.preemption.watch:
             catch_sigterm(self._on_sigterm, termination_grace_s(self.spec.preemption.sigterm_grace_s))
 
-    def _beat(self) -> None:
+    def _beat(self, sender: HeartbeatSender) -> None:
         while True:
-            try:
-                coordinator_handle(self._coordinator, self._namespace).heartbeat.remote(self.actor_id)
-            except Exception:  # noqa: BLE001 - a beat missed (the coordinator restarting); the next one counts
-                pass
+            sender.beat(self.actor_id)
             time.sleep(HEARTBEAT_EVERY_S)
 
     def _on_sigterm(self, grace_s: float) -> None:

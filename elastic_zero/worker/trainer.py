@@ -51,7 +51,8 @@ PROGRESS_EVERY_S = 0.5  # how often rank 0 tells the coordinator its step and lo
 
 class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, NodeDuties):
     def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int, store_secret: bytes,
-                 coordinator: str | None = None, namespace: str | None = None, joiner: bool = False) -> None:
+                 coordinator: str | None = None, namespace: str | None = None, joiner: bool = False,
+                 heartbeat_port: int | None = None) -> None:
         torch.set_num_threads(1)
         large_allocations_to_the_system()  # before the model: freed tensors leave the process
         self.spec = spec_from_dict(spec)
@@ -96,6 +97,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         self._aborted = threading.Event()  # abort_generation() came for the current generation
         self._groups: dict = {}  # the current generation's process groups, by role (groups.py)
         self._generation = -1
+        self._aborted_upto = -1  # the latest generation an abort came for
         self._generation_lock = threading.Lock()  # an abort for generation g never reaches g + 1
         self._building: threading.Event | None = None  # set when the group being built is ready or given up
         self._unsaved_log: list[tuple] = []  # (generation, step, rank, start, count) not yet in a checkpoint
@@ -116,7 +118,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         self._checkpoint_for = self._checkpoint_taken = -1
         self._writer_reads_engine = False  # a save in flight writes from the engine's own tensors (saves.py)
         if coordinator:
-            self._start_node_duties()
+            self._start_node_duties(store_host, heartbeat_port, store_secret)
             relay_warnings(lambda text: coordinator_handle(coordinator, namespace).worker_warning.remote(actor_id, text))
 
     # ---- control, called concurrently with train() ----------------------------------------
@@ -148,6 +150,9 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         """A peer of generation `number` is gone: break our group now, so the training thread's
         next collective fails at once instead of when it reaches the dead peer or the timeout."""
         with self._generation_lock:
+            # it may come before train() entered that generation (Ray runs the calls concurrently):
+            # the coordinator aborts each participant once, so the entry must see it then
+            self._aborted_upto = max(self._aborted_upto, number)
             if self._generation == number:
                 self._aborted.set()
                 if self.engine is not None:

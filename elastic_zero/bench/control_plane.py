@@ -1,0 +1,336 @@
+"""`elastic-zero bench control-plane`: the real coordinator actor (its state machine, rendezvous
+store and relay, events, status) driving many simulated workers (sim_workers.py), N at a time, on a
+local Ray: a steady state, a node that falls silent, 64 workers added, a preemption notice for 8
+nodes at once, and a stop. The figures come from the coordinator's events, from what the simulated
+workers saw, and from the coordinator's process (/proc)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from elastic_zero.bench.control_plane_figures import (busiest_nodes, first, growth, held_within, merged, problems,
+                                                     rendezvous_s)
+from elastic_zero.bench.sim_workers import SIM_NODE_FORMAT
+
+SCALE_UP = 64
+PREEMPTED_NODES = 8
+MEMBERS_PER_HOST = 256  # simulated workers per host process
+WAIT_S = 180.0
+
+
+def check_arguments(sizes: list[int], per_node: int) -> list[str]:
+    return [line for n in sizes for line in problems(n, per_node, _available_bytes(), SCALE_UP, PREEMPTED_NODES)]
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def run_control_plane(sizes: list[int], per_node: int = 8, steady_s: float = 60.0, step_s: float = 0.25,
+                      real: tuple[int, ...] = (3, 12), real_sample_s: float = 15.0) -> dict:
+    """`real`: also the coordinator's CPU on real jobs (gpt-tiny) of these sizes (the fewest first)."""
+    rows = []
+    for n in sizes:
+        try:
+            rows.append(_one_size(n, per_node, steady_s, step_s))
+            print(f"bench control-plane: {n} workers: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+        except Exception as exc:  # noqa: BLE001 - a size the control plane could not carry: said in its row
+            rows.append({"workers": n, "error": f"{type(exc).__name__}: {exc}"[:300]})
+    fields = ("steady_cpu", "detect_s", "survivors_hold_plan_s", "joiners_admitted_s", "rendezvous_s", "peak_rss_mb",
+              "events_bytes", "status_s")
+    report = {"rows": rows, "per_node": per_node, "steady_s": steady_s, "step_s": step_s,
+              "growth_vs_linear": {f: growth([r["workers"] for r in rows], [r.get(f) for r in rows]) for f in fields}}
+    if real:
+        cpu = {n: _real_job_cpu(n, real_sample_s) for n in real}
+        low, high = min(real), max(real)
+        report["real_jobs"] = {"coordinator_cpu": cpu, "sample_s": real_sample_s,
+                               "us_per_s_per_added_worker": round((cpu[high] - cpu[low]) / (high - low) * 1e6, 1)
+                               if high > low else None}
+    return report
+
+
+def _real_job_cpu(workers: int, sample_s: float) -> float:
+    """The coordinator's CPU per wall second over `sample_s` of a real job's steady training (gpt-tiny,
+    no faults), stopped after."""
+    import threading
+
+    import ray
+
+    from elastic_zero.api import RunConfig, run
+    from elastic_zero.coordinator.actor import NAMESPACE, coordinator_name
+    from elastic_zero.job.spec import spec_from_dict
+
+    spec = spec_from_dict({"name": f"coordinator-cpu-{workers}", "model": {"preset": "gpt-tiny"},
+                           "train": {"steps": 100_000, "global_batch": 2 * workers, "micro_batch": 2},
+                           "elastic": {"workers": workers, "min_workers": 1, "max_workers": workers}})
+    ray.init(num_cpus=max(os.cpu_count() or 2, workers + 1), include_dashboard=False, logging_level="ERROR",
+             namespace=NAMESPACE, log_to_driver=False)
+    try:
+        outcome: dict = {}
+        job = threading.Thread(target=lambda: outcome.update(result=run(spec, RunConfig(
+            run_dir=tempfile.mkdtemp(prefix="ez-coordinator-cpu-"), progress=False))), daemon=True)
+        job.start()
+        deadline = time.monotonic() + WAIT_S
+        coordinator = None
+        while time.monotonic() < deadline:
+            try:
+                coordinator = coordinator or ray.get_actor(coordinator_name(spec.name), namespace=NAMESPACE)
+                status = ray.get(coordinator.status.remote())
+                if (status["step"] or 0) >= 10:  # past the start: steady training
+                    break
+            except ValueError:  # not created yet
+                pass
+            time.sleep(0.5)
+        else:
+            raise TimeoutError(f"the real job of {workers} workers did not reach step 10 in {WAIT_S:.0f} s")
+        pid = status["coordinator"]["pid"]
+        cpu0, t0 = _process_cpu_s(pid), time.monotonic()
+        time.sleep(sample_s)
+        cpu = (_process_cpu_s(pid) - cpu0) / (time.monotonic() - t0)
+        ray.get(coordinator.stop.remote())
+        job.join(WAIT_S)
+        return round(cpu, 4)
+    finally:
+        ray.shutdown()
+
+
+def _one_size(n: int, per_node: int, steady_s: float, step_s: float) -> dict:
+    import ray
+
+    from elastic_zero.bench.sim_workers import SimulatedHost, StepReferee
+    from elastic_zero.coordinator.actor import NAMESPACE
+    from elastic_zero.job.spec import spec_from_dict
+
+    work = tempfile.mkdtemp(prefix="ez-control-plane-")
+    run_dir = os.path.join(work, "run")
+    spec = spec_from_dict({
+        "name": f"control-plane-{n}", "model": {"preset": "gpt-tiny"},
+        "train": {"steps": 10_000_000, "global_batch": 2 * (n + SCALE_UP), "micro_batch": 2},
+        "elastic": {"workers": n, "min_workers": max(1, n // 2), "max_workers": n + SCALE_UP, "replicate_every": 1},
+        "checkpoint": {"uri": os.path.join(work, "checkpoints"), "every": 0}})
+    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, logging_level="ERROR", namespace=NAMESPACE,
+             log_to_driver=False)
+    try:
+        hosts_n = max(1, -(-(n + SCALE_UP) // MEMBERS_PER_HOST))
+        referee = ray.remote(StepReferee).options(num_cpus=0).remote()
+        hosts = [ray.remote(SimulatedHost).options(num_cpus=0, max_concurrency=4 * MEMBERS_PER_HOST + 64)
+                 .remote(step_s, referee) for _ in range(hosts_n)]
+        ray.get([h.ping.remote() for h in hosts])
+        try:
+            return _scenario(n, per_node, steady_s, hosts, spec, run_dir)
+        except Exception as exc:
+            # a starved simulation fakes lost nodes: say how long its heartbeats paused
+            gap = max(s["longest_beat_gap_s"] for s in _seen(hosts))
+            raise RuntimeError(f"(the simulated hosts' longest pause between heartbeats: {gap:.2f} s; the "
+                               f"coordinator's listener's: {_listener_pause(spec)}) {exc}") from exc
+    finally:
+        ray.shutdown()
+
+
+def _scenario(n: int, per_node: int, steady_s: float, hosts: list, spec, run_dir: str) -> dict:
+    """The scenarios in turn, on a fresh coordinator; the row of figures."""
+    import ray
+
+    from elastic_zero.bench.sim_workers import SimulatedWorkforce
+    from elastic_zero.coordinator.actor import NAMESPACE, Coordinator, coordinator_name
+
+    job_id = f"control-plane-{n}"
+    launched = time.time()
+    coordinator = ray.remote(Coordinator).options(
+        name=coordinator_name(job_id), namespace=NAMESPACE, num_cpus=0, max_concurrency=16).remote(
+        spec.to_dict(), job_id, run_dir, launched, False, SimulatedWorkforce(hosts, per_node))
+    events = _Events(os.path.join(run_dir, "events.jsonl"))
+    row = {"workers": n, "hosts": len(hosts)}
+    gen0 = events.wait(launched, event="generation_start", workers=lambda w: w and len(w) == n)
+    events.wait(gen0["t"], event="decision", on="GenerationStepped")
+    pid = ray.get(coordinator.status.remote())["coordinator"]["pid"]
+    row["rendezvous_s"] = rendezvous_s(merged(_seen(hosts), "rendezvous").get(gen0["generation"], {}))
+    row["start_s"] = round(gen0["t"] - launched, 3)
+
+    # the steady state: the coordinator's own CPU per wall second
+    cpu0, t0 = _process_cpu_s(pid), time.monotonic()
+    time.sleep(steady_s)
+    row["steady_cpu"] = round((_process_cpu_s(pid) - cpu0) / (time.monotonic() - t0), 4)
+
+    # a node falls silent
+    frozen_at = time.time()
+    running = [e for e in events.read() if e["event"] == "generation_start"][-1]["generation"]
+    ray.get([h.stall.remote(running, frozen_at) for h in hosts])
+    ray.get(hosts[0].freeze_node.remote(SIM_NODE_FORMAT.format(0)))
+    silence = events.wait(frozen_at, event="decision", on="Silence")
+    row["detect_s"] = round(silence["t"] - frozen_at, 3)
+    recovery = events.wait(silence["t"], event="generation_start")
+    row["recovery_planned_s"] = round(recovery["t"] - silence["t"], 3)  # the coordinator's share of the next one
+    row["survivors_hold_plan_s"] = _held(hosts, recovery, silence["t"])
+    back = events.wait(recovery["t"], event="generation_start", workers=lambda w: w and len(w) == n)
+    row["replacements_joined_s"] = round(back["t"] - silence["t"], 3)
+
+    # 64 workers added
+    asked = time.time()
+    ray.get(coordinator.scale.remote(n + SCALE_UP))
+    up = events.wait(asked, event="generation_start", workers=lambda w: w and len(w) == n + SCALE_UP)
+    joiners = set(up["workers"]) - set(back["workers"])
+    ready = max(e["t"] for e in events.read() if e["event"] == "worker_ready" and e["actor_id"] in joiners)
+    row["joiners_admitted_s"] = _held(hosts, up, ready, joiners)
+    row["joiners_planned_s"] = round(up["t"] - ready, 3)
+    row["joiners_spawn_to_ready_s"] = round(ready - asked, 3)
+
+    # a preemption notice for 8 nodes at once
+    nodes = busiest_nodes(events.read(), up["workers"], PREEMPTED_NODES, skip=SIM_NODE_FORMAT.format(0))
+    noticed = time.time()
+    for node in nodes:
+        coordinator.node_notice.remote(node, "bench", noticed + 120.0, "a simulated notice")
+    handoff = events.wait(noticed, event="generation_start", leaving=lambda x: bool(x))
+    row["notice_to_plan_s"] = _held(hosts, handoff, noticed)
+    row["handoff_leavers"] = len(handoff["leaving"])
+
+    # status after all of it, the events log, the coordinator's peak memory
+    times = []
+    for _ in range(5):
+        began = time.perf_counter()
+        ray.get(coordinator.status.remote())
+        times.append(time.perf_counter() - began)
+    row["status_s"] = round(statistics.median(times), 4)
+    row["status_max_s"] = round(max(times), 4)
+    row["events"] = len(events.read())
+    row["events_bytes"] = os.path.getsize(events.path)
+    row["peak_rss_mb"] = round(_peak_rss_bytes(pid) / 2**20, 1)
+    row["listener_longest_pause_s"] = ray.get(coordinator.liveness.remote())["listener_longest_pause_s"]
+
+    # a stop
+    stop_at = time.time()
+    ray.get(coordinator.stop.remote())
+    result = ray.get(coordinator.result.remote(WAIT_S))
+    row["stop_s"] = round(time.time() - stop_at, 3)
+    row["stopped_ok"] = bool(result and result["ok"])
+    row["generations"] = len([e for e in events.read() if e["event"] == "generation_start"])
+    row["sim_longest_beat_gap_s"] = round(max(s["longest_beat_gap_s"] for s in _seen(hosts)), 3)
+    return row
+
+
+def _listener_pause(spec) -> str:
+    import ray
+
+    from elastic_zero.coordinator.actor import NAMESPACE, coordinator_name
+
+    try:
+        coordinator = ray.get_actor(coordinator_name(f"control-plane-{spec.elastic.workers}"), namespace=NAMESPACE)
+        return f"{ray.get(coordinator.liveness.remote(), timeout=10)['listener_longest_pause_s']:.2f} s"
+    except Exception as exc:  # noqa: BLE001 - the coordinator may be gone
+        return f"unknown ({type(exc).__name__})"
+
+
+def _held(hosts, start: dict, since: float, participants=None) -> float | None:
+    """Seconds from `since` until every participant of the generation `start` began (or those given)
+    held its plan."""
+    deadline = time.monotonic() + WAIT_S
+    participants = participants or list(start["workers"]) + list(start.get("leaving") or [])
+    while True:
+        arrivals = merged(_seen(hosts), "plan_arrivals").get(start["generation"], {})
+        held = held_within(arrivals, participants, since)
+        if held is not None or time.monotonic() > deadline:
+            return held
+        time.sleep(0.2)
+
+
+def _seen(hosts) -> list[dict]:
+    import ray
+
+    return ray.get([h.seen.remote() for h in hosts])
+
+
+class _Events:
+    """The coordinator's events.jsonl, read as it grows."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self._records, self._offset = path, [], 0
+
+    def read(self) -> list[dict]:
+        if os.path.exists(self.path):
+            with open(self.path) as fh:
+                fh.seek(self._offset)
+                chunk = fh.read()
+            whole = chunk[: chunk.rfind("\n") + 1]
+            self._offset += len(whole.encode())
+            self._records += [json.loads(line) for line in whole.splitlines() if line]
+        return self._records
+
+    def wait(self, after: float, **match) -> dict:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            found = first(self.read(), after, **match)
+            if found is not None:
+                return found
+            failed = first(self._records, after, event="job_failed")
+            if failed is not None:
+                raise RuntimeError(f"the simulated job failed: {failed.get('message')}")
+            time.sleep(0.1)
+        raise TimeoutError(f"no event {match} within {WAIT_S:.0f} s")
+
+
+def _process_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+GOALS = {"steady_cpu": (0.05, "at most 5% of a core"), "detect_s": (1.0, "within 1 s"),
+         "survivors_hold_plan_s": (1.0, "within 1 s of detection"), "joiners_admitted_s": (2.0, "within 2 s of ready"),
+         "rendezvous_s": (5.0, "at most 5 s"), "peak_rss_mb": (1024.0, "at most 1 GB"), "status_s": (1.0, "within 1 s")}
+
+
+def format_control_plane(report: dict) -> str:
+    cols = [("workers", "N"), ("steady_cpu", "cpu/core"), ("detect_s", "detect s"),
+            ("survivors_hold_plan_s", "plan held s"), ("recovery_planned_s", "(planned s)"),
+            ("joiners_admitted_s", "64 admitted s"), ("joiners_planned_s", "(planned s)"),
+            ("rendezvous_s", "rendezvous s"), ("peak_rss_mb", "peak RSS MB"), ("events_bytes", "events B"),
+            ("status_s", "status s"), ("stop_s", "stop s")]
+    lines = [f"control plane: simulated workers, {report['per_node']} a node, steady state {report['steady_s']:g} s, "
+             f"step {report['step_s']:g} s (planned: until the coordinator started the generation; held: until "
+             f"every worker's call had arrived)", "  " + "  ".join(f"{title:>13}" for _, title in cols)]
+    for r in report["rows"]:
+        if "error" in r:
+            lines.append(f"  {r['workers']:>13}  failed: {r['error']}")
+            continue
+        lines.append("  " + "  ".join(f"{_cell(r.get(k)):>13}" for k, _ in cols))
+    largest = report["rows"][-1]
+    for key, (limit, text) in GOALS.items():
+        value = largest.get(key)
+        verdict = "met" if value is not None and value <= limit else "MISSED"
+        lines.append(f"  goal at {largest['workers']}: {key} {text}: {_cell(value)} {verdict}")
+    real = report.get("real_jobs")
+    if real:
+        cpu = ", ".join(f"{n} workers {v:g}" for n, v in real["coordinator_cpu"].items())
+        lines.append(f"  real gpt-tiny jobs, the coordinator's CPU over {real['sample_s']:g} s of steady training: "
+                     f"{cpu}; "
+                     f"{_cell(real['us_per_s_per_added_worker'])} us/s per added worker (goal at most 50)")
+    grown = {k: v for k, v in report["growth_vs_linear"].items() if v is not None}
+    lines.append("  growth from smallest to largest, against linear (<= 1: linear or slower): "
+                 + ", ".join(f"{k} {v:g}" for k, v in grown.items()))
+    return "\n".join(lines)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:g}" if isinstance(value, float) else str(value)

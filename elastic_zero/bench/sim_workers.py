@@ -1,0 +1,379 @@
+"""Simulated workers for the control plane's bench: many to a process, speaking the coordinator's
+protocol (protocol.py) on a fake step clock, with no model and no torch training.
+
+What they do as real workers do, through the same channels:
+- hello() answers with a Member on a simulated node (SIM_NODE_FORMAT: per_node workers a node);
+- heartbeats, one datagram a worker as worker/node_duties.py sends them, from a process of its own
+  per host;
+- train(plan): a store connection of its own for the generation, through the coordinator's relay,
+  and the rendezvous of torch's NCCL process group (rank 0 sets the communicator's id under the
+  group's prefix, every other rank gets it), then the barrier of its first collective; then steps of
+  `step_s` each, on one clock for the generation (real ranks keep step through their all-reduces);
+  rank 0 tells the coordinator the generation stepped and its progress every PROGRESS_EVERY_S; a report at the end
+  with one sample record per step and the replicas it would hold;
+- safe points end every member at the same step, as the step's closing all-reduce makes real ranks
+  do: the first host asked agrees the step with a StepReferee, and the others read it there;
+- an abort ends the generation at once ("failed"); leavers hand over and go ("left").
+
+A node can be frozen (freeze_node): its workers go silent and answer nothing, like a machine that
+vanished, until the coordinator retires them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from elastic_zero.plan.batches import rank_positions
+from elastic_zero.plan.membership import Member
+from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report
+
+SIM_NODE_FORMAT = "sim-node-{:04d}"
+UNIQUE_ID_BYTES = 128  # an NCCL unique id
+PROGRESS_EVERY_S = 0.5  # as the Trainer's rank 0
+
+
+class StepReferee:
+    """The step every member of a generation stops at for its safe point: the first proposal wins.
+    A Ray actor; it stands in for the step's all-reduce, which spans the hosts."""
+
+    def __init__(self) -> None:
+        self._agreed: dict[int, int] = {}
+
+    def agree(self, generation: int, proposed: int) -> int:
+        return self._agreed.setdefault(generation, proposed)
+
+
+class _Member:
+    def __init__(self, actor_id: str, node: str, args: dict) -> None:
+        self.actor_id, self.node, self.args = actor_id, node, args
+        self.frozen = threading.Event()
+        self.killed = threading.Event()
+        self.aborted: dict[int, threading.Event] = {}
+        self.store = None  # the worker's own store connection
+        self.generation_store = None  # the current generation's (a process group's clone)
+        self.step = 0
+
+
+class SimulatedHost:
+    """Simulated workers in one process (a threaded Ray actor). The coordinator reaches each through
+    a SimulatedHandle; the bench reaches the host to freeze nodes and read what its workers saw."""
+
+    def __init__(self, step_s: float, referee) -> None:
+        self.step_s, self.referee = step_s, referee
+        self._members: dict[str, _Member] = {}
+        self._known: dict[str, threading.Event] = {}  # calls may run before the spawn that made the member
+        self._lock = threading.Lock()
+        self._relay = None
+        self._stop_at: dict[int, int] = {}
+        self._stalls: dict[int, float] = {}  # generation -> when a member was lost (stall())
+        self._clocks: dict[int, tuple[int, float]] = {}  # generation -> (its first step, when that step began)
+        self.plan_arrivals: dict[int, dict[str, float]] = {}  # generation -> actor -> when train(plan) came
+        self.rendezvous: dict[int, dict[str, tuple[float, float]]] = {}  # generation -> actor -> (began, done)
+        self.hello_at: dict[str, float] = {}
+        self._beats = None  # the pipe to the process that beats for this host's workers (_beat_process)
+        self._longest_beat_gap = None  # between two rounds of its heartbeats: a starved one would fake a lost node
+
+    # ---- the bench's side --------------------------------------------------------------------
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def stall(self, generation: int, at: float) -> None:
+        """A member of `generation` is lost at epoch time `at`: the others finish no step that ends
+        after it (real ranks wait in the step's all-reduce for the lost one) until they are aborted."""
+        self._stalls[generation] = at
+
+    def freeze_node(self, node: str) -> list[str]:
+        """The node vanishes: its workers stop beating and answering."""
+        frozen = [m for m in self._members.values() if m.node == node and not m.killed.is_set()]
+        for m in frozen:
+            m.frozen.set()
+        with self._lock:
+            self._beating()
+        return [m.actor_id for m in frozen]
+
+    def seen(self) -> dict:
+        return {"plan_arrivals": self.plan_arrivals, "rendezvous": self.rendezvous, "hello_at": self.hello_at,
+                "longest_beat_gap_s": self._longest_beat_gap.value if self._longest_beat_gap else 0.0,
+                "alive": sorted(a for a, m in self._members.items() if not m.killed.is_set())}
+
+    # ---- the workforce's side ----------------------------------------------------------------
+
+    def spawn(self, actor_id: str, node: str, args: dict) -> None:
+        member = _Member(actor_id, node, args)
+        if self._relay is None:
+            import multiprocessing
+
+            from elastic_zero.rendezvous import LocalRelay
+
+            self._relay = LocalRelay(args["store_host"], args["store_port"], args["store_secret"])
+            context = multiprocessing.get_context("spawn")  # not a fork of a process with threads
+            self._longest_beat_gap = context.Value("d", 0.0)
+            self._beats, theirs = context.Pipe(duplex=False)[::-1]
+            context.Process(target=_beat_process, daemon=True, args=(
+                theirs, args["store_host"], args["heartbeat_port"], args["store_secret"],
+                self._longest_beat_gap)).start()
+        member.store = self._relay.client(args["spec"]["elastic"]["collective_timeout_s"])
+        with self._lock:
+            self._members[actor_id] = member
+            self._known.setdefault(actor_id, threading.Event()).set()
+            self._beating()
+
+    def kill(self, actor_id: str) -> None:
+        member = self._member(actor_id)
+        member.killed.set()
+        for event in member.aborted.values():
+            event.set()
+        member.store = member.generation_store = None
+        with self._lock:
+            self._beating()
+
+    def call(self, actor_id: str, method: str, *args):
+        member = self._member(actor_id)
+        if member.frozen.is_set() and not member.killed.is_set():
+            member.killed.wait()  # a vanished machine answers nothing
+        if member.killed.is_set():
+            raise RuntimeError(f"simulated worker {actor_id} was killed")
+        return getattr(self, "_" + method)(member, *args)
+
+    def _member(self, actor_id: str) -> _Member:
+        with self._lock:
+            known = self._known.setdefault(actor_id, threading.Event())
+        if not known.wait(60):
+            raise RuntimeError(f"simulated worker {actor_id} was never spawned")
+        return self._members[actor_id]
+
+    # ---- the protocol ------------------------------------------------------------------------
+
+    def _hello(self, m: _Member) -> Hello:
+        self.hello_at[m.actor_id] = time.time()
+        return Hello(Member(m.actor_id, node=m.node))
+
+    def _request_safe_point(self, m: _Member, number: int) -> None:
+        """The first request a host gets for a generation: the step two steps on by the generation's
+        clock (every host learns it before any member gets there) is agreed with the referee."""
+        if number in self._stop_at:
+            return
+        self._stop_at[number] = -1
+        first_step, clock = self._clocks.get(number, (m.step, None))
+        now = time.time() if clock is None else max(time.time(), clock)
+        running = first_step + (0 if clock is None else int((now - clock) / self.step_s))
+        import ray
+
+        self._stop_at[number] = ray.get(self.referee.agree.remote(number, running + 2))
+
+    def _request_checkpoint(self, m: _Member, number: int) -> None:
+        pass  # simulated workers save nothing: a job with checkpoints is not what this bench measures
+
+    def _abort_generation(self, m: _Member, number: int) -> None:
+        m.aborted.setdefault(number, threading.Event()).set()  # it may come before train() entered the generation
+
+    def _watch_node(self, m: _Member, node: str) -> None:
+        pass  # no cloud metadata server on a simulated node
+
+    def _acknowledge_notice(self, m: _Member, ack: tuple) -> str:
+        return "a simulated node has no cloud to acknowledge"
+
+    def _memory_report(self, m: _Member) -> dict:
+        return {}
+
+    def _settle_saves(self, m: _Member) -> dict:
+        return {"checkpoints": [], "checkpoint_errors": []}
+
+    def _checkpoint_now(self, m: _Member, plan: GenerationPlan, final: bool = False) -> dict:
+        """Rank 0 names the step's directory as committed, marked in the run directory as simulated."""
+        if plan.generation.members[0].actor_id != m.actor_id:
+            return {"checkpoints": [], "checkpoint_errors": []}
+        root = os.path.join(m.args["spec"]["checkpoint"]["uri"], f"step-{m.step:010d}")
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(root, "SIMULATED"), "w") as fh:
+            fh.write("written by a simulated worker of bench control-plane: no weights\n")
+        return {"checkpoints": [root], "checkpoint_errors": []}
+
+    def _train(self, m: _Member, plan: GenerationPlan) -> Report:
+        entered = time.time()
+        self.plan_arrivals.setdefault(plan.number, {})[m.actor_id] = entered
+        aborted = m.aborted.setdefault(plan.number, threading.Event())
+        members = [x.actor_id for x in plan.generation.members]
+        rank = members.index(m.actor_id) if m.actor_id in members else None
+        spec = m.args["spec"]
+        timeout_s = spec["elastic"]["collective_timeout_s"]
+        try:
+            started = self._rendezvous(m, plan, aborted, timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a peer never came: a failed collective, as for real ranks
+            return Report(Outcome(m.actor_id, "failed", plan.step, error=f"rendezvous: {exc}"[:300]),
+                          ended_at=time.time(), generation=plan.number, entered_at=entered)
+        m.step = max(plan.step, 0)
+        self._clocks[plan.number] = (m.step, started)
+        if rank is None:  # a leaver: its shard went over in the handover
+            return Report(Outcome(m.actor_id, "left", m.step), ended_at=time.time(), generation=plan.number,
+                          entered_at=entered)
+        every = spec["elastic"]["replicate_every"]
+        committed = m.step  # every handover commits the new layout at entry
+        world, batch, steps = len(members), spec["train"]["global_batch"], spec["train"]["steps"]
+        log, step_times, step_ends = [], [], []
+        first_step_at, told_at = None, 0.0
+        kind = "finished"
+        while m.step < steps:
+            begun = time.time()
+            first_step_at = first_step_at or begun
+            due = started + (len(step_times) + 1) * self.step_s
+            stalled = due > self._stalls.get(plan.number, due)
+            if aborted.wait(None if stalled else max(0.0, due - begun)) or m.killed.is_set():
+                kind = "failed"
+                break
+            if m.frozen.is_set():
+                m.killed.wait()
+                return Report(Outcome(m.actor_id, "dead"), ended_at=time.time())
+            positions = rank_positions(m.step, batch, world, rank)
+            log.append((m.step, rank, positions.start, len(positions)))
+            m.step += 1
+            step_ends.append(time.time())
+            step_times.append(step_ends[-1] - begun)
+            stopping = 0 <= self._stop_at.get(plan.number, -1) <= m.step  # (a member late to learn it stops at once)
+            if every and (m.step % every == 0 or stopping):
+                committed = m.step
+            if rank == 0:
+                told_at = self._tell_progress(m, plan, len(step_times), told_at)
+            if stopping:
+                kind = "safe_point"
+                break
+        error = "simulated collective failed: the generation was aborted" if kind == "failed" else ""
+        # as the real replicas: the step committed last and the one before it (a swap keeps both until it is
+        # done), so that ranks stopped a step apart by an abort still share a step
+        held = tuple(sorted({max(plan.step, committed - every), committed})) if every else ()
+        outcome = Outcome(m.actor_id, kind, m.step, own_steps=held, ward_steps=held, error=error,
+                          snapshot_generation=plan.number)
+        return Report(outcome, ended_at=time.time(), generation=plan.number, entered_at=entered, rank=rank,
+                      log=tuple(log), step_times=tuple(step_times), step_ends=tuple(step_ends),
+                      first_step_at=first_step_at, last_loss=1.0 if step_times else None,
+                      losses=tuple((s, 1.0) for s, *_ in log))
+
+    def _rendezvous(self, m: _Member, plan: GenerationPlan, aborted: threading.Event, timeout_s: float) -> float:
+        """A store connection for the generation, the NCCL group's rendezvous on it, and the barrier its
+        first collective makes: every participant counts itself in, the last one sets the generation's
+        clock, which the others wait for. Returns that clock (epoch seconds): the steps end on it."""
+        began = time.time()
+        m.generation_store = None  # the previous generation's group (and its connection) is gone
+        store = self._relay.client(timeout_s)
+        m.generation_store = store
+        prefix = f"g{plan.number}/train/"
+        if plan.participants[0] == m.actor_id:
+            store.set(prefix + "0", b"\0" * UNIQUE_ID_BYTES)
+        else:
+            _get(store, prefix + "0", aborted, timeout_s)  # waits until rank 0 has set it
+        if store.add(prefix + "arrived", 1) == len(plan.participants):
+            store.set(prefix + "clock", repr(time.time()))
+        clock = float(_get(store, prefix + "clock", aborted, timeout_s).decode())
+        self.rendezvous.setdefault(plan.number, {})[m.actor_id] = (began, time.time())
+        return clock
+
+    def _tell_progress(self, m: _Member, plan: GenerationPlan, steps_run: int, told_at: float) -> float:
+        from elastic_zero.worker.node_duties import coordinator_handle
+
+        coordinator = coordinator_handle(m.args["coordinator"], m.args["namespace"])
+        if steps_run == 1:
+            coordinator.generation_stepped.remote(plan.number)
+        now = time.time()
+        if now - told_at < PROGRESS_EVERY_S:
+            return told_at
+        coordinator.progress_note.remote(plan.number, m.step, 1.0, self.step_s, now, None)
+        return now
+
+    # ---- liveness ------------------------------------------------------------------------------
+
+    def _beating(self) -> None:
+        """Tell the beating process which workers beat now (after a spawn, a freeze, a kill)."""
+        if self._beats is not None:
+            self._beats.send([a for a, m in self._members.items() if not (m.frozen.is_set() or m.killed.is_set())])
+
+
+def _beat_process(conn, host: str, port: int, secret: bytes, longest_gap) -> None:
+    """Each live simulated worker's heartbeat, one datagram each, as worker/node_duties.py sends it:
+    from a process of its own, so that the host's threads (hundreds of simulated workers) never delay
+    it, as a real worker's training never delays its own beats. Ends when the host goes."""
+    from elastic_zero.heartbeats import HeartbeatSender
+    from elastic_zero.job.spec import HEARTBEAT_EVERY_S
+
+    sender, beating, last = HeartbeatSender(host, port, secret), [], time.monotonic()
+    while True:
+        try:
+            while conn.poll(HEARTBEAT_EVERY_S if not beating else 0):
+                beating = conn.recv()
+        except (EOFError, OSError):  # the host is gone
+            return
+        now = time.monotonic()
+        longest_gap.value = max(longest_gap.value, now - last)
+        last = now
+        for actor_id in beating:
+            sender.beat(actor_id)
+        time.sleep(max(0.0, last + HEARTBEAT_EVERY_S - time.monotonic()))
+
+
+def _get(store, key: str, aborted: threading.Event, timeout_s: float) -> bytes:
+    """The key's value once set; given up when the generation is aborted (a real rank's group build
+    is), or after `timeout_s`."""
+    import datetime
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            store.wait([key], datetime.timedelta(seconds=0.5))
+            return store.get(key)
+        except RuntimeError:  # torch's DistStoreError: not set yet
+            if aborted.is_set() or time.monotonic() > deadline:
+                raise
+
+
+class SimulatedHandle:
+    """What the coordinator holds for a simulated worker: `handle.train.remote(plan)` and the rest,
+    as on a Ray actor handle, each answered by its host."""
+
+    def __init__(self, host, actor_id: str) -> None:
+        self._host, self.actor_id = host, actor_id
+
+    def __getattr__(self, method: str):
+        if method.startswith("_"):
+            raise AttributeError(method)
+        host, actor_id = self._host, self.actor_id
+
+        class _Method:
+            @staticmethod
+            def remote(*args):
+                return host.call.remote(actor_id, method, *args)
+
+        return _Method()
+
+
+class SimulatedWorkforce:
+    """The coordinator's workforce (coordinator/workforce.py) for the bench: workers fill simulated
+    nodes of `per_node` in spawn order, a node to a host in turn; a node the coordinator keeps new
+    workers off (its label selector) gets no more."""
+
+    def __init__(self, hosts: list, per_node: int) -> None:
+        self.hosts, self.per_node = list(hosts), per_node
+        self._node, self._on_node = 0, 0
+
+    def spawn(self, options: dict, **worker_args):
+        avoided = _avoided_nodes(options)
+        if self._on_node == self.per_node or SIM_NODE_FORMAT.format(self._node) in avoided:
+            self._node, self._on_node = self._node + 1, 0
+        node = SIM_NODE_FORMAT.format(self._node)
+        self._on_node += 1
+        host = self.hosts[self._node % len(self.hosts)]
+        actor_id = worker_args["actor_id"]
+        host.spawn.remote(actor_id, node, {k: v for k, v in worker_args.items() if k != "actor_id"})
+        return SimulatedHandle(host, actor_id)
+
+    def kill(self, handle: SimulatedHandle) -> None:
+        handle._host.kill.remote(handle.actor_id)
+
+
+def _avoided_nodes(options: dict) -> set[str]:
+    """The nodes a spawn's label selector keeps the worker off ("!in(a,b)")."""
+    selector = (options.get("label_selector") or {}).get("ray.io/node-id", "")
+    if not selector.startswith("!in("):
+        return set()
+    return set(selector[4:-1].split(","))

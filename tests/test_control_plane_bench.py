@@ -1,0 +1,50 @@
+"""`bench control-plane` at 64 simulated workers: the real coordinator carries every scenario (a
+silent node, 64 joiners, 8 nodes preempted at once, a stop). Timings are the bench's; this checks
+what happened."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from elastic_zero.bench.control_plane_figures import busiest_nodes, growth, problems
+
+CLI = [sys.executable, "-m", "elastic_zero.cli"]
+
+
+@pytest.mark.runtime
+def test_the_coordinator_carries_64_simulated_workers_through_every_scenario(tmp_path):
+    done = subprocess.run(CLI + ["bench", "control-plane", "--workers", "64", "--steady", "3", "--real", "", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads(done.stdout.strip().splitlines()[-1])["rows"]  # Ray may print warnings first
+    assert "error" not in row, row
+    # the silent node was found by its heartbeats, and its 8 workers' shards restored from their buddies
+    assert row["detect_s"] is not None and row["survivors_hold_plan_s"] is not None
+    # the 64 joiners held their plans; the 8 preempted nodes' 64 workers handed over and left
+    assert row["joiners_admitted_s"] is not None and row["handoff_leavers"] == 64
+    assert row["stopped_ok"] and row["rendezvous_s"] is not None and row["status_s"] is not None
+    # generations: start, recovery, the replacements' join, the scale-up, the hand-off (the stop ends the last)
+    assert row["generations"] >= 5
+
+
+def test_bad_arguments_are_one_line_each_before_anything_starts(tmp_path):
+    for args, message in ((["--workers", "0"], "--workers: must be at least 1, got 0"),
+                          (["--workers", "64", "--per-node", "7"], "--per-node: 7 does not divide --workers 64"),
+                          (["--workers", "8"], "the scenario needs 2"),
+                          (["--workers", "many"], "--workers: comma-separated whole numbers, got 'many'"),
+                          (["--workers", "1000000"], "GiB available")):
+        done = subprocess.run(CLI + ["bench", "control-plane", *args], capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.unit
+def test_the_figures_rules():
+    assert problems(64, 8, 64 << 30) == []
+    assert problems(1024, 8, 1 << 30)[0].startswith("--workers: 1024 simulated workers (and 64 joiners) need about")
+    events = [{"event": "worker_ready", "actor_id": f"w{i}", "node": f"n{i % 3}"} for i in range(9)]
+    assert busiest_nodes(events, [f"w{i}" for i in range(8)], 2, skip="n0") == ["n1", "n2"]
+    assert growth([16, 1024], [1.0, 64.0]) == 1.0 and growth([16, 1024], [1.0, 8.0]) == 0.125
