@@ -105,6 +105,7 @@ def add_bench_parsers(sub) -> None:
     cp.add_argument("--step", type=float, default=0.25, help="the simulated step's seconds")
     cp.add_argument("--real", default="3,12", help="also the coordinator's CPU on real gpt-tiny jobs of these "
                                                    "sizes (comma-separated; empty: none)")
+    cp.add_argument("--real-seconds", type=float, default=15.0, help="how long the real jobs' CPU is sampled")
     cp.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -205,10 +206,11 @@ def run_bench(args) -> int:
         wrong = check_arguments(sizes, args.per_node) + \
             ([f"--steady: must be > 0, got {args.steady:g}"] if args.steady <= 0 else []) + \
             ([f"--step: must be > 0, got {args.step:g}"] if args.step <= 0 else []) + \
-            ([f"--real: each at least 1, got {args.real}"] if any(n < 1 for n in real) else [])
+            ([f"--real: each at least 1, got {args.real}"] if any(n < 1 for n in real) else []) + \
+            ([f"--real-seconds: must be > 0, got {args.real_seconds:g}"] if args.real_seconds <= 0 else [])
         if wrong:
             raise ValueError(f"bench control-plane: {wrong[0]}")
-        report = run_control_plane(sizes, args.per_node, args.steady, args.step, real)
+        report = run_control_plane(sizes, args.per_node, args.steady, args.step, real, args.real_seconds)
         print(json.dumps(report) if args.json else format_control_plane(report))
         return 0
     raise ValueError(f"unknown bench {args.bench!r}")
