@@ -47,7 +47,7 @@ def run_control_plane(sizes: list[int], per_node: int = 8, steady_s: float = 60.
             rows.append(_one_size(n, per_node, steady_s, step_s))
             print(f"bench control-plane: {n} workers: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
         except Exception as exc:  # noqa: BLE001 - a size the control plane could not carry: said in its row
-            rows.append({"workers": n, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            rows.append({"workers": n, "error": f"{type(exc).__name__}: {exc}"[:600]})
     fields = ("steady_cpu", "detect_s", "survivors_hold_plan_s", "joiners_admitted_s", "rendezvous_s", "peak_rss_mb",
               "events_bytes", "status_s")
     report = {"rows": rows, "per_node": per_node, "steady_s": steady_s, "step_s": step_s,

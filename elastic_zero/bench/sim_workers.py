@@ -65,6 +65,7 @@ class SimulatedHost:
         self._members: dict[str, _Member] = {}
         self._known: dict[str, threading.Event] = {}  # calls may run before the spawn that made the member
         self._lock = threading.Lock()
+        self._starting = threading.Lock()
         self._relay = None
         self._stop_at: dict[int, int] = {}
         self._stalls: dict[int, float] = {}  # generation -> when a member was lost (stall())
@@ -87,22 +88,34 @@ class SimulatedHost:
 
     def freeze_node(self, node: str) -> list[str]:
         """The node vanishes: its workers stop beating and answering."""
-        frozen = [m for m in self._members.values() if m.node == node and not m.killed.is_set()]
-        for m in frozen:
-            m.frozen.set()
         with self._lock:
+            frozen = [m for m in self._members.values() if m.node == node and not m.killed.is_set()]
+            for m in frozen:
+                m.frozen.set()
             self._beating()
         return [m.actor_id for m in frozen]
 
     def seen(self) -> dict:
-        return {"plan_arrivals": self.plan_arrivals, "rendezvous": self.rendezvous, "hello_at": self.hello_at,
+        """Copies (each dict copy is atomic under the GIL; the workers' threads write on meanwhile)."""
+        return {"plan_arrivals": {g: dict(v) for g, v in list(self.plan_arrivals.items())},
+                "rendezvous": {g: dict(v) for g, v in list(self.rendezvous.items())},
+                "hello_at": dict(self.hello_at),
                 "longest_beat_gap_s": self._longest_beat_gap.value if self._longest_beat_gap else 0.0,
-                "alive": sorted(a for a, m in self._members.items() if not m.killed.is_set())}
+                "alive": sorted(a for a, m in list(self._members.items()) if not m.killed.is_set())}
 
     # ---- the workforce's side ----------------------------------------------------------------
 
     def spawn(self, actor_id: str, node: str, args: dict) -> None:
         member = _Member(actor_id, node, args)
+        with self._starting:  # the first spawns come at once: one relay and one beating process
+            self._start_once(args)
+        member.store = self._relay.client(args["spec"]["elastic"]["collective_timeout_s"])
+        with self._lock:
+            self._members[actor_id] = member
+            self._known.setdefault(actor_id, threading.Event()).set()
+            self._beating()
+
+    def _start_once(self, args: dict) -> None:
         if self._relay is None:
             import multiprocessing
 
@@ -115,11 +128,6 @@ class SimulatedHost:
             context.Process(target=_beat_process, daemon=True, args=(
                 theirs, args["store_host"], args["heartbeat_port"], args["store_secret"],
                 self._longest_beat_gap)).start()
-        member.store = self._relay.client(args["spec"]["elastic"]["collective_timeout_s"])
-        with self._lock:
-            self._members[actor_id] = member
-            self._known.setdefault(actor_id, threading.Event()).set()
-            self._beating()
 
     def kill(self, actor_id: str) -> None:
         member = self._member(actor_id)
