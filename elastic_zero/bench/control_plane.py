@@ -28,13 +28,14 @@ def check_arguments(sizes: list[int], per_node: int) -> list[str]:
 
 
 def _available_bytes() -> int | None:
+    """MemAvailable, or None where /proc/meminfo cannot be read (then no size is refused for memory)."""
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    except OSError:  # not Linux: the check is skipped, as the docstring says
+        return None
     return None
 
 
@@ -78,9 +79,8 @@ def _real_job_cpu(workers: int, sample_s: float) -> float:
     ray.init(num_cpus=max(os.cpu_count() or 2, workers + 1), include_dashboard=False, logging_level="ERROR",
              namespace=NAMESPACE, log_to_driver=False)
     try:
-        outcome: dict = {}
-        job = threading.Thread(target=lambda: outcome.update(result=run(spec, RunConfig(
-            run_dir=tempfile.mkdtemp(prefix="ez-coordinator-cpu-"), progress=False))), daemon=True)
+        job = threading.Thread(target=run, args=(spec, RunConfig(run_dir=tempfile.mkdtemp(prefix="ez-coordinator-cpu-"),
+                                                                 progress=False)), daemon=True)
         job.start()
         deadline = time.monotonic() + WAIT_S
         coordinator = None
@@ -146,7 +146,7 @@ def _scenario(n: int, per_node: int, steady_s: float, hosts: list, spec, run_dir
     from elastic_zero.bench.sim_workers import SimulatedWorkforce
     from elastic_zero.coordinator.actor import NAMESPACE, Coordinator, coordinator_name
 
-    job_id = f"control-plane-{n}"
+    job_id = spec.name
     launched = time.time()
     coordinator = ray.remote(Coordinator).options(
         name=coordinator_name(job_id), namespace=NAMESPACE, num_cpus=0, max_concurrency=16).remote(
@@ -226,7 +226,7 @@ def _listener_pause(spec) -> str:
     from elastic_zero.coordinator.actor import NAMESPACE, coordinator_name
 
     try:
-        coordinator = ray.get_actor(coordinator_name(f"control-plane-{spec.elastic.workers}"), namespace=NAMESPACE)
+        coordinator = ray.get_actor(coordinator_name(spec.name), namespace=NAMESPACE)
         return f"{ray.get(coordinator.liveness.remote(), timeout=10)['listener_longest_pause_s']:.2f} s"
     except Exception as exc:  # noqa: BLE001 - the coordinator may be gone
         return f"unknown ({type(exc).__name__})"

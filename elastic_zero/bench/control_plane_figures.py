@@ -64,14 +64,11 @@ def rendezvous_s(times: dict[str, tuple[float, float]]) -> float | None:
 
 
 def merged(seen: Sequence[dict], key: str) -> dict:
-    """One host's observations of `key` merged over every host ({generation: {actor: value}} or {actor: value})."""
+    """The hosts' observations of `key` ({generation: {actor: value}} each) merged over every host."""
     out: dict = {}
     for s in seen:
-        for k, v in s[key].items():
-            if isinstance(v, dict):
-                out.setdefault(int(k), {}).update(v)
-            else:
-                out[k] = v
+        for generation, by_actor in s[key].items():
+            out.setdefault(int(generation), {}).update(by_actor)
     return out
 
 

@@ -72,7 +72,6 @@ class SimulatedHost:
         self._clocks: dict[int, tuple[int, float]] = {}  # generation -> (its first step, when that step began)
         self.plan_arrivals: dict[int, dict[str, float]] = {}  # generation -> actor -> when train(plan) came
         self.rendezvous: dict[int, dict[str, tuple[float, float]]] = {}  # generation -> actor -> (began, done)
-        self.hello_at: dict[str, float] = {}
         self._beats = None  # the pipe to the process that beats for this host's workers (_beat_process)
         self._longest_beat_gap = None  # between two rounds of its heartbeats: a starved one would fake a lost node
 
@@ -99,9 +98,7 @@ class SimulatedHost:
         """Copies (each dict copy is atomic under the GIL; the workers' threads write on meanwhile)."""
         return {"plan_arrivals": {g: dict(v) for g, v in list(self.plan_arrivals.items())},
                 "rendezvous": {g: dict(v) for g, v in list(self.rendezvous.items())},
-                "hello_at": dict(self.hello_at),
-                "longest_beat_gap_s": self._longest_beat_gap.value if self._longest_beat_gap else 0.0,
-                "alive": sorted(a for a, m in list(self._members.items()) if not m.killed.is_set())}
+                "longest_beat_gap_s": self._longest_beat_gap.value if self._longest_beat_gap else 0.0}
 
     # ---- the workforce's side ----------------------------------------------------------------
 
@@ -156,7 +153,6 @@ class SimulatedHost:
     # ---- the protocol ------------------------------------------------------------------------
 
     def _hello(self, m: _Member) -> Hello:
-        self.hello_at[m.actor_id] = time.time()
         return Hello(Member(m.actor_id, node=m.node))
 
     def _request_safe_point(self, m: _Member, number: int) -> None:

@@ -1,8 +1,8 @@
 """What a worker does for the job beyond its shard: it beats (a heartbeat datagram to the coordinator
 every HEARTBEAT_EVERY_S, on a thread of its own, whatever training is doing: a node that vanishes goes
-silent, see heartbeats.py and plan/liveness.py), it takes SIGTERM as a notice that it goes, and one worker per node
-watches the node's cloud metadata server when the coordinator asks it to. Mixed into the worker
-actor; the coordinator is reached by its name."""
+silent, see heartbeats.py and plan/liveness.py), it takes SIGTERM as a notice that it goes, and one
+worker per node watches the node's cloud metadata server when the coordinator asks it to. Mixed into
+the worker actor; the coordinator is reached by its name."""
 
 from __future__ import annotations
 
