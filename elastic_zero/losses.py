@@ -83,7 +83,8 @@ MAX_METRICS = 16  # slots for the loss's extra metrics in the step's all-reduce,
 
 def step_summary(asked: bool, weight: float, loss_sum: float, metric_sums: dict, device,
                  checkpoint_asked: bool = False) -> torch.Tensor:
-    """This rank's part of the one all-reduce that ends a step: a safe point asked for, the weight,
+    """This rank's part of the one all-reduce that ends a step (a sum: a request one rank was given
+    reaches them all, and the coordinator asks only one): a safe point asked for, the weight,
     the weighted loss and metrics, a check that every rank's loss returned the same metrics (a hash
     h and h * h: their sums are N * h and N * h * h only if every rank has the same h), and, last,
     a checkpoint asked for at this step."""

@@ -27,6 +27,8 @@ def test_the_coordinator_carries_64_simulated_workers_through_every_scenario(tmp
     assert row["stopped_ok"] and row["rendezvous_s"] is not None and row["status_s"] is not None
     # generations: start, recovery, the replacements' join, the scale-up, the hand-off (the stop ends the last)
     assert row["generations"] >= 5
+    # a safe point is asked of one member (the step's all-reduce tells the others), not of all 64-128
+    assert 1 <= row["safe_point_requests"] < row["generations"]
 
 
 def test_bad_arguments_are_one_line_each_before_anything_starts(tmp_path):

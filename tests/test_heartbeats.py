@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from elastic_zero.heartbeats import HeartbeatListener, HeartbeatSender
+from elastic_zero.heartbeats import DRAIN_EVERY_S, HeartbeatListener, HeartbeatSender
 
 pytestmark = pytest.mark.unit
 
@@ -18,13 +18,31 @@ def _until(predicate, timeout_s: float = 5.0) -> bool:
     return False
 
 
-def test_a_beat_of_the_job_is_noted_with_the_time_it_came():
+def test_a_beat_is_noted_with_a_time_its_sender_was_surely_alive():
+    """Drained every DRAIN_EVERY_S, a beat is stamped with when the previous drain emptied the socket:
+    never after the beat (a silence never looks shorter than it is), and at most about two drains
+    before it."""
     listener = HeartbeatListener("127.0.0.1", b"s" * 32)
     try:
         before = time.monotonic()
         HeartbeatSender("127.0.0.1", listener.port, b"s" * 32).beat("w7")
+        after = time.monotonic()
         assert _until(lambda: "w7" in listener.heard)
-        assert before <= listener.heard["w7"] <= time.monotonic()
+        assert before - 2 * DRAIN_EVERY_S - listener.longest_pause_s <= listener.heard["w7"] <= after
+    finally:
+        listener.close()
+
+
+def test_later_beats_move_the_stamp_on():
+    listener = HeartbeatListener("127.0.0.1", b"s" * 32)
+    try:
+        sender = HeartbeatSender("127.0.0.1", listener.port, b"s" * 32)
+        sender.beat("w1")
+        assert _until(lambda: "w1" in listener.heard)
+        first = listener.heard["w1"]
+        time.sleep(2 * DRAIN_EVERY_S)  # past a drain: the next beat lands in another
+        sender.beat("w1")
+        assert _until(lambda: listener.heard["w1"] > first)
     finally:
         listener.close()
 

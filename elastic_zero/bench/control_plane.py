@@ -40,7 +40,7 @@ def _available_bytes() -> int | None:
 
 
 def run_control_plane(sizes: list[int], per_node: int = 8, steady_s: float = 60.0, step_s: float = 0.25,
-                      real: tuple[int, ...] = (3, 12), real_sample_s: float = 15.0) -> dict:
+                      real: tuple[int, ...] = (3, 12), real_sample_s: float = 60.0) -> dict:
     """`real`: also the coordinator's CPU on real jobs (gpt-tiny) of these sizes (the fewest first)."""
     rows = []
     for n in sizes:
@@ -127,7 +127,7 @@ def _one_size(n: int, per_node: int, steady_s: float, step_s: float) -> dict:
         referee = ray.remote(StepReferee).options(num_cpus=0).remote()
         hosts = [ray.remote(SimulatedHost).options(num_cpus=0, max_concurrency=4 * MEMBERS_PER_HOST + 64)
                  .remote(step_s, referee) for _ in range(hosts_n)]
-        ray.get([h.ping.remote() for h in hosts])
+        ray.get([h.ping.remote() for h in hosts] + [referee.know_hosts.remote(hosts)])
         try:
             return _scenario(n, per_node, steady_s, hosts, spec, run_dir)
         except Exception as exc:
@@ -216,7 +216,9 @@ def _scenario(n: int, per_node: int, steady_s: float, hosts: list, spec, run_dir
     row["stop_s"] = round(time.time() - stop_at, 3)
     row["stopped_ok"] = bool(result and result["ok"])
     row["generations"] = len([e for e in events.read() if e["event"] == "generation_start"])
-    row["sim_longest_beat_gap_s"] = round(max(s["longest_beat_gap_s"] for s in _seen(hosts)), 3)
+    seen = _seen(hosts)
+    row["sim_longest_beat_gap_s"] = round(max(s["longest_beat_gap_s"] for s in seen), 3)
+    row["safe_point_requests"] = sum(s["safe_point_requests"] for s in seen)
     return row
 
 

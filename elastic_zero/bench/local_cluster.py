@@ -64,7 +64,9 @@ class RayHead:
         if auth:
             with open(self.token_path, "w") as fh:
                 fh.write(self.token)
-        low = 20000 + os.getpid() % 100 * 100  # the workers' ports: a range the others keep out of
+        # the workers' ports: a range of 200 the others keep out of, one of 50 by the pid, so that heads
+        # started side by side (tests run in parallel) take ranges apart
+        low = 20000 + os.getpid() % 50 * 200
         picked = [p for p in free_ports(len(PORT_NAMES) + 10) if not low <= p < low + 200][:len(PORT_NAMES)]
         ports = dict(zip(PORT_NAMES, picked))
         self.gcs_port, self.dashboard_port, self.metrics_port = ports["port"], ports["dashboard-port"], ports["metrics-export-port"]

@@ -12,7 +12,7 @@ What they do as real workers do, through the same channels:
   rank 0 tells the coordinator the generation stepped and its progress every PROGRESS_EVERY_S; a report at the end
   with one sample record per step and the replicas it would hold;
 - safe points end every member at the same step, as the step's closing all-reduce makes real ranks
-  do: the first host asked agrees the step with a StepReferee, and the others read it there;
+  do: the host of the member asked agrees the step with a StepReferee, which tells every host;
 - an abort ends the generation at once ("failed"); leavers hand over and go ("left").
 
 A node can be frozen (freeze_node): its workers go silent and answer nothing, like a machine that
@@ -35,14 +35,23 @@ PROGRESS_EVERY_S = 0.5  # as the Trainer's rank 0
 
 
 class StepReferee:
-    """The step every member of a generation stops at for its safe point: the first proposal wins.
-    A Ray actor; it stands in for the step's all-reduce, which spans the hosts."""
+    """The step every member of a generation stops at for its safe point: the first proposal wins,
+    and every host hears it. A Ray actor; it stands in for the step's all-reduce, which spans the
+    hosts and carries one rank's request to all (the coordinator asks one member)."""
 
     def __init__(self) -> None:
         self._agreed: dict[int, int] = {}
+        self._hosts: list = []
+
+    def know_hosts(self, hosts: list) -> None:
+        self._hosts = list(hosts)
 
     def agree(self, generation: int, proposed: int) -> int:
-        return self._agreed.setdefault(generation, proposed)
+        if generation not in self._agreed:
+            self._agreed[generation] = proposed
+            for host in self._hosts:
+                host.stop_at.remote(generation, proposed)
+        return self._agreed[generation]
 
 
 class _Member:
@@ -67,7 +76,8 @@ class SimulatedHost:
         self._lock = threading.Lock()
         self._starting = threading.Lock()
         self._relay = None
-        self._stop_at: dict[int, int] = {}
+        self._stop_at: dict[int, int] = {}  # generation -> the step its safe point ends (-1: being agreed)
+        self.safe_point_requests = 0
         self._stalls: dict[int, float] = {}  # generation -> when a member was lost (stall())
         self._clocks: dict[int, tuple[int, float]] = {}  # generation -> (its first step, when that step began)
         self.plan_arrivals: dict[int, dict[str, float]] = {}  # generation -> actor -> when train(plan) came
@@ -94,11 +104,16 @@ class SimulatedHost:
             self._beating()
         return [m.actor_id for m in frozen]
 
+    def stop_at(self, generation: int, step: int) -> None:
+        """The referee's word: `generation` ends at a safe point after `step`."""
+        self._stop_at[generation] = step
+
     def seen(self) -> dict:
         """Copies (each dict copy is atomic under the GIL; the workers' threads write on meanwhile)."""
         return {"plan_arrivals": {g: dict(v) for g, v in list(self.plan_arrivals.items())},
                 "rendezvous": {g: dict(v) for g, v in list(self.rendezvous.items())},
-                "longest_beat_gap_s": self._longest_beat_gap.value if self._longest_beat_gap else 0.0}
+                "longest_beat_gap_s": self._longest_beat_gap.value if self._longest_beat_gap else 0.0,
+                "safe_point_requests": self.safe_point_requests}
 
     # ---- the workforce's side ----------------------------------------------------------------
 
@@ -156,8 +171,10 @@ class SimulatedHost:
         return Hello(Member(m.actor_id, node=m.node))
 
     def _request_safe_point(self, m: _Member, number: int) -> None:
-        """The first request a host gets for a generation: the step two steps on by the generation's
-        clock (every host learns it before any member gets there) is agreed with the referee."""
+        """The step two steps on by the generation's clock (every host learns it before any member
+        gets there) is agreed with the referee."""
+        with self._lock:
+            self.safe_point_requests += 1
         if number in self._stop_at:
             return
         self._stop_at[number] = -1
@@ -166,7 +183,7 @@ class SimulatedHost:
         running = first_step + (0 if clock is None else int((now - clock) / self.step_s))
         import ray
 
-        self._stop_at[number] = ray.get(self.referee.agree.remote(number, running + 2))
+        self._stop_at[number] = ray.get(self.referee.agree.remote(number, running + 2))  # (and stop_at() from it)
 
     def _request_checkpoint(self, m: _Member, number: int) -> None:
         pass  # simulated workers save nothing: a job with checkpoints is not what this bench measures

@@ -204,6 +204,13 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         for other in self._train_refs.values():
             self._workers[other].abort_generation.remote(self._plan.number)
 
+    def _ask_one_member(self, method: str) -> None:
+        """A safe point or a checkpoint is asked of one member of the running generation: each rank adds
+        its request into the step's closing all-reduce (a sum, worker/trainer.py), so every rank acts
+        at the same step. Asking all 1,024 took the coordinator 1.4 s of Ray calls."""
+        gen = self.state.generation
+        getattr(self._workers[gen.members[0].actor_id], method).remote(gen.number)
+
     def _kill_unresponsive(self) -> None:
         """A participant still silent a collective timeout after the generation failed is hung (alive
         but not answering): kill it, so that it counts as lost and the survivors can recover."""
@@ -262,8 +269,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         elif isinstance(command, CheckpointNow):
             self._checkpoint_before_leaving()
         elif isinstance(command, RequestSafePoint):
-            for m in self.state.generation.members:
-                self._workers[m.actor_id].request_safe_point.remote(self.state.generation.number)
+            self._ask_one_member("request_safe_point")
         elif isinstance(command, StartGeneration):
             plan = command.plan
             if plan.source == "checkpoint":

@@ -136,8 +136,7 @@ class NodeWatch:
                                          f"since the start goes with them unless replacements join first")
             return
         self._log("notice_checkpoint", generation=gen.number, actor_ids=leaving)
-        for m in gen.members:
-            self._workers[m.actor_id].request_checkpoint.remote(gen.number)
+        self._ask_one_member("request_checkpoint")
 
     def _nodes_that_go(self) -> set[str]:
         """Told to go, or their workers went silent lately: no new worker should be or stay there."""
