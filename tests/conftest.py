@@ -33,6 +33,14 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: {text}")
 
 
+# The files of the longest tests (a minute or more each, or many of half a minute), run first: the
+# README's command runs two test processes side by side (pytest-xdist), and a long test handed out
+# last would leave one of them idle at the end
+_LONGEST_FIRST = ("test_goodput_bench.py", "test_service.py", "test_demo.py", "test_nodes.py", "test_own_model.py",
+                  "test_large_model_path.py", "test_runtime.py", "test_chaos.py", "test_bench_memory.py",
+                  "test_control_plane_bench.py")
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         module = os.path.basename(str(item.fspath))
@@ -41,6 +49,9 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.runtime if module in _RUNTIME else pytest.mark.unit)
         if module in _SLOW:
             item.add_marker(pytest.mark.slow)
+    # stable: the same order in every test process, as xdist requires
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))
 
 
 @pytest.fixture(scope="session")
