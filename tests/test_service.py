@@ -106,16 +106,19 @@ def _until(head, cwd, job_id, what, check, timeout_s=180.0) -> dict:
         time.sleep(1.0)
 
 
-def _driver_pid(job_id: str) -> int:
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if b"elastic_zero.cli" in cmdline and b"run" in cmdline and job_id.encode() in cmdline:
-                return int(entry)
-    raise AssertionError(f"no driver process of {job_id}")
+def _driver_pid(job_id: str, timeout_s: float = 60.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    cmdline = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+                except OSError:
+                    continue
+                if b"elastic_zero.cli" in cmdline and b"run" in cmdline and job_id.encode() in cmdline:
+                    return int(entry)
+        time.sleep(0.2)
+    raise AssertionError(f"no driver process of {job_id} in {timeout_s:.0f} s")
 
 
 def _metric(head, name: str, job_id: str) -> float | None:
@@ -213,23 +216,27 @@ def test_job_on_a_token_auth_head(auth_head, workdir):
 
 def test_job_on_an_open_head_outlives_its_driver(open_head, workdir):
     head, cwd = open_head, workdir
-    (cwd / "job.toml").write_text(_spec(400) + '[[faults]]\nat_step = 5\naction = "kill"\nrank = 1\n')
+    # long enough that the driver is still there to be killed after the logs are read, on a loaded machine
+    steps = 800
+    (cwd / "job.toml").write_text(_spec(steps) + '[[faults]]\nat_step = 5\naction = "kill"\nrank = 1\n')
     run_dir = str(cwd / "out")
     submit = (f"import elastic_zero as ez; print(ez.Client({head.address!r}).submit(ez.spec.load_spec('job.toml'), "
               f"run_dir={run_dir!r}))")
     job_id = _ok(subprocess.run([sys.executable, "-c", submit], cwd=cwd, env=head.client_env(), capture_output=True,
                                 text=True, timeout=240)).strip()
+    driver = _driver_pid(job_id)
     _until(head, cwd, job_id, "recovered", lambda r: r["recoveries"] == 1 and r["step"] >= 8)
     # the driver's console: the kill is an event line, not Ray's error text
     logs = _ok(_cli(head, cwd, "logs", job_id, "--address", head.address))
     assert "worker w1 lost" in logs and "recovery: generation 1 goes on from step" in logs, logs[-2000:]
     assert "A worker died" not in logs
-    os.kill(_driver_pid(job_id), signal.SIGKILL)  # the detached coordinator goes on without it
+    assert os.path.exists(f"/proc/{driver}"), "the job ended before its driver could be killed"
+    os.kill(driver, signal.SIGKILL)  # the detached coordinator goes on without it
     final = json.loads(_ok(_cli(head, cwd, "wait", job_id, "--json", "--address", head.address)))
-    assert final["state"] == "finished" and final["step"] == 400, final
+    assert final["state"] == "finished" and final["step"] == steps, final
     assert final["ray_job_status"] == "FAILED"  # Ray saw its driver die; the training did not
     summary = json.loads(open(os.path.join(run_dir, "summary.json")).read())
-    assert summary["ok"] and summary["steps"] == 400 and summary["duplicate_samples"] == 0
+    assert summary["ok"] and summary["steps"] == steps and summary["duplicate_samples"] == 0
     assert summary["skipped_samples"] == 0
     # nobody collects its result: the coordinator goes by itself, and its last status stays
     deadline = time.monotonic() + 60
