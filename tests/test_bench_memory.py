@@ -2,9 +2,13 @@
 found and measured, every elastic event found in what the jobs wrote. Oracles: the processes a job
 runs (workers, a coordinator, this driver), the model's own size, and timelines made by hand."""
 
+import os
+import subprocess
+import time
+
 import pytest
 
-from elastic_zero.bench.memory import GIB, format_memory, run_memory_bench
+from elastic_zero.bench.memory import GIB, Sampler, format_memory, processes_below, run_memory_bench
 from elastic_zero.bench.state_events import (EventWindow, change_windows, extra_peaks, quiet_steps, rate_row,
                                              save_windows, start_up_extra, steady_peaks, swap_windows)
 
@@ -114,3 +118,28 @@ def test_a_row_holds_the_peak_against_a_shard_and_the_rate_against_its_link():
                    "of_a_shard": 0.5, "moved_gib": round(2e9 / GIB, 3), "moving_s": 2.0, "gb_per_s": 1.0,
                    "link": "loopback", "of_link": 0.25}
     assert rate_row("export", None, 1.0, 0, GIB, None, None, "memory", {"memory": 1e9})["gb_per_s"] is None
+
+
+@pytest.mark.unit
+def test_the_sampler_counts_only_the_actors_that_started_in_its_block():
+    """An earlier job's worker still exiting in a reused Ray is not this job's (seen with two test processes)."""
+    def fake_worker():  # a process Ray would have named after a TrainingWorker, below this one
+        return subprocess.Popen(["bash", "-c", "exec -a ray::TrainingWorker sleep 30"])
+
+    earlier = fake_worker()
+    try:
+        deadline = time.monotonic() + 10
+        while earlier.pid not in processes_below(os.getpid()):  # exec'd under its new name
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with Sampler(period_s=0.02) as sampler:
+            ours = fake_worker()
+            try:
+                while not any(ours.pid in s for _, s in sampler.samples):
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            finally:
+                ours.kill()
+        assert not any(earlier.pid in s for _, s in sampler.samples)
+    finally:
+        earlier.kill()

@@ -73,19 +73,23 @@ def processes_below(driver_pid: int) -> dict[int, tuple[str, int]]:
 
 class Sampler:
     """Samples every process of this driver's job (`processes_below`) every 0.1 s on a thread, while
-    in its `with` block: `samples` is [(epoch seconds, {pid: (kind, rss bytes)})]."""
+    in its `with` block: `samples` is [(epoch seconds, {pid: (kind, rss bytes)})]. Actors there before
+    the block are not the job's: in a Ray the driver reuses, an earlier job's may still be exiting."""
 
     def __init__(self, period_s: float = 0.1) -> None:
         self.samples: list[tuple[float, dict]] = []
         self._period_s, self._stop = period_s, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._before: set[int] = set()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.time(), processes_below(os.getpid())))
+            now = processes_below(os.getpid())
+            self.samples.append((time.time(), {pid: v for pid, v in now.items() if pid not in self._before}))
             self._stop.wait(self._period_s)
 
     def __enter__(self) -> "Sampler":
+        self._before = set(processes_below(os.getpid())) - {os.getpid()}
         self._thread.start()
         return self
 
