@@ -3,13 +3,13 @@
 
 Why not a Ray actor call each: on a two-core machine a Ray actor spends about 320 us of its own
 CPU per call received, so 1,024 workers beating ten times a second would need three cores in the
-coordinator alone. A datagram costs the coordinator one recv and a dict write (about 1 us), and a
+coordinator alone. A datagram costs the coordinator one recv and a dict write (about 2 us), and a
 lost datagram is just a missed beat: the timeout is several beats long.
 
 Why drained rather than read as each arrives: a thread woken for each beat cost the coordinator
 about 20 us a beat (7 us in a process of its own; the rest is its other threads' GIL), 211 us per
 second per worker at ten beats a second. Drained every DRAIN_EVERY_S, a few workers cost no more
-than one, and each beat about 1 us. Many workers fill the socket's buffer sooner (a kernel's
+than one, and each beat about 2 us. Many workers fill the socket's buffer sooner (a kernel's
 default holds about 500 beats: 50 ms of 1,024 workers'), so the wait shrinks with the rate of
 beats (drain_wait_s). A drain is applied to `heard` at once, stamped with when it began: after a
 stall of the listener every beat it then reads looks fresh together, and no worker looks silent

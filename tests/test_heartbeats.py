@@ -43,7 +43,8 @@ def test_the_wait_between_drains_shrinks_as_beats_come_faster():
 
 
 def test_a_thousand_workers_beating_ten_times_a_second_are_never_silent():
-    """Sustained, as from a cluster: every worker is heard within a few beats at every look."""
+    """Sustained, as from a cluster: at every look, every worker was heard within the job's default
+    heartbeat timeout (1 s; ten beats, so that a starved sender on a loaded machine is no failure)."""
     listener = HeartbeatListener("127.0.0.1", b"s" * 32)
     context = multiprocessing.get_context("spawn")
     beating = context.Process(target=_beat_for, args=(listener.port, 1024, 3.0), daemon=True)
@@ -55,7 +56,7 @@ def test_a_thousand_workers_beating_ten_times_a_second_are_never_silent():
             now = time.monotonic()
             oldest.append(now - min(listener.heard.values()))
             time.sleep(0.02)
-        assert len(oldest) > 10 and max(oldest[:-5]) < 0.5, max(oldest)  # the last looks come as beating stops
+        assert len(oldest) > 10 and max(oldest[:-5]) < 1.0, max(oldest)  # the last looks come as beating stops
     finally:
         beating.kill()
         listener.close()

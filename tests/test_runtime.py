@@ -110,10 +110,13 @@ def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_p
                                           elastic={"workers": 3, "max_workers": 3})
     assert code == 0, summary.get("error")
     (recovery,) = summary["recoveries"]
-    assert recovery["cause"].endswith("restored from a checkpoint") and recovery["step"] == 10
-    assert recovery["lost_steps"] == 2
     starts = [e for e in events if e["event"] == "generation_start"]
-    assert starts[1]["source"] == "checkpoint" and starts[1]["checkpoint"].endswith("step-0000000010")
+    # the latest checkpoint committed by then: step 10, or step 5 while step 10's save was still being
+    # written two steps later (seen on a loaded machine)
+    committed = [e["directory"] for e in events if e["event"] == "checkpoint_committed" and e["t"] <= starts[1]["t"]]
+    assert recovery["cause"].endswith("restored from a checkpoint") and recovery["step"] in (5, 10)
+    assert committed[-1].endswith(f"step-{recovery['step']:010d}") and recovery["lost_steps"] == 12 - recovery["step"]
+    assert starts[1]["source"] == "checkpoint" and starts[1]["checkpoint"] == committed[-1]
     _exactly_once(summary)
     assert _relative(reference, weights) <= 1e-4
 
