@@ -79,7 +79,7 @@ class NodeWatch:
         if not timeout_s or self._plan is None or not self._train_refs:
             return now + SILENCE_POLL_S
         lost, reason = silent_members(self._heard, self._train_refs.values(), now, timeout_s,
-                                      witnesses=[a for a in self._workers if a in self._heard])
+                                      witnesses=(a for a in self._workers if a in self._heard))
         if not lost:
             due = next_silence_at(self._heard, self._train_refs.values(), now, timeout_s)
             return max(now + SILENCE_MIN_GAP_S, min(now + SILENCE_POLL_S, (due or now) + SILENCE_MIN_GAP_S))

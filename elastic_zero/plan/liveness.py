@@ -21,7 +21,8 @@ def silent_members(last_heard: Mapping[str, float], watched: Iterable[str], now:
     among the watched and the witnesses must have been heard within half the timeout.
 
     last_heard[a]: when a was last heard of (a heartbeat, or being watched from then on); a member
-    never heard of counts from `now`, that is, not yet silent."""
+    never heard of counts from `now`, that is, not yet silent. `witnesses` is read only when a
+    watched member is silent (it may be a generator: the common case costs O(watched))."""
     watched = list(watched)
     if all(now - last_heard.get(a, now) <= timeout_s for a in watched):  # the common case, in O(members)
         return (), "every member was heard within the timeout"
