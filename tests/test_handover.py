@@ -1,9 +1,12 @@
 """Shards move between processes without Ray: a planned leave, and a real crash recovered from the
 buddy's replica. Oracle: plain PyTorch on one process over the same global batches."""
 
+import datetime
 import os
+import threading
 
 import torch
+import torch.distributed as dist
 
 from elastic_zero.bench.local_group import run_local_group
 from elastic_zero.plan.membership import Member, place_buddies
@@ -38,6 +41,16 @@ def test_planned_leave_hands_the_shard_over():
     assert difference(CASE, oracle(CASE, TOTAL), out[0]) <= 1e-5
 
 
+def _abort_when_a_survivor_fails(ctx):
+    """What the coordinator does in a job: once one survivor reports the failed step, every
+    survivor's group is aborted. A survivor blocked on a peer that already left the collective
+    would otherwise wait for gloo's timeout (seen: over 30 s under CI's load)."""
+    own_client = dist.TCPStore("127.0.0.1", ctx.store.port, None, False,  # a wait holds its client's lock
+                               timeout=datetime.timedelta(seconds=120))
+    own_client.wait(["step-failed"])
+    ctx.process_group.abort()
+
+
 def _crash_and_recover(ctx):
     """Rank 1's process dies in step FIRST; the survivors see the collective fail, restore the
     committed snapshot of step FIRST, take rank 1's ranges from its buddy and go on as 2 ranks."""
@@ -52,16 +65,18 @@ def _crash_and_recover(ctx):
         replicas.add(engine.step_count, snap, exchange(comm, snap, buddies)[0])
     if ctx.rank == 1:
         os._exit(1)
+    threading.Thread(target=_abort_when_a_survivor_fails, args=(ctx,), daemon=True).start()
     failed = None
     try:
         run_steps(engine, ctx.rank, 3, CASE, FIRST, FIRST + 1)
     except Exception as exc:  # the collective with the dead rank errors
         failed = type(exc).__name__
+        ctx.store.set("step-failed", "1")
     assert failed is not None, "the step with a dead peer did not fail"
     engine.discard_partial_step()
     survivors = [0, 2]
     new_rank = survivors.index(ctx.rank)
-    pg = new_process_group(ctx.store, "g1/", new_rank, 2, timeout_s=30)
+    pg = new_process_group(ctx.store, "g1/", new_rank, 2, timeout_s=60)
     holder_of_old = [survivors.index(r) if r in survivors else survivors.index(buddies[r]) for r in range(3)]
     ward = buddies.index(ctx.rank)
     held = {ctx.rank: replicas.own[FIRST], ward: replicas.ward[FIRST]}
