@@ -4,6 +4,7 @@ a torch state dict. Oracle: the model the checkpoint was saved from (its state d
 import json
 import os
 
+import pyarrow.fs as pafs
 import pytest
 import torch
 
@@ -188,3 +189,58 @@ def test_exported_weights_start_a_model_again_read_a_tensor_at_a_time(tmp_path):
     cut.write_bytes(open(st, "rb").read()[:-1000])
     with pytest.raises(ValueError, match=r"cut.safetensors: truncated at tensor"):
         load_into(_gpt2(), load_initial_weights(str(cut)))
+
+
+def _start_from_each(ctx, cases):
+    """For each (sources, stage): a meta GPT-2's engine on this rank, started from sources[rank];
+    its weights and the bytes this rank read of them, or the error it raised."""
+    from elastic_zero.checkpoint import load_initial_weights
+    from elastic_zero.zero import AdamW, ZeroEngine
+    from elastic_zero.zero.meta import meta_init
+
+    out = []
+    for sources, stage in cases:
+        weights = load_initial_weights(sources[ctx.rank])
+        with meta_init():
+            meta = _gpt2()
+        try:
+            engine = ZeroEngine(meta, AdamW(), stage=stage, process_group=ctx.process_group, init_values=weights)
+        except ValueError as exc:
+            out.append(str(exc))
+            continue
+        out.append((engine.full_state_dict(), weights.bytes_read))
+    return out
+
+
+def test_a_zero3_rank_reads_only_its_share_of_the_weights_it_starts_from(tmp_path):
+    """At stage 3 each rank reads the ranges of its own shard from a safetensors file, a sharded
+    Hugging Face directory or one of our checkpoints: two ranks read the model about once between
+    them (at stage 1, where every rank holds whole units, each reads all of it). Oracle: the model the
+    files came from. Ranks given different checkpoints refuse to start."""
+    from elastic_zero.bench.local_group import run_local_group
+    from elastic_zero.checkpoint import load_into
+    from elastic_zero.checkpoint.checkpoint_tensors import CheckpointTensors
+
+    model = _gpt2(seed=4)
+    expected = dict(model.named_parameters())
+    model_bytes = sum(p.numel() * 4 for p in expected.values())
+    directory = _save(model, tmp_path / "ckpt", block_numel=100)
+    (st,) = export(directory, str(tmp_path / "w.safetensors"), "safetensors")
+    (hf,) = export(directory, str(tmp_path / "hf"), "hf", max_shard_bytes=30_000)
+    other = _save(_gpt2(seed=5), tmp_path / "other")
+    sources = (st, hf, directory)
+    cases = [([s, s], 3) for s in sources] + [([st, st], 1), ([directory, other], 3)]
+    rank0, rank1 = run_local_group(_start_from_each, 2, args=(cases,), timeout_s=180)
+    for source, (state0, read0), (state1, read1) in zip(sources, rank0, rank1):
+        assert state0.keys() == state1.keys()
+        for name, value in expected.items():
+            assert torch.equal(state0[name], value) and torch.equal(state1[name], value), (source, name)
+        # each rank its half, and a part of a block at its edges where the source is a checkpoint
+        assert 0.4 * model_bytes < read0 < 0.6 * model_bytes and 0.4 * model_bytes < read1 < 0.6 * model_bytes, \
+            (source, read0, read1, model_bytes)
+    assert rank0[3][1] >= model_bytes and rank1[3][1] >= model_bytes  # stage 1
+    assert "built different weights to start from" in rank0[4] and "built different" in rank1[4]
+    # a real model takes a checkpoint's tensors one by one
+    real = _gpt2(seed=9)
+    load_into(real, CheckpointTensors(*pafs.FileSystem.from_uri(os.path.abspath(directory))))
+    assert all(torch.equal(p, expected[n]) for n, p in real.named_parameters())

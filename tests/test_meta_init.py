@@ -4,6 +4,8 @@ initialization scheme (its statistics); the tied parameters still one."""
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from elastic_zero.zero import AdamW, ZeroEngine
@@ -132,3 +134,35 @@ def test_a_hollow_engine_holds_nothing_until_a_shard_fills_it(stage):
     assert held["grads"] == held["optimizer"] == 0 and held["params"] == 0
     joiner.reconfigure(None, trained.shard_state())
     assert torch.equal(_steps(joiner, 2, seed=5)["transformer.wte.weight"], _steps(trained, 2, seed=5)["transformer.wte.weight"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes=st.lists(st.lists(st.integers(1, 7), min_size=1, max_size=3), min_size=1, max_size=6),
+       world_size=st.integers(1, 5), align=st.integers(1, 8))
+def test_each_ranks_own_range_read_alone_is_its_chunk_of_the_whole_unit(shapes, world_size, align):
+    """A ZeRO-3 rank starting from a file reads only its chunk's ranges of each parameter
+    (UnitBuffer.own_initial_values); the chunks of every rank, end to end, are the whole unit's
+    values as a rank that read every parameter lays them out (initial_values)."""
+    from elastic_zero.plan.layout import ParamSpec, build_layout
+    from elastic_zero.plan.partition import partition_layout
+    from elastic_zero.zero.unit_buffer import UnitBuffer
+
+    specs = [ParamSpec(f"p{i}", tuple(shape), "float32", "u") for i, shape in enumerate(shapes)]
+    layout = build_layout(specs, align=align)
+    partition = partition_layout(layout, world_size)
+    values = {s.name: torch.randn(s.shape) for s in specs}
+    reads = []
+
+    def read_flat(name, lo, hi):
+        reads.append(hi - lo)
+        return values[name].reshape(-1)[lo:hi]
+
+    members = [(nn.Parameter(torch.zeros(s.shape)), s) for s in layout.unit_slots(0)]
+    whole = None
+    chunks = []
+    for rank in range(world_size):
+        unit = UnitBuffer(0, layout.units[0], None, members, partition, rank, torch.float32, torch.device("cpu"))
+        whole = unit.initial_values(lambda names: {n: values[n] for n in names})
+        chunks.append(unit.own_initial_values(read_flat))
+    assert torch.equal(torch.cat(chunks), whole)
+    assert sum(reads) == sum(v.numel() for v in values.values())  # every element read once, by one rank

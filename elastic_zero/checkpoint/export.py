@@ -24,7 +24,7 @@ import pyarrow.fs as pafs
 import torch
 
 from elastic_zero.checkpoint import safetensors_format
-from elastic_zero.checkpoint.store import MANIFEST, _read_range, list_checkpoints, open_store, read_manifest, resolve
+from elastic_zero.checkpoint.store import MANIFEST, BlockReader, list_checkpoints, open_store, read_manifest, resolve
 from elastic_zero.plan.layout import FlatLayout
 
 STATE_DICT_LIMIT_BYTES = 4 << 30  # the most a state dict in the driver's memory may hold (fp32 bytes)
@@ -85,16 +85,11 @@ def iter_params(fs: pafs.FileSystem, directory: str, manifest=None) -> Iterator[
     """(name, fp32 tensor of its own) of every trained parameter, in the layout's order, each read
     from the blocks that overlap it."""
     manifest = manifest or read_manifest(fs, directory)
-    dtype = manifest.vectors["params"]
-    handles: dict = {}
-    try:
+    with BlockReader(fs, directory, manifest) as reader:
         for slot in FlatLayout.from_dict(manifest.layout).slots:
             out = torch.empty(slot.numel, dtype=torch.float32)
-            _read_range(fs, directory, manifest, handles, "params", dtype, slot.offset, slot.end, out)
+            reader.read("params", slot.offset, slot.end, out)
             yield slot.name, out.view(slot.shape)
-    finally:
-        for h in handles.values():
-            h.close()
 
 
 def _aliases_of(manifest) -> dict[str, list[str]]:

@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 import pyarrow.fs as pafs
 import torch
 
+from elastic_zero.checkpoint.checkpoint_tensors import CheckpointTensors
 from elastic_zero.checkpoint.export import iter_params
 from elastic_zero.checkpoint.safetensors_format import LazyTensors
 from elastic_zero.checkpoint.store import MANIFEST, list_checkpoints, resolve
@@ -48,7 +49,8 @@ def load_initial_weights(uri: str, field: str = "model.init_from") -> Mapping[st
     """Weights to start from: a torch.save'd state dict (read with weights_only=True), a safetensors
     file, a Hugging Face model directory (model.safetensors, or shards with model.safetensors.index.json),
     one of our checkpoint directories, or a checkpoint root (its latest commit). A path or URI.
-    Safetensors are read a tensor at a time, as they are asked for."""
+    Safetensors and checkpoints are read a tensor at a time, as they are asked for, or a range at a
+    time where the mapping has `read_flat` (a ZeRO-3 rank reads its shard's part only)."""
     try:
         fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
         info = fs.get_file_info(path)
@@ -66,7 +68,7 @@ def load_initial_weights(uri: str, field: str = "model.init_from") -> Mapping[st
                 if not list_checkpoints(fs, path):
                     raise ValueError(f"{uri!r} is a directory with no committed checkpoint")
                 path = resolve(fs, path, "latest")
-            return export_state_dict(fs, path)
+            return CheckpointTensors(fs, path)
         with fs.open_input_stream(path) as f:
             state = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
     except ValueError as exc:
@@ -96,9 +98,13 @@ def _hugging_face_files(fs: pafs.FileSystem, directory: str) -> list[str]:
 
 
 def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], field: str = "model.init_from") -> None:
-    """Copy `state` into `model`; every parameter must be there with its shape (buffers may be absent)."""
+    """Copy `state` into `model`; every parameter must be there with its shape (buffers may be absent).
+    A tensor at a time: a lazy `state` (a file's tensors) is never held whole beside the model."""
     check_fits(model, state, field)
-    model.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        for name, target in model.state_dict(keep_vars=True).items():
+            if name in state:
+                target.copy_(state[name])
 
 
 def check_fits(model: torch.nn.Module, state: Mapping[str, torch.Tensor], field: str = "model.init_from") -> None:

@@ -104,15 +104,38 @@ def _header(f, path: str) -> tuple[dict, int]:
     return header, 8 + size
 
 
+def _flat_range(f, path: str, header: dict, start: int, name: str, lo: int, hi: int) -> torch.Tensor:
+    """Elements [lo, hi) of tensor `name` flattened, as fp32: only their bytes are read (a tensor's
+    bytes are row-major and contiguous in the file)."""
+    e = header[name]
+    begin, end = e["data_offsets"]
+    dtype = _TORCH[e["dtype"]]
+    size = torch.empty(0, dtype=dtype).element_size()
+    if not 0 <= lo <= hi <= (end - begin) // size:
+        raise ValueError(f"{path}: elements [{lo}, {hi}) are outside tensor {name!r} of {(end - begin) // size}")
+    data = f.read_at((hi - lo) * size, start + begin + lo * size)
+    if len(data) != (hi - lo) * size:
+        raise ValueError(f"{path}: truncated at tensor {name!r}")
+    if hi == lo:
+        return torch.empty(0)
+    with warnings.catch_warnings():  # read-only bytes: copied out by the conversion below
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.frombuffer(data, dtype=torch.uint8).view(dtype)
+    return flat.to(torch.float32, copy=True)
+
+
 class LazyTensors(Mapping):
     """The tensors of safetensors files by name, each read when asked for (Hugging Face's sharded
-    files, with their index, read as one): weights to start from, held one tensor at a time."""
+    files, with their index, read as one): weights to start from, held one tensor at a time, or read
+    a range at a time (`read_flat`: a ZeRO-3 rank reads only its shard's part of the model).
+    `bytes_read` counts the tensor bytes read so far."""
 
     def __init__(self, fs: pafs.FileSystem, paths: list[str]) -> None:
         self._fs = fs
         self._file_of: dict[str, str] = {}
         self._headers: dict[str, tuple[dict, int]] = {}  # path -> (header, where its data starts), read once
         self.shapes: dict[str, tuple[int, ...]] = {}
+        self.bytes_read = 0
         for path in paths:
             with fs.open_input_file(path) as f:
                 self._headers[path] = _header(f, path)
@@ -125,7 +148,26 @@ class LazyTensors(Mapping):
             raise KeyError(name)
         path = self._file_of[name]
         with self._fs.open_input_file(path) as f:
-            return _tensor(f, path, *self._headers[path], name)
+            out = _tensor(f, path, *self._headers[path], name)
+        self.bytes_read += out.numel() * out.element_size()
+        return out
+
+    def read_flat(self, name: str, lo: int, hi: int) -> torch.Tensor:
+        """Elements [lo, hi) of tensor `name` flattened, in fp32."""
+        if name not in self._file_of:
+            raise KeyError(name)
+        path = self._file_of[name]
+        with self._fs.open_input_file(path) as f:
+            out = _flat_range(f, path, *self._headers[path], name, lo, hi)
+        self.bytes_read += (hi - lo) * torch.empty(0, dtype=_TORCH[self._headers[path][0][name]["dtype"]]).element_size()
+        return out
+
+    def fingerprint(self) -> str:
+        """What every rank must read alike: each file's header (names, shapes, dtypes, offsets)."""
+        return json.dumps([self._headers[p][0] for p in sorted(self._headers)], sort_keys=True)
+
+    def __contains__(self, name) -> bool:  # (Mapping's own would read the tensor)
+        return name in self._file_of
 
     def __iter__(self):
         return iter(self._file_of)

@@ -252,33 +252,48 @@ def load_shard(fs: pafs.FileSystem, directory: str, layout: FlatLayout, world_si
     ranges = partition.ranges(rank)
     numel = sum(r.numel for r in ranges)
     vectors = {}
-    handles: dict[str, object] = {}
-    try:
+    with BlockReader(fs, directory, manifest) as reader:
         for name in names:
-            dtype = manifest.vectors[name]
-            out = torch.empty(numel, dtype=_TORCH_DTYPES[dtype])
+            out = torch.empty(numel, dtype=_TORCH_DTYPES[manifest.vectors[name]])
             cursor = 0
             for r in ranges:
                 if r.numel:
-                    _read_range(fs, directory, manifest, handles, name, dtype, r.start, r.stop, out[cursor : cursor + r.numel])
+                    reader.read(name, r.start, r.stop, out[cursor : cursor + r.numel])
                 cursor += r.numel
             vectors[name] = out
-    finally:
-        for h in handles.values():
-            h.close()
     return ShardState(layout, partition, rank, vectors, dict(manifest.scalars))
 
 
-def _read_range(fs, directory, manifest, handles, vector, dtype, start, stop, out) -> None:
-    size = DTYPE_SIZES[dtype]
-    for f, seg, b in blocks_to_read(manifest, vector, start, stop):
-        path = f"{directory}/{f.path}"
-        if path not in handles:
+class BlockReader:
+    """Flat ranges of a committed checkpoint's vectors, read block by block, each checked by its CRC.
+    Files are opened once, and the last block read is kept: the small parameters that share a block
+    cost one read of it. `bytes_read` counts the bytes read from the files."""
+
+    def __init__(self, fs: pafs.FileSystem, directory: str, manifest: Manifest) -> None:
+        self.fs, self.directory, self.manifest = fs, directory, manifest
+        self._handles: dict[str, object] = {}
+        self._last: tuple = (None, None)  # ((path, byte offset), the block's tensor)
+        self.bytes_read = 0
+
+    def read(self, vector: str, start: int, stop: int, out: torch.Tensor) -> None:
+        """Elements [start, stop) of `vector` into `out` (converted to its dtype)."""
+        dtype = self.manifest.vectors[vector]
+        for f, seg, b in blocks_to_read(self.manifest, vector, start, stop):
+            block = self._block(f"{self.directory}/{f.path}", vector, dtype, b)
+            lo, hi = max(start, b.start), min(stop, b.start + b.numel)
+            out[lo - start : hi - start].copy_(block[lo - b.start : hi - b.start])
+
+    def _block(self, path: str, vector: str, dtype: str, b: Block) -> torch.Tensor:
+        if self._last[0] == (path, b.offset):
+            return self._last[1]
+        if path not in self._handles:
             try:
-                handles[path] = fs.open_input_file(path)
+                self._handles[path] = self.fs.open_input_file(path)
             except FileNotFoundError:
                 raise ValueError(f"{path}: data file of a committed checkpoint is missing") from None
-        data = handles[path].read_at(b.numel * size, b.offset)
+        size = DTYPE_SIZES[dtype]
+        data = self._handles[path].read_at(b.numel * size, b.offset)
+        self.bytes_read += len(data)
         if len(data) != b.numel * size or zlib.crc32(data) != b.crc32:
             what = "truncated" if len(data) != b.numel * size else "checksum mismatch"
             raise ChecksumError(f"{path}: {what} in {vector!r} elements [{b.start}, {b.start + b.numel}) "
@@ -286,8 +301,20 @@ def _read_range(fs, directory, manifest, handles, vector, dtype, start, stop, ou
         with warnings.catch_warnings():  # read-only bytes: we only copy out of them
             warnings.simplefilter("ignore", UserWarning)
             block = torch.frombuffer(data, dtype=_BIT_VIEWS[size]).view(_TORCH_DTYPES[dtype])
-        lo, hi = max(start, b.start), min(stop, b.start + b.numel)
-        out[lo - start : hi - start].copy_(block[lo - b.start : hi - b.start])
+        self._last = ((path, b.offset), block)
+        return block
+
+    def close(self) -> None:
+        for h in self._handles.values():
+            h.close()
+        self._handles.clear()
+        self._last = (None, None)
+
+    def __enter__(self) -> "BlockReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _latest(fs: pafs.FileSystem, root: str, committed: list[tuple[int, str]]) -> str:

@@ -114,15 +114,8 @@ class ZeroEngine(ShardIO):
         # the gradient and optimizer state are made after the units take their values: with a model
         # built for real, its own tensors go unit by unit first, so the two are never held together
         self._partition_over(self.comm, hollow, state_later=not hollow)
-        for unit in self.units if not hollow else ():  # one at a time: at stage 3 the peak is a unit or two
-            full32 = unit.initial_values(initializer.values if initializer is not None else None)
-            self.comm.broadcast(full32, 0)  # every rank starts from rank 0's parameters
-            if not self._master_is_view:
-                self._master_unit(unit).copy_(full32[unit.own_slice])
-            unit.take_values(full32)
-            del full32
-            self._after_bind(unit)
         if not hollow:
+            self._take_initial_values(initializer)
             self._allocate_state(self.device)
         if initializer is not None:
             initializer.fill_frozen(model)

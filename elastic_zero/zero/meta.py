@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 from typing import Callable, Mapping
 
 import torch
@@ -126,6 +127,21 @@ class UnitInitializer:
                                  f"model.init_from")
         return values
 
+    def read_flat(self, name: str, lo: int, hi: int) -> torch.Tensor:
+        """Elements [lo, hi) of the weights to start from's parameter `name`, flattened, in fp32: a
+        range read where they are a file's (their `read_flat`), else a slice."""
+        reader = getattr(self.init_values, "read_flat", None)
+        if reader is not None:
+            return reader(name, lo, hi).to(self.device)
+        return self.init_values[name].detach().reshape(-1)[lo:hi].to(self.device, torch.float32)
+
+    def fingerprint(self) -> str:
+        """What every rank reading the given weights must see alike: their files' headers where
+        they have them, else each tensor's name and shape."""
+        own = getattr(self.init_values, "fingerprint", None)
+        if own is not None:
+            return own()
+        return json.dumps({name: list(t.shape) for name, t in self.init_values.items()}, sort_keys=True)
 
     def fill_frozen(self, model: nn.Module) -> None:
         """Values for the parameters the engine does not train (requires_grad False), from the

@@ -1,5 +1,5 @@
-"""ZeroEngine's state as plain data: the gathered state dict, this rank's shard (and its host copies),
-moving onto another process group from a resharded shard, and the bytes it all holds. A mixin of ZeroEngine (engine.py), kept apart so
+"""ZeroEngine's state as plain data: its starting values, the gathered state dict, this rank's shard
+(and its host copies), moving onto another process group from a resharded shard, and the bytes it all holds. A mixin of ZeroEngine (engine.py), kept apart so
 the engine module holds the training path only."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from elastic_zero.plan.partition import partition_layout
-from elastic_zero.zero.comm import as_comm
+from elastic_zero.zero.comm import agree_on_all_ranks, as_comm
 from elastic_zero.zero.host_memory import host_empty
 from elastic_zero.zero.shard import ShardState, check_shard_fits
 from elastic_zero.zero.unit_buffer import UnitBuffer
@@ -39,6 +39,26 @@ class ShardIO:
         return self._state[name][self._shard_slice(unit)]
 
     # ---- the state as plain data ---------------------------------------------------------------
+
+    def _take_initial_values(self, initializer) -> None:
+        """Every unit's starting values, a unit at a time. From given weights at stage 3, each rank
+        reads only its own range (N ranks read the model once). Otherwise rank 0's values are broadcast:
+        a model's own initialization is random, and at stages 1-2 each rank holds whole units anyway."""
+        own_ranges = initializer is not None and initializer.init_values is not None and self.stage == 3
+        if own_ranges:  # no broadcast makes them agree: ranks reading different files must not fork
+            agree_on_all_ranks(self.comm, initializer.fingerprint(), self.device, "weights to start from (init_from)")
+        for unit in self.units:
+            if own_ranges:
+                self._master_unit(unit).copy_(unit.own_initial_values(initializer.read_flat))
+                unit.bind_params()
+            else:
+                full32 = unit.initial_values(initializer.values if initializer is not None else None)
+                self.comm.broadcast(full32, 0)
+                if not self._master_is_view:
+                    self._master_unit(unit).copy_(full32[unit.own_slice])
+                unit.take_values(full32)
+                del full32
+            self._after_bind(unit)
 
     def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
         """The model's state dict with the full fp32 parameters; every rank must call it."""

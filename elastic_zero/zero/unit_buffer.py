@@ -63,6 +63,18 @@ class UnitBuffer:
             self._flat(full32, slot).copy_(source.reshape(-1))
         return full32
 
+    def own_initial_values(self, read_flat) -> torch.Tensor:
+        """This rank's chunk of the padded fp32 buffer, each parameter's part of it read by
+        `read_flat(name, lo, hi)` (elements [lo, hi) of the flattened parameter): nothing else is read."""
+        own = torch.zeros(self.chunk, dtype=torch.float32, device=self.full.device)
+        first, last = self.own_slice.start, self.own_slice.stop
+        for _, slot in self.members:
+            start = slot.offset - self.span.offset
+            lo, hi = max(first, start), min(last, start + slot.numel)
+            if lo < hi:
+                own[lo - first : hi - first].copy_(read_flat(slot.name, lo - start, hi - start))
+        return own
+
     def take_values(self, full32: torch.Tensor) -> None:
         """Fill the buffer from `full32` and make the parameters views into it."""
         self.allocate()
