@@ -30,7 +30,10 @@ def test_elastic_zero_rides_out_the_goodput_schedule(tmp_path):
     # replicas, or, when the replacements have not joined yet, from the latest checkpoint. What must
     # hold whatever the timing: the job ends well, every sample of every step is counted once, the
     # frozen node's workers are lost by their silence, together, and the survivors go on from memory.
-    assert r["recoveries"] >= 1 and r["reconfigurations"] >= 1, r
+    # the frozen node's loss is a recovery; the drained node's leaving is a second change, a hand-off
+    # (live) or, under load, a recovery that the joiners may also ride in (seen in CI: 0 live ones)
+    assert r["recoveries"] >= 1 and r["recoveries"] + r["reconfigurations"] >= 2, \
+        {k: r[k] for k in ("recoveries", "reconfigurations", "played")}
     assert r["samples_kept"] == r["samples_trained"] and r["samples_kept"] % 16 == 0 and r["skipped_samples"] == 0
     # a step's time is known from its ranks' reports: the steps of a generation all of whose members
     # were lost (the drained node gone before the replacements joined) are kept, from the checkpoint,
