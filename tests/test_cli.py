@@ -102,3 +102,7 @@ def test_bench_checkpoint_json_compares_with_dcp_in_one_run():
         assert r[key] > 0, key
     # params and two AdamW moments, in fp32, split over 2 ranks (plus alignment padding)
     assert 1.0 <= r["bytes_per_rank"] / (136960 * 3 * 4 / 2) <= 1.02
+    # a meta model at ZeRO-3 started from it: from safetensors each of 3 ranks reads its third; a
+    # checkpoint is read by whole blocks of 2**20 elements, more than this model (test_export: smaller ones)
+    assert r["start_safetensors_s"] > 0 and 0.3 <= r["start_safetensors_read_of_model"] <= 0.4, r
+    assert r["start_checkpoint_s"] > 0 and 0.3 <= r["start_checkpoint_read_of_model"] <= 1.0, r

@@ -6,7 +6,8 @@ each synchronously and asynchronously; then M ranks load each checkpoint with re
 same run each rank measures its disk: a sequential write (with fsync) and read of as many bytes.
 Page caches are dropped before every read when the machine allows it (root on Linux). Save
 throughput is compared with the disk written by as many ranks at once, load throughput with the
-disk read by as many ranks at once as load.
+disk read by as many ranks at once as load. Last, the same M ranks start a meta model at ZeRO-3
+from that checkpoint and from its safetensors export (`init_from`): each rank reads its shard's part.
 """
 
 from __future__ import annotations
@@ -193,7 +194,36 @@ def _load_phase(ctx: LocalRank, preset: str, work: str, rounds: int) -> dict:
             dist.barrier()  # the disk read by as many concurrent readers, of as many bytes each
             out["disk_read_same_readers"].append(_timed(lambda: _read_all(disk_file)))
         out["bytes"] = my_bytes
+        out.update(_start_from(ctx, preset, os.path.join(work, "ours")))
         return out
+
+
+def _start_from(ctx: LocalRank, preset: str, root: str) -> dict:
+    """The weights to start from (`init_from`), read by a meta model's ZeRO-3 engine on every rank:
+    our checkpoint and its safetensors export, each rank's seconds and bytes read."""
+    from elastic_zero.checkpoint import load_initial_weights
+    from elastic_zero.checkpoint.export import export
+    from elastic_zero.zero import AdamW, ZeroEngine
+    from elastic_zero.zero.meta import meta_init
+
+    exported = os.path.join(os.path.dirname(root), "start-from.safetensors")
+    if ctx.rank == 0:
+        export(root, exported, "safetensors")
+    out = {}
+    for kind, source in (("checkpoint", root), ("safetensors", exported)):
+        dist.barrier()
+        if ctx.rank == 0:
+            _drop_caches()
+        dist.barrier()
+        started = time.perf_counter()
+        weights = load_initial_weights(source)
+        with meta_init():
+            model = build_preset(preset, seed=2)
+        ZeroEngine(model, AdamW(**ADAMW), stage=3, process_group=ctx.process_group, init_values=weights)
+        out[f"start_{kind}_s"] = time.perf_counter() - started
+        out[f"start_{kind}_read"] = weights.bytes_read
+        out["model_bytes"] = sum(p.numel() * 4 for p in model.parameters())
+    return out
 
 
 def run_checkpoint_bench(preset: str = "gpt-small", save_workers: int = 2, load_workers: int = 3,
@@ -220,6 +250,9 @@ def run_checkpoint_bench(preset: str = "gpt-small", save_workers: int = 2, load_
         "disk_read_mb_s": nbytes / worst(saves, "disk_read") / 1e6,
         "caches_dropped": all(r["dropped_caches"] for r in loads),
     }
+    for kind in ("checkpoint", "safetensors"):  # the slowest rank, and the most any rank read of the model
+        report[f"start_{kind}_s"] = max(r[f"start_{kind}_s"] for r in loads)
+        report[f"start_{kind}_read_of_model"] = max(r[f"start_{kind}_read"] for r in loads) / loads[0]["model_bytes"]
     report["ours_stall_vs_sync"] = report["ours_async_stall_s"] / report["ours_sync_save_s"]
     report["ours_stall_snapshot_ready_vs_sync"] = report["ours_async_stall_snapshot_ready_s"] / report["ours_sync_save_s"]
     report["dcp_stall_vs_sync"] = report["dcp_async_stall_s"] / report["dcp_sync_save_s"]
@@ -246,4 +279,7 @@ def format_checkpoint(r: dict) -> str:
         f"  DCP           sync save {r['dcp_sync_save_s']:.3f} s  async stall {r['dcp_async_stall_s']:.3f} s "
         f"({r['dcp_stall_vs_sync']:.3f} of sync)  load {r['dcp_load_s']:.3f} s",
         f"  load {r['save_workers']} -> {r['load_workers']} ranks: elastic_zero / DCP = {r['load_vs_dcp']:.3f}",
+        f"  start a meta model at ZeRO-3 from it (init_from) on {r['load_workers']} ranks: checkpoint "
+        f"{r['start_checkpoint_s']:.3f} s, each rank read {r['start_checkpoint_read_of_model']:.2f} of the model; "
+        f"its safetensors export {r['start_safetensors_s']:.3f} s, {r['start_safetensors_read_of_model']:.2f}",
     ])
