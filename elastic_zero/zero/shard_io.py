@@ -1,6 +1,7 @@
 """ZeroEngine's state as plain data: its starting values, the gathered state dict, this rank's shard
-(and its host copies), moving onto another process group from a resharded shard, and the bytes it all holds. A mixin of ZeroEngine (engine.py), kept apart so
-the engine module holds the training path only."""
+(and its host copies), moving onto another process group from a resharded shard, and the bytes it
+all holds. A mixin of ZeroEngine (engine.py), kept apart so the engine module holds the training
+path only."""
 
 from __future__ import annotations
 
