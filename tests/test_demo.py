@@ -77,6 +77,17 @@ def test_the_demo_runs_end_to_end_and_shows_what_happened(tmp_path):
     assert marks["recovery"].step == KILL_STEP and "lost w1" in marks["recovery"].label
     assert "preemption" in marks and "scale" in marks
     assert [n for _, n in series.world_size][:2] == [3, 2]
+    # what it learned: the GPT continues the prompt from its final weights, as the table's last lines
+    said = out[out.index("what it learned"):].splitlines()
+    assert said[1].startswith("  | def ") and 2 <= len(said) <= 6 and all(line.startswith("  | ") for line in said[1:])
+
+
+@pytest.mark.unit
+def test_generated_bytes_are_shown_as_printable_lines():
+    from elastic_zero.demo import learned_lines
+
+    text = b"def f(x):\n\treturn x\x00\xff\n" + b"y" * 150 + b"\na\nb\nc\nd"
+    assert learned_lines(text) == ["def f(x):", "    return x?\ufffd", "y" * 100, "a", "b"]
 
 
 @pytest.mark.unit
