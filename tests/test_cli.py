@@ -23,6 +23,9 @@ def test_run_a_spec_with_overrides_writes_summary_events_and_weights(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["ok"] and summary["world_size_history"] == [[0, 3]]
     assert summary["param_count"] == 136960 and summary["duplicate_samples"] == 0
+    # ZeRO-2 on 3 ranks: the full fp32 parameters, a third of the gradient and of AdamW's two moments
+    # (each unit's chunks padded to 16 elements a rank)
+    assert 1.0 <= summary["engine_bytes_per_rank"] / (136960 * (4 + 12 / 3)) <= 1.01, summary["engine_bytes_per_rank"]
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert events[0]["event"] == "job_start" and events[-1]["event"] in ("job_finished", "retire")
     weights = torch.load(tmp_path / "w.pt", weights_only=True)

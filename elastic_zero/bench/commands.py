@@ -27,6 +27,7 @@ def add_bench_parsers(sub) -> None:
     rec.add_argument("--kill-step", type=int, default=8)
     rec.add_argument("--micro-batch", type=int, default=8)
     rec.add_argument("--checkpoint-every", type=int, default=5)
+    rec.add_argument("--against", default="ray-train", help="ray-train or torchft (pip install -e '.[anchors]')")
     rec.add_argument("--json", action="store_true", help="print one JSON object")
     nl = bench_sub.add_parser("node-loss", help="freeze a whole node of a local multi-node cluster, with and "
                                                 "without heartbeats")
@@ -133,7 +134,7 @@ def run_bench(args) -> int:
         from elastic_zero.bench.recovery import format_recovery, run_recovery_bench
 
         report = run_recovery_bench(args.preset, args.workers, args.steps, args.kill_step, args.micro_batch,
-                                    args.checkpoint_every)
+                                    args.checkpoint_every, args.against)
         print(json.dumps(report) if args.json else format_recovery(report))
         return 0
     if args.bench == "node-loss":

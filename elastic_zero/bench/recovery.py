@@ -1,4 +1,5 @@
-"""`elastic-zero bench recovery`: kill one of N workers mid-run, here and in Ray Train, in one run.
+"""`elastic-zero bench recovery`: kill one of N workers mid-run, here and in Ray Train (or torchft,
+`--against torchft`: bench/torchft_job.py), in one run.
 
 elastic_zero: the survivors go on from the buddy replicas; a replacement joins later (its join is
 the scale-up stall). Ray Train: an elastic TorchTrainer (ScalingConfig(num_workers=(min, max)),
@@ -35,8 +36,12 @@ def _elastic_zero(preset, workers, steps, kill_step, micro_batch, work_dir) -> d
         summary = json.load(fh)
     (rec,) = summary["recoveries"]
     ups = [c for c in summary["reconfigurations"] if c["to"] > c["from"]]
+    # the replacement trains again when the generation it joined completes its first step
+    replacement = (ups[0]["failed_at"] + ups[0]["to_next_step_done_s"] - rec["failed_at"]
+                   if ups and ups[0].get("to_next_step_done_s") is not None else None)
     return {"recovery_s": rec["to_next_step_done_s"], "recomputed_steps": rec["recomputed_steps"],
             "lost_steps": rec["lost_steps"], "scale_up_stall_s": ups[0]["stall_s"] if ups else None,
+            "replacement_s": replacement, "state_bytes_per_rank": summary.get("engine_bytes_per_rank"),
             "step_time_s_median": summary["step_time_s_median"],
             "time_to_first_step_s": summary["time_to_first_step_s"]}
 
@@ -63,42 +68,108 @@ def _ray_train(preset, workers, steps, kill_step, micro_batch, checkpoint_every,
             "step_time_s_median": times[len(times) // 2] if times else None}
 
 
+def _torchft(preset, workers, steps, kill_step, micro_batch, work_dir) -> dict:
+    from elastic_zero.bench.torchft_job import run_torchft
+
+    marker = os.path.join(work_dir, "torchft_killed")
+    config = {"preset": preset, "steps": steps, "kill_step": kill_step, "micro_batch": micro_batch,
+              "global_batch": micro_batch * workers, "marker": marker}
+    lines = run_torchft(config, workers, os.path.join(work_dir, "torchft"))
+    with open(marker) as fh:
+        killed_at = float(fh.read())
+    died_at_step = max(r["step"] for r in lines if r["group"] == 1 and r["committed"] and r["done"] <= killed_at) + 1
+    survivors = [r for r in lines if r["group"] != 1]
+    # a survivor may still commit a step the killed group had finished its part of
+    after = [r for r in survivors if r["done"] > killed_at and r["step"] >= died_at_step]
+    killed_attempts = {r["attempt"] for r in lines if r["group"] == 1 and r["done"] <= killed_at}
+    # training again: its first step that counted every group (a healing group's first commit does not)
+    replaced = [r for r in lines if r["group"] == 1 and r["attempt"] not in killed_attempts and r["committed"]
+                and r["participants"] == workers]
+    steps_done = [r for r in survivors if r["committed"] and r["done"] < killed_at and r["group"] == 0]
+    times = sorted(b["done"] - a["done"] for a, b in zip(steps_done, steps_done[1:]) if b["step"] == a["step"] + 1)
+    return {"recovery_s": min(r["done"] for r in after if r["committed"]) - killed_at,
+            # a survivor's step that failed with the lost group is discarded and run again
+            "recomputed_steps": len({r["step"] for r in after if not r["committed"]}),
+            "replacement_s": min(r["done"] for r in replaced) - killed_at if replaced else None,
+            "state_bytes_per_rank": max(r.get("state_bytes", 0) for r in lines),
+            "step_time_s_median": times[len(times) // 2] if times else None}
+
+
+AGAINST = ("ray-train", "torchft")
+
+
 def run_recovery_bench(preset: str = "gpt-small", workers: int = 3, steps: int = 24, kill_step: int = 8,
-                       micro_batch: int = 8, checkpoint_every: int = 5) -> dict:
+                       micro_batch: int = 8, checkpoint_every: int = 5, against: str = "ray-train") -> dict:
+    """Our recovery beside `against`'s (AGAINST), the same kill in one run. Keys name the system:
+    `elastic_zero_*`, `ray_train_*` or `torchft_*`; `ratio` is ours over theirs."""
     import ray
 
+    if against not in AGAINST:
+        raise ValueError(f"--against: got {against!r}; allowed: {', '.join(AGAINST)}")
     if workers < 2 or not 0 < kill_step < steps:
         raise ValueError("need --workers >= 2 and 0 < --kill-step < --steps")
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(sorted(PRESETS))}")
+    if against == "torchft":
+        from elastic_zero.bench.torchft_job import MISSING, torchft_installed
+
+        if not torchft_installed():
+            raise ValueError(f"--against torchft: {MISSING}")
     work_dir = tempfile.mkdtemp(prefix="elastic-zero-bench-")
     ray.init(num_cpus=workers + 2, include_dashboard=False, logging_level="ERROR", namespace="elastic_zero")
     try:
         ours = _elastic_zero(preset, workers, steps, kill_step, micro_batch, work_dir)
-        theirs = _ray_train(preset, workers, steps, kill_step, micro_batch, checkpoint_every, work_dir)
+        if against == "ray-train":
+            theirs = _ray_train(preset, workers, steps, kill_step, micro_batch, checkpoint_every, work_dir)
     finally:
         ray.shutdown()
-    return {
-        "preset": preset, "workers": workers, "kill_step": kill_step, "checkpoint_every": checkpoint_every,
+    if against == "torchft":  # its own processes, with Ray down
+        theirs = _torchft(preset, workers, steps, kill_step, micro_batch, work_dir)
+    key = against.replace("-", "_")
+    report = {
+        "preset": preset, "workers": workers, "kill_step": kill_step, "against": against,
         "elastic_zero_recovery_s": ours["recovery_s"],
-        "ray_train_recovery_s": theirs["recovery_s"],
+        f"{key}_recovery_s": theirs["recovery_s"],
         "ratio": ours["recovery_s"] / theirs["recovery_s"],
         "elastic_zero_recomputed_steps": ours["recomputed_steps"],
-        "ray_train_recomputed_steps": theirs["recomputed_steps"],
+        f"{key}_recomputed_steps": theirs["recomputed_steps"],
         "elastic_zero_lost_steps": ours["lost_steps"],
         "scale_up_stall_s": ours["scale_up_stall_s"],
         "elastic_zero_step_time_s_median": ours["step_time_s_median"],
-        "ray_train_step_time_s_median": theirs["step_time_s_median"],
+        f"{key}_step_time_s_median": theirs["step_time_s_median"],
         "elastic_zero_time_to_first_step_s": ours["time_to_first_step_s"],
+        "elastic_zero_replacement_s": ours["replacement_s"],
+        "elastic_zero_state_bytes_per_rank": ours["state_bytes_per_rank"],
     }
+    if against == "ray-train":
+        report["checkpoint_every"] = checkpoint_every
+    else:
+        report.update({"torchft_replacement_s": theirs["replacement_s"],
+                       "torchft_state_bytes_per_rank": theirs["state_bytes_per_rank"]})
+    return report
 
 
 def format_recovery(r: dict) -> str:
-    return "\n".join([
-        f"bench recovery: {r['preset']}, {r['workers']} CPU workers, rank 1 killed at step {r['kill_step']}",
-        f"  elastic_zero  kill -> next step done {r['elastic_zero_recovery_s']:.3f} s, "
-        f"recomputed steps {r['elastic_zero_recomputed_steps']} (completed steps lost {r['elastic_zero_lost_steps']})",
-        f"  Ray Train     kill -> next step done {r['ray_train_recovery_s']:.3f} s, "
-        f"recomputed steps {r['ray_train_recomputed_steps']} (checkpoint every {r['checkpoint_every']} steps)",
-        f"  ratio {r['ratio']:.3f};  scale-up stall {r['scale_up_stall_s']} s",
-    ])
+    lines = [f"bench recovery: {r['preset']}, {r['workers']} CPU workers, rank 1 killed at step {r['kill_step']}",
+             f"  elastic_zero  kill -> next step done {r['elastic_zero_recovery_s']:.3f} s, "
+             f"recomputed steps {r['elastic_zero_recomputed_steps']} (completed steps lost {r['elastic_zero_lost_steps']})"]
+    if r["against"] == "ray-train":
+        lines += [f"  Ray Train     kill -> next step done {r['ray_train_recovery_s']:.3f} s, "
+                  f"recomputed steps {r['ray_train_recomputed_steps']} (checkpoint every {r['checkpoint_every']} steps)",
+                  f"  ratio {r['ratio']:.3f};  scale-up stall {r['scale_up_stall_s']} s"]
+        return "\n".join(lines)
+
+    def mib(n):
+        return f"{n / 2**20:.1f} MiB" if n else "-"
+
+    def secs(x):
+        return f"{x:.2f} s" if x is not None else "-"
+
+    lines[1] += (f", replacement training again {secs(r['elastic_zero_replacement_s'])}, model state "
+                 f"{mib(r['elastic_zero_state_bytes_per_rank'])} per rank")
+    lines += [f"  torchft       kill -> next step done {r['torchft_recovery_s']:.3f} s, "
+              f"recomputed steps {r['torchft_recomputed_steps']}, replacement training again "
+              f"{secs(r['torchft_replacement_s'])}, model state {mib(r['torchft_state_bytes_per_rank'])} per rank",
+              f"  ratio {r['ratio']:.3f};  step time {secs(r['elastic_zero_step_time_s_median'])} vs "
+              f"{secs(r['torchft_step_time_s_median'])}"]
+    return "\n".join(lines)

@@ -379,7 +379,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         memory = ray.get(self._workers[members[0]].memory_report.remote())
         final_checkpoint = directory_uri(self.spec.checkpoint.uri, written)
         self._log("job_stopped", step=command.step, checkpoint=command.checkpoint, final_checkpoint=final_checkpoint)
-        summary = {**self.books.summary(memory.get("param_count"), end_step=command.step), "stopped_at_step": command.step}
+        summary = {**self.books.summary(memory.get("param_count"), command.step, memory), "stopped_at_step": command.step}
         self._result = {"ok": True, "summary": summary, "final_checkpoint": final_checkpoint}
 
     def _log(self, kind: str, **fields) -> None:

@@ -119,8 +119,9 @@ class Books:
     def begin_change(self, kind: str, since: float, **fields) -> None:
         self.pending_change = {"_kind": kind, "_since": since, **fields}
 
-    def summary(self, param_count: int | None, end_step: int | None = None) -> dict:
-        """`end_step`: the job ended there (stopped on request) rather than at `steps`."""
+    def summary(self, param_count: int | None, end_step: int | None = None, memory: dict | None = None) -> dict:
+        """`end_step`: the job ended there (stopped on request) rather than at `steps`. `memory`: rank
+        0's engine memory report at the end (its model state's bytes)."""
         positions = [p for _, entries in self.step_log.values() for start, count in entries.values()
                      for p in range(start, start + count)]
         distinct = set(positions)
@@ -151,6 +152,8 @@ class Books:
             "reconfigurations": self.reconfigurations,
             "step_time_s_median": statistics.median(self.step_times) if self.step_times else None,
             "param_count": param_count,
+            # parameters, gradients and optimizer state in rank 0's engine (its replicas not counted)
+            "engine_bytes_per_rank": sum(memory.get(k, 0) for k in ("params", "grads", "optimizer")) if memory else None,
             "time_to_first_step_s": None if self.first_step_at is None else round(self.first_step_at - self.started_at, 3),
         }
 

@@ -71,7 +71,7 @@ class FinalSave:
         memory = ray.get(self._workers[members[0]].memory_report.remote())
         final_checkpoint = directory_uri(self.spec.checkpoint.uri, written)
         self._log("job_finished", steps=self.spec.train.steps, final_checkpoint=final_checkpoint)
-        self._result = {"ok": True, "summary": self.books.summary(memory.get("param_count")),
+        self._result = {"ok": True, "summary": self.books.summary(memory.get("param_count"), memory=memory),
                         "final_checkpoint": final_checkpoint}
         self._apply(FinalWeightsWritten())
 
