@@ -43,3 +43,18 @@ def test_a_killed_replica_group_is_started_again_and_heals_from_a_live_peer(tmp_
     # it ends with the survivor, in one quorum, at the last step (healed from it whenever it joined)
     assert after[-1]["step"] == steps - 1 and after[-1]["participants"] == 2 == committed[0][-1]["participants"]
     assert max(r.get("state_bytes", 0) for r in lines) > 0
+
+
+@needs_torchft
+@pytest.mark.runtime
+def test_a_replica_group_that_fails_is_named_with_its_last_words_and_everything_stops(tmp_path):
+    import subprocess
+
+    from elastic_zero.bench.torchft_job import run_torchft
+
+    config = {"preset": "no-such-preset", "steps": 4, "kill_step": 2, "micro_batch": 2, "global_batch": 4,
+              "marker": str(tmp_path / "killed")}
+    with pytest.raises(RuntimeError, match=r"torchft replica group \d exited with 1: .*unknown model preset"):
+        run_torchft(config, 2, str(tmp_path / "run"), timeout_s=120)
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True).stdout.split()
+    assert left == []  # no replica group left running (their command lines name the run's config)

@@ -122,8 +122,9 @@ def replica_group(config: dict, group: int) -> None:
 
 
 def run_torchft(config: dict, groups: int, work_dir: str, timeout_s: float = 900.0) -> list[dict]:
-    """Start a lighthouse and `groups` replica groups, start a group again whenever it dies (until
-    the run ends), and return every group's step log. Stops everything it started."""
+    """Start a lighthouse and `groups` replica groups, start the killed group again once, and return
+    every group's step log. Any other exit of a group is an error naming it and its last output line.
+    Stops everything it started."""
     import torch.distributed as dist
 
     if not torchft_installed():
@@ -149,6 +150,7 @@ def run_torchft(config: dict, groups: int, work_dir: str, timeout_s: float = 900
                                 stderr=subprocess.STDOUT)
 
     procs = {g: start(g) for g in range(groups)}
+    restarted: set[int] = set()
     deadline = time.monotonic() + timeout_s
     try:
         while procs:
@@ -158,8 +160,12 @@ def run_torchft(config: dict, groups: int, work_dir: str, timeout_s: float = 900
                 group, p = list(procs.items())[g - 1]
                 if p.returncode == 0:
                     del procs[group]
-                else:  # the supervisor's restart, as torchrun's --max-restarts or torchx would
+                elif group == 1 and os.path.exists(config["marker"]) and group not in restarted:
+                    restarted.add(group)  # the planned kill: the supervisor's restart, as torchrun's or torchx's
                     procs[group] = start(group)
+                else:
+                    raise RuntimeError(f"torchft replica group {group} exited with {p.returncode}: "
+                                       f"{_last_line(os.path.join(work_dir, f'group-{group}.log'))}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the torchft run did not end within {timeout_s:.0f} s; see {work_dir}")
     finally:
@@ -169,6 +175,12 @@ def run_torchft(config: dict, groups: int, work_dir: str, timeout_s: float = 900
                 p.wait()
     with open(config["log"]) as fh:
         return [json.loads(line) for line in fh]
+
+
+def _last_line(path: str) -> str:
+    with open(path, "rb") as fh:
+        lines = [line for line in fh.read().decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "(no output)"
 
 
 def main(argv: list[str]) -> int:
