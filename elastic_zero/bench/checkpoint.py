@@ -222,7 +222,7 @@ def _start_from(ctx: LocalRank, preset: str, root: str) -> dict:
         ZeroEngine(model, AdamW(**ADAMW), stage=3, process_group=ctx.process_group, init_values=weights)
         out[f"start_{kind}_s"] = time.perf_counter() - started
         out[f"start_{kind}_read"] = weights.bytes_read
-        out["model_bytes"] = sum(p.numel() * 4 for p in model.parameters())
+    out["model_bytes"] = sum(p.numel() * 4 for p in model.parameters())  # fp32, as both sources hold it
     return out
 
 

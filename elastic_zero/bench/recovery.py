@@ -61,11 +61,15 @@ def _ray_train(preset, workers, steps, kill_step, micro_batch, checkpoint_every,
     first = [r for r in records if r["attempt"] == killed_attempt]
     after = [r for r in records if r["attempt"] != killed_attempt]  # the restarted worker group
     before = {r["step"] for r in first}
-    times = sorted(b["done"] - a["done"] for a, b in zip(records, records[1:])
-                   if b["step"] == a["step"] + 1 and b["done"] < killed_at)
     return {"recovery_s": after[0]["done"] - killed_at,
             "recomputed_steps": len({r["step"] for r in after} & before),
-            "step_time_s_median": times[len(times) // 2] if times else None}
+            "step_time_s_median": _median_step_s([r for r in records if r["done"] < killed_at])}
+
+
+def _median_step_s(records: list[dict]) -> float | None:
+    """The median time between one logged step's end and the next step's, in log order."""
+    times = sorted(b["done"] - a["done"] for a, b in zip(records, records[1:]) if b["step"] == a["step"] + 1)
+    return times[len(times) // 2] if times else None
 
 
 def _torchft(preset, workers, steps, kill_step, micro_batch, work_dir) -> dict:
@@ -85,14 +89,13 @@ def _torchft(preset, workers, steps, kill_step, micro_batch, work_dir) -> dict:
     # training again: its first step that counted every group (a healing group's first commit does not)
     replaced = [r for r in lines if r["group"] == 1 and r["attempt"] not in killed_attempts and r["committed"]
                 and r["participants"] == workers]
-    steps_done = [r for r in survivors if r["committed"] and r["done"] < killed_at and r["group"] == 0]
-    times = sorted(b["done"] - a["done"] for a, b in zip(steps_done, steps_done[1:]) if b["step"] == a["step"] + 1)
     return {"recovery_s": min(r["done"] for r in after if r["committed"]) - killed_at,
             # a survivor's step that failed with the lost group is discarded and run again
             "recomputed_steps": len({r["step"] for r in after if not r["committed"]}),
             "replacement_s": min(r["done"] for r in replaced) - killed_at if replaced else None,
             "state_bytes_per_rank": max(r.get("state_bytes", 0) for r in lines),
-            "step_time_s_median": times[len(times) // 2] if times else None}
+            "step_time_s_median": _median_step_s([r for r in survivors if r["committed"] and r["done"] < killed_at
+                                                  and r["group"] == 0])}
 
 
 AGAINST = ("ray-train", "torchft")

@@ -75,6 +75,3 @@ class CheckpointTensors(Mapping):
 
     def __len__(self) -> int:
         return len(self._slot_of) + (len(self._side) if self._side is not None else 0)
-
-    def close(self) -> None:
-        self._reader.close()

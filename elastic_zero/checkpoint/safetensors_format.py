@@ -80,14 +80,25 @@ def read(fs: pafs.FileSystem, path: str, names: Iterable[str] | None = None) -> 
 def _tensor(f, path: str, header: dict, start: int, name: str) -> torch.Tensor:
     """One tensor of an open file whose header (and where its data starts) was read."""
     e = header[name]
+    return _elements(f, path, header, start, name, 0, _numel(e["shape"])).reshape(e["shape"]).clone()
+
+
+def _elements(f, path: str, header: dict, start: int, name: str, lo: int, hi: int) -> torch.Tensor:
+    """Elements [lo, hi) of tensor `name` flattened, in its own dtype, over the bytes read (read-only:
+    the caller copies them out). Only those bytes are read: a tensor is row-major and contiguous."""
+    e = header[name]
     begin, end = e["data_offsets"]
-    data = f.read_at(end - begin, start + begin)
-    if len(data) != end - begin:
+    dtype = _TORCH[e["dtype"]]
+    if not 0 <= lo <= hi <= (end - begin) // dtype.itemsize:
+        raise ValueError(f"{path}: elements [{lo}, {hi}) are outside tensor {name!r} of {(end - begin) // dtype.itemsize}")
+    data = f.read_at((hi - lo) * dtype.itemsize, start + begin + lo * dtype.itemsize)
+    if len(data) != (hi - lo) * dtype.itemsize:
         raise ValueError(f"{path}: truncated at tensor {name!r}")
-    with warnings.catch_warnings():  # read-only bytes: copied out below
+    if hi == lo:
+        return torch.empty(0, dtype=dtype)
+    with warnings.catch_warnings():  # read-only bytes: the callers copy them out
         warnings.simplefilter("ignore", UserWarning)
-        flat = torch.frombuffer(data, dtype=torch.uint8) if end > begin else torch.empty(0, dtype=torch.uint8)
-    return flat.view(_TORCH[e["dtype"]]).reshape(e["shape"]).clone()
+        return torch.frombuffer(data, dtype=torch.uint8).view(dtype)
 
 
 def _header(f, path: str) -> tuple[dict, int]:
@@ -102,26 +113,6 @@ def _header(f, path: str) -> tuple[dict, int]:
         raise ValueError(f"{path}: not a safetensors file (its header is not JSON)") from None
     header.pop("__metadata__", None)
     return header, 8 + size
-
-
-def _flat_range(f, path: str, header: dict, start: int, name: str, lo: int, hi: int) -> torch.Tensor:
-    """Elements [lo, hi) of tensor `name` flattened, as fp32: only their bytes are read (a tensor's
-    bytes are row-major and contiguous in the file)."""
-    e = header[name]
-    begin, end = e["data_offsets"]
-    dtype = _TORCH[e["dtype"]]
-    size = torch.empty(0, dtype=dtype).element_size()
-    if not 0 <= lo <= hi <= (end - begin) // size:
-        raise ValueError(f"{path}: elements [{lo}, {hi}) are outside tensor {name!r} of {(end - begin) // size}")
-    data = f.read_at((hi - lo) * size, start + begin + lo * size)
-    if len(data) != (hi - lo) * size:
-        raise ValueError(f"{path}: truncated at tensor {name!r}")
-    if hi == lo:
-        return torch.empty(0)
-    with warnings.catch_warnings():  # read-only bytes: copied out by the conversion below
-        warnings.simplefilter("ignore", UserWarning)
-        flat = torch.frombuffer(data, dtype=torch.uint8).view(dtype)
-    return flat.to(torch.float32, copy=True)
 
 
 class LazyTensors(Mapping):
@@ -158,9 +149,9 @@ class LazyTensors(Mapping):
             raise KeyError(name)
         path = self._file_of[name]
         with self._fs.open_input_file(path) as f:
-            out = _flat_range(f, path, *self._headers[path], name, lo, hi)
-        self.bytes_read += (hi - lo) * torch.empty(0, dtype=_TORCH[self._headers[path][0][name]["dtype"]]).element_size()
-        return out
+            raw = _elements(f, path, *self._headers[path], name, lo, hi)
+        self.bytes_read += raw.numel() * raw.element_size()
+        return raw.to(torch.float32, copy=True)
 
     def fingerprint(self) -> str:
         """What every rank must read alike: each file's header (names, shapes, dtypes, offsets)."""
