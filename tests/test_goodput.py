@@ -122,3 +122,65 @@ def test_the_report_prints_both_systems_side_by_side_and_a_failure_by_its_reason
     assert lines[1] == "  schedule: 600 s end"
     assert lines[3] == "  elastic_zero   failed: no summary; see /tmp/x"
     assert lines[4].split() == ["ray_train", "0.125", "40.0", "5.0", "8", "2", "1", "160", "128", "3.2", "10.5", "0.625"]
+
+
+def _torchft_record(group, step, started, done, committed=True, participating=True, participants=2, samples=4):
+    return {"group": group, "step": step, "started": started, "done": done, "committed": committed,
+            "participants": participants, "participating": participating, "samples": samples, "attempt": f"g{group}"}
+
+
+def test_torchft_figures_keep_each_step_once_with_the_shares_of_the_groups_that_took_part():
+    from elastic_zero.bench.goodput_schedule import torchft_figures
+
+    records = [
+        # steps 0-1: two groups (slots of a 4-share batch) train together
+        _torchft_record(0, 0, 10.0, 10.5), _torchft_record(1, 0, 10.1, 10.5),
+        _torchft_record(1, 1, 10.5, 11.0), _torchft_record(0, 1, 10.5, 11.0),
+        # step 2: the all-reduce fails (a peer froze): nobody commits, the step is run again
+        _torchft_record(0, 2, 11.0, 16.0, committed=False), _torchft_record(1, 2, 11.0, 16.0, committed=False),
+        # step 2 again, group 1 alone; group 2 heals into it (its gradients count zero)
+        _torchft_record(1, 2, 16.0, 17.0, participants=1),
+        _torchft_record(2, 2, 12.0, 17.0, participating=False, participants=1),
+        # step 3: groups 1 and 2
+        _torchft_record(1, 3, 17.0, 17.5), _torchft_record(2, 3, 17.0, 17.5),
+    ]
+    f = torchft_figures(records, global_batch=16, launched_at=0.0, wall_s=20.0, restarts=1)
+    assert f["steps_kept"] == 4 and f["steps_redone"] == 1 and f["restarts"] == 1
+    # each kept step's time is its lowest participating group's: 0.5 + 0.5 + 1.0 (group 1 alone) + 0.5
+    assert f["productive_s"] == 2.5 and f["goodput"] == 0.125 and f["step_s_median"] == 0.5
+    # shares kept: 2 + 2 + 1 + 2 groups of 4 samples; every record trained its share, kept or not
+    assert f["samples_kept"] == 28 and f["samples_trained"] == 40 and f["skipped_samples"] == 4 * 16 - 28
+    assert f["useful_samples_per_s"] == 1.4 and f["first_step_done_s"] == 10.5
+    assert f["world_sizes"] == [[0, 2], [2, 1], [3, 2]]
+    assert torchft_figures([], 16, 0.0, 20.0, restarts=0)["steps_kept"] == 0
+
+
+@pytest.mark.parametrize("systems, against, expected", [
+    (None, None, ("elastic_zero", "ray_train")),
+    (None, "torchft", ("elastic_zero", "torchft")),
+    (None, "ray-train", ("elastic_zero", "ray_train")),
+    ("elastic_zero, torchft,torchft", None, ("elastic_zero", "torchft")),
+])
+def test_the_command_line_names_the_systems_by_list_or_by_peer(systems, against, expected):
+    from elastic_zero.bench.goodput import goodput_systems
+
+    assert goodput_systems(systems, against) == expected
+
+
+@pytest.mark.parametrize("systems, against, message", [
+    ("elastic_zero", "torchft", "give --systems or --against, not both"),
+    (None, "nope", "--against: got 'nope'; allowed: ray-train, torchft"),
+])
+def test_a_wrong_choice_of_peer_is_one_line(systems, against, message):
+    from elastic_zero.bench.goodput import goodput_systems
+
+    with pytest.raises(ValueError, match=message):
+        goodput_systems(systems, against)
+
+
+def test_a_missing_torchft_is_named_with_its_extra_before_anything_starts(monkeypatch):
+    from elastic_zero.bench import goodput, torchft_cluster
+
+    monkeypatch.setattr(torchft_cluster, "torchft_installed", lambda: False)
+    with pytest.raises(ValueError, match=r"bench goodput: torchft is not installed: pip install -e '\.\[anchors\]'"):
+        goodput.run_goodput_bench(systems=("elastic_zero", "torchft"))

@@ -46,7 +46,12 @@ def add_bench_parsers(sub) -> None:
     gp.add_argument("--seed", type=int, default=0)
     gp.add_argument("--notice", type=float, default=30.0, help="the preemption notice's deadline, seconds")
     gp.add_argument("--checkpoint-every", type=int, default=20)
-    gp.add_argument("--systems", default="elastic_zero,ray_train", help="comma-separated: elastic_zero, ray_train")
+    gp.add_argument("--systems", default=None, help="comma-separated: elastic_zero, ray_train, torchft "
+                                                     "(default: elastic_zero,ray_train)")
+    gp.add_argument("--against", default=None, help="ray-train or torchft: elastic_zero and that peer "
+                                                     "(torchft: pip install -e '.[anchors]')")
+    gp.add_argument("--torchft-stock-ddp-hook", action="store_true",
+                    help="torchft's DDP comm hook as released, which ends a group whose all-reduce fails")
     gp.add_argument("--clock", default="launch", choices=("launch", "first_step"),
                     help="the schedule counts from each job's launch (default) or from its first step")
     gp.add_argument("--json", action="store_true", help="print one JSON object")
@@ -145,11 +150,11 @@ def run_bench(args) -> int:
         print(json.dumps(report) if args.json else format_node_loss(report))
         return 0
     if args.bench == "goodput":
-        from elastic_zero.bench.goodput import format_goodput, run_goodput_bench
+        from elastic_zero.bench.goodput import format_goodput, goodput_systems, run_goodput_bench
 
         report = run_goodput_bench(args.preset, args.window, args.seed, args.notice, args.checkpoint_every,
-                                   tuple(dict.fromkeys(s.strip() for s in args.systems.split(",") if s.strip())),
-                                   clock=args.clock)
+                                   goodput_systems(args.systems, args.against), clock=args.clock,
+                                   torchft_stock_ddp_hook=args.torchft_stock_ddp_hook)
         print(json.dumps(report) if args.json else format_goodput(report))
         return 0
     if args.bench == "startup":

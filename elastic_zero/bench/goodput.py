@@ -1,13 +1,15 @@
 """`elastic-zero bench goodput`: one seeded schedule of node losses, a preemption notice and new
 nodes, played to elastic_zero and to an elastic Ray Train TorchTrainer, each on a fresh local
-multi-node Ray cluster, in one run (see goodput_schedule.py for the schedule and the accounting).
+multi-node Ray cluster, and (`--against torchft`) to torchft's replica groups, in one run (see
+goodput_schedule.py for the schedule and the accounting).
 
 Both train the same preset, data and global batch with four workers (two per node, `min_workers` 1),
 checkpoint every `checkpoint_every` steps to the same kind of storage (a local directory), and are
 asked to stop at the window's end. elastic_zero watches Ray's drains (the notice is one) and keeps
 its in-memory replicas; Ray Train uses its own preemption notice (`get_preemption_info`, a
 just-in-time checkpoint) and restarts its worker group from the latest checkpoint on a loss, a
-preemption and each resize.
+preemption and each resize. torchft (`_torchft`) runs a replica group per worker, two to a "node"
+of processes frozen or killed together, with no checkpoint and no notice.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import textwrap
 import time
 
 from elastic_zero.bench.goodput_schedule import (
-    START_NODES, ClusterEvent, elastic_zero_figures, goodput_schedule, ray_train_figures,
+    START_NODES, ClusterEvent, elastic_zero_figures, goodput_schedule, ray_train_figures, torchft_figures,
 )
 from elastic_zero.bench.local_cluster import RayHead, RayNode
 
 WORKERS, CPUS_PER_NODE, GLOBAL_BATCH, MICRO_BATCH = 4, 2, 16, 4
-SYSTEMS = ("elastic_zero", "ray_train")
+SYSTEMS = ("elastic_zero", "ray_train", "torchft")
+MAX_RESTARTS = 10  # a torchft group's, as torchft's torchx component passes to torchrun
 
 
 class BenchCluster:
@@ -79,13 +82,13 @@ def _play(event: ClusterEvent, cluster: BenchCluster, stop_job) -> None:
         stop_job()
 
 
-def _run_schedule(schedule, cluster: BenchCluster, driver: subprocess.Popen, origin, stop_job) -> list:
-    """Plays each event at its time after `origin()` (the epoch the schedule counts from: the launch,
-    or the job's first step once there is one) unless the driver ended first; returns what was played,
-    when."""
+def _run_schedule(schedule, play, ended, origin) -> list:
+    """Plays each event (`play(event)`) at its time after `origin()` (the epoch the schedule counts
+    from: the launch, or the job's first step once there is one) unless the job `ended()` first;
+    returns what was played, when."""
     start = None
     while start is None:
-        if driver.poll() is not None:
+        if ended():
             return []
         start = origin()
         if start is None:
@@ -93,11 +96,11 @@ def _run_schedule(schedule, cluster: BenchCluster, driver: subprocess.Popen, ori
     played = []
     for event in schedule:
         while time.time() < start + event.at_s:
-            if driver.poll() is not None:
+            if ended():
                 return played
             time.sleep(0.2)
         began = time.time()
-        _play(event, cluster, stop_job)
+        play(event)
         played.append({"action": event.action, "node": event.replaced_by or event.node,
                        "at_s": round(began - start, 1), "took_s": round(time.time() - began, 1)})
     return played
@@ -164,7 +167,8 @@ def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str, c
         try:
             events_path = os.path.join(work_dir, "out", "events.jsonl")
             origin = (lambda: launched_at) if clock == "launch" else (lambda: _elastic_zero_first_step(events_path))
-            played = _run_schedule(schedule, cluster, driver, origin, stop_job)
+            played = _run_schedule(schedule, lambda e: _play(e, cluster, stop_job), lambda: driver.poll() is not None,
+                                   origin)
             rc = _wait(driver)
             wall = time.time() - launched_at
         finally:
@@ -198,7 +202,11 @@ def _ray_train(preset: str, schedule, checkpoint_every: int, work_dir: str, cloc
                                       cwd=work_dir, env=cluster.head.client_env(), stdout=out, stderr=subprocess.STDOUT)
         try:
             origin = (lambda: launched_at) if clock == "launch" else (lambda: (_first_line(log) or {}).get("done"))
-            played = _run_schedule(schedule, cluster, driver, origin, lambda: open(stop_file, "w").close())
+            def stop_job():
+                open(stop_file, "w").close()
+
+            played = _run_schedule(schedule, lambda e: _play(e, cluster, stop_job),
+                                   lambda: driver.poll() is not None, origin)
             rc = _wait(driver)
             wall = time.time() - launched_at
         finally:
@@ -211,6 +219,88 @@ def _ray_train(preset: str, schedule, checkpoint_every: int, work_dir: str, cloc
             "wall_s": round(wall, 1), "played": played, **ray_train_figures(records, GLOBAL_BATCH, launched_at, wall)}
 
 
+def _torchft(preset: str, schedule, checkpoint_every: int, work_dir: str, clock: str, stock_ddp_hook: bool) -> dict:
+    """torchft's replica groups (bench/torchft_job.py), two to a node as our workers are, each group
+    a slot (a share of the global batch). A frozen node's groups are stopped (SIGSTOP), a node that is
+    gone has its groups killed, a new node starts groups in the free slots. torchft has no preemption
+    notice: the drain goes unseen and the node is killed at its deadline. It writes no checkpoint:
+    its examples heal from live peers, and no event here takes every group at once
+    (`checkpoint_every` does not apply). `stock_ddp_hook`: torchft's own DDP comm hook, which ends a
+    group whose all-reduce fails (see `_ddp` in bench/torchft_job.py)."""
+    from elastic_zero.bench.torchft_cluster import TorchftCluster, supervise
+
+    stop_file = os.path.join(work_dir, "stop_at")
+    config = {"preset": preset, "steps": 10 ** 9, "micro_batch": MICRO_BATCH, "global_batch": GLOBAL_BATCH,
+              "stop_file": stop_file, "stock_ddp_hook": stock_ddp_hook}
+    nodes: dict[str, list[int]] = {}
+    played: list = []
+    crashes: list[int] = []  # the slot of each group that exited with an error and was started again
+    launched_at = time.time()
+    with TorchftCluster(config, WORKERS, work_dir) as cluster:
+        def add(node: str) -> None:
+            taken = {slot for slots in nodes.values() for slot in slots}
+            nodes[node] = [slot for slot in range(WORKERS) if slot not in taken][:CPUS_PER_NODE]
+            for slot in nodes[node]:
+                cluster.start(slot)
+
+        def gone(node: str) -> None:
+            for slot in nodes.pop(node):
+                cluster.kill(slot)
+
+        def stop_job() -> None:
+            # a step every group reaches: a group may be a step past the last one logged
+            last = max((r["step"] for r in cluster.records() if r["committed"]), default=0)
+            with open(stop_file + ".tmp", "w") as fh:
+                fh.write(str(last + 3))
+            os.replace(stop_file + ".tmp", stop_file)
+
+        def play(event: ClusterEvent) -> None:
+            if event.action == "node_lost":
+                for slot in nodes[event.node]:
+                    cluster.freeze(slot)
+            elif event.action == "node_back":
+                gone(event.node)
+                add(event.replaced_by)
+            elif event.action == "preempted":
+                gone(event.node)
+            elif event.action == "scale_up":
+                add(event.node)
+            elif event.action == "end":
+                stop_job()
+            # "notice": nothing in torchft listens for one
+
+        def restarted(slot: int, code: int) -> bool:
+            """A group that crashed is started again, as torchrun does for torchft's torchx component
+            (`--max_restarts=10`): torchft's DDP hook fails the process when an all-reduce times out."""
+            if crashes.count(slot) >= MAX_RESTARTS:
+                return False
+            crashes.append(slot)
+            cluster.start(slot)
+            return True
+
+        def ended() -> bool:
+            for slot, code in cluster.wait_exits(0).items():
+                if code != 0 and not restarted(slot, code):
+                    raise cluster.failed(slot, code)
+            return not cluster.procs
+
+        def first_step() -> float | None:
+            return min((r["done"] for r in cluster.records() if r["committed"]), default=None)
+
+        try:
+            for node in START_NODES:
+                add(node)
+            played = _run_schedule(schedule, play, ended, (lambda: launched_at) if clock == "launch" else first_step)
+            supervise(cluster, lambda: not cluster.procs, 300, "stop", restarted)
+        except RuntimeError as e:  # a group or the lighthouse failed: named in the report
+            return {"rc": 1, "error": str(e), "wall_s": round(time.time() - launched_at, 1), "played": played}
+        wall = time.time() - launched_at
+        records = cluster.records()
+    return {"rc": 0, "error": None, "wall_s": round(wall, 1), "played": played, "groups_started": cluster.started,
+            "ddp_hook": "stock" if stock_ddp_hook else "error-tolerant",
+            **torchft_figures(records, GLOBAL_BATCH, launched_at, wall, restarts=len(crashes))}
+
+
 def _wait(driver: subprocess.Popen, timeout_s: float = 300) -> int:
     try:
         return driver.wait(timeout=timeout_s)
@@ -219,11 +309,25 @@ def _wait(driver: subprocess.Popen, timeout_s: float = 300) -> int:
         return driver.wait()
 
 
+def goodput_systems(systems: str | None, against: str | None) -> tuple[str, ...]:
+    """The systems the command line names: `--systems` as a list, or `--against PEER` (ours and
+    that peer), not both; neither is ours against Ray Train."""
+    peers = {"ray-train": "ray_train", "torchft": "torchft"}
+    if systems is not None and against is not None:
+        raise ValueError("bench goodput: give --systems or --against, not both")
+    if against is not None:
+        if against not in peers:
+            raise ValueError(f"bench goodput: --against: got {against!r}; allowed: {', '.join(peers)}")
+        return ("elastic_zero", peers[against])
+    return tuple(dict.fromkeys(s.strip() for s in (systems or "elastic_zero,ray_train").split(",") if s.strip()))
+
+
 def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: int = 0, notice_s: float = 30.0,
                       checkpoint_every: int = 20, systems=SYSTEMS, work_root: str | None = None,
-                      clock: str = "launch") -> dict:
+                      clock: str = "launch", torchft_stock_ddp_hook: bool = False) -> dict:
     """Each system's run keeps its outputs in a directory of its own (under `work_root` if given).
-    `clock`: the schedule counts from each job's launch, or ("first_step") from its first step."""
+    `clock`: the schedule counts from each job's launch, or ("first_step") from its first step.
+    `torchft_stock_ddp_hook`: torchft with its DDP comm hook as released (see bench/torchft_job.py)."""
     from elastic_zero.models import PRESETS
 
     if preset not in PRESETS:
@@ -235,14 +339,20 @@ def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: 
     unknown = set(systems) - set(SYSTEMS)
     if unknown or not systems:
         raise ValueError(f"unknown system(s) {sorted(unknown)}; allowed: {', '.join(SYSTEMS)}")
+    if "torchft" in systems:
+        from elastic_zero.bench.torchft_cluster import MISSING, torchft_installed
+
+        if not torchft_installed():
+            raise ValueError(f"bench goodput: {MISSING}")
     schedule = goodput_schedule(window_s, seed, notice_s)
     report: dict = {"preset": preset, "window_s": window_s, "seed": seed, "notice_s": notice_s, "clock": clock,
                     "checkpoint_every": checkpoint_every,
                     "schedule": [{"at_s": e.at_s, "action": e.action, "node": e.replaced_by or e.node} for e in schedule]}
-    runners = {"elastic_zero": _elastic_zero, "ray_train": _ray_train}
+    runners = {"elastic_zero": _elastic_zero, "ray_train": _ray_train, "torchft": _torchft}
     for name in systems:
         work_dir = tempfile.mkdtemp(prefix=f"ez-goodput-{name}-", dir=work_root)
-        report[name] = runners[name](preset, schedule, checkpoint_every, work_dir, clock)
+        extra = {"stock_ddp_hook": torchft_stock_ddp_hook} if name == "torchft" else {}
+        report[name] = runners[name](preset, schedule, checkpoint_every, work_dir, clock, **extra)
         report[name]["work_dir"] = work_dir
     return report
 
@@ -267,5 +377,9 @@ def format_goodput(r: dict) -> str:
                      f"{m['first_step_done_s'] if m['first_step_done_s'] is not None else float('nan'):11.1f}"
                      f"{m['step_s_median'] if m['step_s_median'] is not None else float('nan'):8.3f}")
         lines.append(f"  {'':14s}world sizes [step, size]: {m['world_sizes']}"
+                     + (f"; samples of lost or healing groups skipped: {m['skipped_samples']}"
+                        if m["skipped_samples"] else "")
+                     + (f"; replica groups started: {m['groups_started']}, DDP hook {m['ddp_hook']}"
+                        if "groups_started" in m else "")
                      + (f"; ended with an error: {m['error']}" if m["error"] else ""))
     return "\n".join(lines)

@@ -103,6 +103,35 @@ def ray_train_figures(records: list[dict], global_batch: int, launched_at: float
             "world_sizes": world_changes(records)}
 
 
+def torchft_figures(records: list[dict], global_batch: int, launched_at: float, wall_s: float,
+                    restarts: int) -> dict:
+    """The figures of a torchft run, from every replica group's step records. A step counts once, in
+    the commit of the groups that took part in it; its time is the lowest such group's (rank 0's,
+    as for Ray Train). It keeps those groups' shares of the global batch; the rest (the shares of
+    groups lost or healing) torchft drops, and they count as skipped. An attempt that did not
+    commit is redone under the same step number. `restarts`: group processes started again after
+    they failed (the job as a whole never restarts)."""
+    kept: dict = {}
+    for r in sorted(records, key=lambda r: (r["step"], r["group"])):
+        if r["committed"] and r["participating"]:
+            kept.setdefault(r["step"], []).append(r)
+    seconds = [taken[0]["done"] - taken[0]["started"] for taken in kept.values()]
+    samples_kept = sum(r["samples"] for taken in kept.values() for r in taken)
+    first = min((r["done"] for r in records if r["committed"]), default=None)
+    sizes: list = []
+    for step, taken in kept.items():
+        if not sizes or sizes[-1][1] != len(taken):
+            sizes.append([step, len(taken)])
+    return {"steps_kept": len(kept), "productive_s": round(sum(seconds), 1),
+            "goodput": round(goodput(seconds, wall_s), 3), "step_s_median": _median(seconds),
+            "steps_redone": len({r["step"] for r in records if not r["committed"]}),
+            "samples_trained": sum(r["samples"] for r in records), "samples_kept": samples_kept,
+            "skipped_samples": len(kept) * global_batch - samples_kept,
+            "useful_samples_per_s": round(samples_kept / wall_s, 2),
+            "restarts": restarts, "recoveries": None, "reconfigurations": None,
+            "first_step_done_s": None if first is None else round(first - launched_at, 1), "world_sizes": sizes}
+
+
 def _median(seconds: list[float]) -> float | None:
     """The steady state's step time: the median of the kept steps (None without a step)."""
     return round(statistics.median(seconds), 4) if seconds else None

@@ -72,9 +72,27 @@ def _median_step_s(records: list[dict]) -> float | None:
     return times[len(times) // 2] if times else None
 
 
-def _torchft(preset, workers, steps, kill_step, micro_batch, work_dir) -> dict:
-    from elastic_zero.bench.torchft_job import run_torchft
+def run_torchft(config: dict, groups: int, work_dir: str, timeout_s: float = 900.0) -> list[dict]:
+    """Runs `groups` torchft replica groups until every one finished `config["steps"]`, starting the
+    one that killed itself (`kill_step`) once more, as torchrun's restarts or torchx would; returns
+    every group's step log. Any other exit of a group is an error naming it and its last line."""
+    from elastic_zero.bench.torchft_cluster import TorchftCluster, supervise
 
+    with TorchftCluster(config, groups, work_dir) as cluster:
+        for group in range(groups):
+            cluster.start(group)
+
+        def restart_the_killed(slot: int, code: int) -> bool:
+            if slot != 1 or not os.path.exists(config["marker"]) or cluster.started > groups:
+                return False
+            cluster.start(slot)
+            return True
+
+        supervise(cluster, lambda: not cluster.procs, timeout_s, "end", restart_the_killed)
+        return cluster.records()
+
+
+def _torchft(preset, workers, steps, kill_step, micro_batch, work_dir) -> dict:
     marker = os.path.join(work_dir, "torchft_killed")
     config = {"preset": preset, "steps": steps, "kill_step": kill_step, "micro_batch": micro_batch,
               "global_batch": micro_batch * workers, "marker": marker}
@@ -114,7 +132,7 @@ def run_recovery_bench(preset: str = "gpt-small", workers: int = 3, steps: int =
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(sorted(PRESETS))}")
     if against == "torchft":
-        from elastic_zero.bench.torchft_job import MISSING, torchft_installed
+        from elastic_zero.bench.torchft_cluster import MISSING, torchft_installed
 
         if not torchft_installed():
             raise ValueError(f"--against torchft: {MISSING}")

@@ -13,55 +13,59 @@
 Each group trains its share of every step's global batch (`rank_positions` over the groups, as
 torchft's `DistributedSampler` shards by replica group); a lost group's share of the steps it misses
 is dropped, as in torchft. Every attempted step is logged as one JSON line: the group, the step, its
-end, whether it committed, the participants, and the process's attempt id.
+start (before the quorum) and end, whether it committed, the participants, whether this group took
+part (a healing group's gradients count zero), its share of the batch, and the process's attempt id.
 
-Run by the supervisor (`run_torchft`), a group is `python -m elastic_zero.bench.torchft_job CONFIG GROUP`.
+Each group reads the shared config: `kill_step` and `marker` (the recovery bench: group 1 kills itself
+once at that step), `stop_file` (the goodput bench: once it holds a step number, every group stops
+when it reaches it, so that all stop at the same step), `stock_ddp_hook` (see `_ddp`). Started by a supervisor holding a
+`TorchftCluster` (bench/torchft_cluster.py), a group is
+`python -m elastic_zero.bench.torchft_job CONFIG GROUP`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import select
-import shutil
-import socket
-import subprocess
 import sys
 import time
 import uuid
 
-MISSING = ("torchft is not installed: pip install -e '.[anchors]' (the comparisons' extra)")
 
-
-def lighthouse_command() -> str | None:
-    """torchft's lighthouse executable: beside this interpreter (a virtual environment not on PATH),
-    else on PATH."""
-    beside = os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse")
-    return beside if os.access(beside, os.X_OK) else shutil.which("torchft_lighthouse")
-
-
-def torchft_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("torchft") is not None and lighthouse_command() is not None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _exited(procs: list[subprocess.Popen], timeout_s: float) -> list[int]:
-    """The indices of `procs` that have exited, waiting (on their pidfds) until one has or the
-    timeout passes."""
-    fds = [os.pidfd_open(p.pid) for p in procs]
+def _stop_at(path: str | None) -> float:
+    """The step at which the supervisor asked every group to stop (never, until it asks)."""
     try:
-        select.select(fds, [], [], max(0.0, timeout_s))
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return [i for i, p in enumerate(procs) if p.poll() is not None]
+        with open(path) as fh:
+            return int(fh.read())
+    except (TypeError, OSError, ValueError):  # no stop file configured, not asked yet, or being written
+        return float("inf")
+
+
+def _ddp(manager, model, stock: bool):
+    """torchft's DistributedDataParallel. Its 0.2.0 comm hook fails the process whenever an
+    all-reduce fails (`assert fut._fut`: a gloo timeout, as a frozen peer causes, leaves the managed
+    future unset), where the manager has already noted the error and will not commit the step. Unless
+    `stock`, the hook instead hands DDP the bucket as it is, and the step is discarded as torchft
+    intends. (Stock, the survivors of a frozen node all exit, and with no live peer left the
+    restarted groups begin again at step 0.)"""
+    import torch
+    from torchft import DistributedDataParallel
+
+    if stock:
+        return DistributedDataParallel(manager, model)
+
+    class ErrorTolerantDDP(DistributedDataParallel):
+        @staticmethod
+        def _comm_hook(state, bucket):
+            work = state.allreduce(bucket.buffer())
+            reduced = getattr(work.get_future(), "_fut", None) if work.wait() else None
+            if reduced is not None:
+                return reduced
+            failed = torch.futures.Future()  # the manager saw the error: this step will not commit
+            failed.set_result(bucket.buffer())
+            return failed
+
+    return ErrorTolerantDDP(manager, model)
 
 
 def replica_group(config: dict, group: int) -> None:
@@ -69,7 +73,7 @@ def replica_group(config: dict, group: int) -> None:
     from datetime import timedelta
 
     import torch
-    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+    from torchft import Manager, Optimizer, ProcessGroupGloo
 
     from elastic_zero.data import MarkovTokens
     from elastic_zero.models import PRESETS, build_preset, lm_loss
@@ -82,7 +86,7 @@ def replica_group(config: dict, group: int) -> None:
                       load_state_dict=lambda s: (model.load_state_dict(s["model"]), opt.load_state_dict(s["optim"])),
                       state_dict=lambda: {"model": model.state_dict(), "optim": opt.state_dict()},
                       replica_id=f"bench_{group}", timeout=timedelta(seconds=30))
-    ddp = DistributedDataParallel(manager, model)
+    ddp = _ddp(manager, model, config.get("stock_ddp_hook", False))
     optimizer = Optimizer(manager, opt)
     updates = []  # one entry per update that ran: torchft's Optimizer steps only on a commit
     opt.register_step_post_hook(lambda *_: updates.append(1))
@@ -91,24 +95,28 @@ def replica_group(config: dict, group: int) -> None:
     groups, batch, attempt = config["groups"], config["global_batch"], uuid.uuid4().hex[:8]
     reported_bytes = False
     try:
-        while manager.current_step() < config["steps"]:
+        while manager.current_step() < min(config["steps"], _stop_at(config.get("stop_file"))):
             step = manager.current_step()
             # (>=: a group may have joined past the step, healed from the other)
-            if step >= config["kill_step"] and group == 1 and not os.path.exists(config["marker"]):
+            if config.get("kill_step") is not None and step >= config["kill_step"] and group == 1 \
+                    and not os.path.exists(config["marker"]):
                 with open(config["marker"], "w") as fh:
                     fh.write(repr(time.time()))
                 os._exit(1)
+            started = time.time()
             optimizer.zero_grad()  # starts the quorum
             positions = rank_positions(step, batch, groups, group)
             for m in micro_batches(positions, micro_batch_count(batch, groups, config["micro_batch"])):
                 x, y = data.batch(m or positions[:1])  # an empty piece: a stand-in of weight 0
                 (lm_loss(ddp(x), y) * loss_weight(len(m), batch, groups)).backward()
+            participating = manager.is_participating()  # a healing group's gradients count zero
             before = len(updates)
             optimizer.step()  # steps only if every participant's all-reduce went through
             # (a healing group learns the step it joins at during the step: the count after it tells)
             committed = len(updates) > before
-            line = {"group": group, "step": manager.current_step() - 1 if committed else step, "done": time.time(),
-                    "committed": committed, "participants": manager.num_participants(), "attempt": attempt}
+            line = {"group": group, "step": manager.current_step() - 1 if committed else step, "started": started,
+                    "done": time.time(), "committed": committed, "participants": manager.num_participants(),
+                    "participating": participating, "samples": len(positions), "attempt": attempt}
             if not reported_bytes and line["committed"]:  # a full replica: parameters, gradients, AdamW state
                 state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
                 line["state_bytes"] = sum(t.untyped_storage().nbytes() for t in
@@ -119,68 +127,6 @@ def replica_group(config: dict, group: int) -> None:
                 fh.write(json.dumps(line) + "\n")
     finally:
         manager.shutdown(wait=False)
-
-
-def run_torchft(config: dict, groups: int, work_dir: str, timeout_s: float = 900.0) -> list[dict]:
-    """Start a lighthouse and `groups` replica groups, start the killed group again once, and return
-    every group's step log. Any other exit of a group is an error naming it and its last output line.
-    Stops everything it started."""
-    import torch.distributed as dist
-
-    if not torchft_installed():
-        raise ValueError(MISSING)
-    os.makedirs(work_dir, exist_ok=True)
-    config = {**config, "groups": groups, "log": os.path.join(work_dir, "torchft_steps.jsonl")}
-    config_path = os.path.join(work_dir, "torchft_config.json")
-    with open(config_path, "w") as fh:
-        json.dump(config, fh)
-    lighthouse_port = _free_port()
-    lighthouse = subprocess.Popen(
-        [lighthouse_command(), "--min_replicas", "1", "--quorum_tick_ms", "100", "--join_timeout_ms", "10000",
-         "--bind", f"[::]:{lighthouse_port}"],
-        stdout=open(os.path.join(work_dir, "lighthouse.log"), "wb"), stderr=subprocess.STDOUT)
-    stores = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) for _ in range(groups)]
-    env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{lighthouse_port}", "MASTER_ADDR": "127.0.0.1",
-           "RANK": "0", "WORLD_SIZE": "1"}
-
-    def start(group: int) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "elastic_zero.bench.torchft_job", config_path, str(group)],
-                                env={**env, "MASTER_PORT": str(stores[group].port)},
-                                stdout=open(os.path.join(work_dir, f"group-{group}.log"), "ab"),
-                                stderr=subprocess.STDOUT)
-
-    procs = {g: start(g) for g in range(groups)}
-    restarted: set[int] = set()
-    deadline = time.monotonic() + timeout_s
-    try:
-        while procs:
-            for g in _exited([lighthouse, *procs.values()], deadline - time.monotonic()):
-                if g == 0:
-                    raise RuntimeError(f"the torchft lighthouse exited with {lighthouse.returncode}; see {work_dir}")
-                group, p = list(procs.items())[g - 1]
-                if p.returncode == 0:
-                    del procs[group]
-                elif group == 1 and os.path.exists(config["marker"]) and group not in restarted:
-                    restarted.add(group)  # the planned kill: the supervisor's restart, as torchrun's or torchx's
-                    procs[group] = start(group)
-                else:
-                    raise RuntimeError(f"torchft replica group {group} exited with {p.returncode}: "
-                                       f"{_last_line(os.path.join(work_dir, f'group-{group}.log'))}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the torchft run did not end within {timeout_s:.0f} s; see {work_dir}")
-    finally:
-        for p in [*procs.values(), lighthouse]:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    with open(config["log"]) as fh:
-        return [json.loads(line) for line in fh]
-
-
-def _last_line(path: str) -> str:
-    with open(path, "rb") as fh:
-        lines = [line for line in fh.read().decode(errors="replace").splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "(no output)"
 
 
 def main(argv: list[str]) -> int:
