@@ -10,7 +10,7 @@ import sys
 __version__ = "0.1.0"
 
 from elastic_zero.api import (  # noqa: E402 - the version first, for tools that read it alone
-    CheckpointConfig, DataConfig, Job, ModelConfig, Result, RunConfig, ScalingConfig, TrainConfig, run,
+    CheckpointConfig, DataConfig, EvalConfig, Job, ModelConfig, Result, RunConfig, ScalingConfig, TrainConfig, run,
 )
 from elastic_zero.service.client import Client, ClusterError  # noqa: E402
 from elastic_zero.job import spec  # noqa: E402 - ez.spec.load_spec(...), as docs/service.md shows
@@ -19,8 +19,8 @@ from elastic_zero.job.spec import SpecError  # noqa: E402
 # the job spec's module kept its older name too (the job's description is the package elastic_zero.job)
 sys.modules.setdefault("elastic_zero.spec", spec)
 
-__all__ = ["CheckpointConfig", "Client", "ClusterError", "DataConfig", "Job", "ModelConfig", "Result", "RunConfig",
-           "ScalingConfig", "SpecError", "TrainConfig", "run"]  # and meta_init, loaded when first used
+__all__ = ["CheckpointConfig", "Client", "ClusterError", "DataConfig", "EvalConfig", "Job", "ModelConfig", "Result",
+           "RunConfig", "ScalingConfig", "SpecError", "TrainConfig", "run"]  # and meta_init, loaded when first used
 
 
 def __getattr__(name: str):

@@ -15,12 +15,13 @@ import functools
 from dataclasses import dataclass, replace
 
 from elastic_zero.driver import drive
-from elastic_zero.job.spec import CheckpointSpec, DataSpec, ElasticSpec, JobSpec, ModelSpec, SpecError, TrainSpec
+from elastic_zero.job.spec import (CheckpointSpec, DataSpec, ElasticSpec, EvalSpec, JobSpec, ModelSpec, SpecError,
+                                   TrainSpec)
 
 Job = JobSpec
 ScalingConfig = ElasticSpec
 CheckpointConfig = CheckpointSpec
-ModelConfig, DataConfig, TrainConfig = ModelSpec, DataSpec, TrainSpec
+ModelConfig, DataConfig, TrainConfig, EvalConfig = ModelSpec, DataSpec, TrainSpec, EvalSpec
 
 EXIT_OK, EXIT_FAILED = 0, 1  # a bad spec raises SpecError: the CLI exits 2 with it
 # where a job with no checkpoint.uri writes its final weights: its run directory (on a cluster of

@@ -50,31 +50,33 @@ def batch_weight(batch: dict, samples: int) -> float:
     return float(samples) if weights is None else float(weights.sum())
 
 
-def checked(out, step: int, finite: bool = True) -> tuple[torch.Tensor, float, dict[str, float]]:
+def checked(out, step: int, finite: bool = True, where: str = "train.loss",
+            needs_grad: bool = True) -> tuple[torch.Tensor, float, dict[str, float]]:
     """(the loss tensor, its value, the other metrics as floats) of what a loss function returned; a
-    ValueError naming train.loss if it is not a finite scalar (or a dict with one under "loss")."""
+    ValueError naming `where` if it is not a finite scalar (or a dict with one under "loss"), or
+    (`needs_grad`: training) one that does not depend on the parameters."""
     metrics: dict[str, float] = {}
     if isinstance(out, dict):
         if "loss" not in out:
-            raise ValueError(f"train.loss: returned a dict without 'loss' (keys: {', '.join(map(str, out))})")
+            raise ValueError(f"{where}: returned a dict without 'loss' (keys: {', '.join(map(str, out))})")
         for name, value in out.items():
             if name != "loss":
-                metrics[str(name)] = _scalar(f"metric {name!r}", value, step)
+                metrics[str(name)] = _scalar(f"metric {name!r}", value, step, where=where)
         out = out["loss"]
     if not isinstance(out, torch.Tensor) or out.numel() != 1:
         kind = f"a tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"train.loss: must return a scalar tensor (or a dict with 'loss'), got {kind}")
-    if not out.requires_grad:
-        raise ValueError("train.loss: the loss does not depend on the model's parameters (no grad_fn)")
-    return out.reshape(()), _scalar("the loss", out, step, finite), metrics
+        raise ValueError(f"{where}: must return a scalar tensor (or a dict with 'loss'), got {kind}")
+    if needs_grad and not out.requires_grad:
+        raise ValueError(f"{where}: the loss does not depend on the model's parameters (no grad_fn)")
+    return out.reshape(()), _scalar("the loss", out, step, finite, where), metrics
 
 
-def _scalar(what: str, value, step: int, finite: bool = True) -> float:
+def _scalar(what: str, value, step: int, finite: bool = True, where: str = "train.loss") -> float:
     number = float(value.detach()) if isinstance(value, torch.Tensor) and value.numel() == 1 else value
     if not isinstance(number, (int, float)) or isinstance(number, bool):
-        raise ValueError(f"train.loss: {what} must be a scalar, got {type(value).__name__}")
+        raise ValueError(f"{where}: {what} must be a scalar, got {type(value).__name__}")
     if finite and not math.isfinite(number):
-        raise ValueError(f"train.loss: {what} is {number} at step {step}")
+        raise ValueError(f"{where}: {what} is {number} at step {step}")
     return float(number)
 
 
@@ -82,14 +84,14 @@ MAX_METRICS = 16  # slots for the loss's extra metrics in the step's all-reduce,
 
 
 def step_summary(asked: bool, weight: float, loss_sum: float, metric_sums: dict, device,
-                 checkpoint_asked: bool = False) -> torch.Tensor:
+                 checkpoint_asked: bool = False, where: str = "train.loss") -> torch.Tensor:
     """This rank's part of the one all-reduce that ends a step (a sum: a request one rank was given
     reaches them all, and the coordinator asks only one): a safe point asked for, the weight,
     the weighted loss and metrics, a check that every rank's loss returned the same metrics (a hash
     h and h * h: their sums are N * h and N * h * h only if every rank has the same h), and, last,
     a checkpoint asked for at this step."""
     if len(metric_sums) > MAX_METRICS:
-        raise ValueError(f"train.loss: returned {len(metric_sums)} metrics; at most {MAX_METRICS} are reported")
+        raise ValueError(f"{where}: returned {len(metric_sums)} metrics; at most {MAX_METRICS} are reported")
     names = sorted(metric_sums)
     h = _names_hash(names)
     values = [metric_sums[n] for n in names] + [0.0] * (MAX_METRICS - len(names))
@@ -97,12 +99,13 @@ def step_summary(asked: bool, weight: float, loss_sum: float, metric_sums: dict,
                          1.0 if checkpoint_asked else 0.0], dtype=torch.float64, device=device)
 
 
-def read_step_summary(reduced: torch.Tensor, names: list[str], world: int, step: int) -> tuple[float, dict]:
+def read_step_summary(reduced: torch.Tensor, names: list[str], world: int, step: int,
+                      where: str = "train.loss") -> tuple[float, dict]:
     """(the step's loss, its metrics) from the all-reduced step summary (see step_summary)."""
     values = reduced.tolist()
     h = _names_hash(names)
     if values[3] != world * h or values[4] != world * h * h:
-        raise ValueError(f"train.loss: the ranks returned different metrics at step {step} (this one: {names})")
+        raise ValueError(f"{where}: the ranks returned different metrics at step {step} (this one: {names})")
     weight = values[1]
     return values[2] / weight, {n: values[5 + i] / weight for i, n in enumerate(names)}
 

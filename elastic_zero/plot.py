@@ -1,7 +1,7 @@
 """`elastic-zero plot RUN_DIR`: what a run did, at a glance, from its summary.json and events.jsonl.
 
-Three panels over the steps: the loss, the samples/s of each step, and the world size as a step
-line. Every recovery, scale, preemption and checkpoint is a vertical line across them, labelled
+Three panels over the steps: the loss (and, with [eval], the eval loss as a second line), the
+samples/s of each step, and the world size as a step line. Every recovery, scale, preemption and checkpoint is a vertical line across them, labelled
 on the top panel. read_run() gathers the series (pure: files in, data out); plot_run() draws them.
 """
 
@@ -29,6 +29,7 @@ class Mark:
 class RunSeries:
     name: str
     loss: tuple  # (step, loss)
+    eval_loss: tuple  # (step, eval loss): the weights after that step on the eval set
     samples_per_s: tuple  # (step, global batch / the step's time)
     world_size: tuple  # (step, size) from each generation's first step
     marks: tuple  # Mark, in step order
@@ -46,6 +47,7 @@ def read_run(run_dir: str) -> RunSeries:
         raise ValueError(f"{events_path}: no such file (is {run_dir!r} a run directory?)") from None
     batch = summary.get("global_batch") or 0
     loss = tuple((int(s), float(v)) for s, v in summary.get("loss_curve", []))
+    eval_loss = tuple((int(s), float(v)) for s, v in summary.get("eval_curve", []))
     rates = tuple((int(s), batch / t) for s, t in summary.get("step_time_curve", []) if t > 0)
     marks = [Mark(r["step"], "recovery", f"{r.get('cause', 'failure')}: stall {r.get('stall_s', 0):.2f} s")
              for r in summary.get("recoveries", []) if r.get("step") is not None]
@@ -59,7 +61,7 @@ def read_run(run_dir: str) -> RunSeries:
     start = summary.get("name") or os.path.basename(os.path.normpath(run_dir))
     name = next((e.get("name") for e in events if e.get("event") == "job_start"), start)
     last = max([s for s, _ in loss] + [int(summary.get("steps") or 0)])
-    return RunSeries(name, loss, rates, tuple((int(s), int(n)) for s, n in summary.get("world_size_history", [])),
+    return RunSeries(name, loss, eval_loss, rates, tuple((int(s), int(n)) for s, n in summary.get("world_size_history", [])),
                      tuple(sorted(marks, key=lambda m: (m.step, m.kind))), last)
 
 
@@ -86,7 +88,10 @@ def plot_run(run_dir: str, out: str | None = None) -> tuple[str, RunSeries]:
         3, 1, sharex=True, figsize=(SIZE_PX[0] / _DPI, SIZE_PX[1] / _DPI), dpi=_DPI,
         gridspec_kw={"height_ratios": [3, 2, 1.2]})
     if series.loss:
-        ax_loss.plot(*zip(*series.loss), color="tab:blue", linewidth=1.2)
+        ax_loss.plot(*zip(*series.loss), color="tab:blue", linewidth=1.2, label="train")
+    if series.eval_loss:
+        ax_loss.plot(*zip(*series.eval_loss), color="tab:brown", linewidth=1.2, marker="o", markersize=3,
+                     label="eval")
     ax_loss.set_ylabel("loss")
     ax_loss.set_title(f"{series.name}: {series.last_step} steps", loc="left")
     if series.samples_per_s:
@@ -112,7 +117,7 @@ def plot_run(run_dir: str, out: str | None = None) -> tuple[str, RunSeries]:
         if mark.kind not in labelled:
             ax_loss.plot([], [], color=colour, linestyle=style, label=mark.kind)
             labelled.add(mark.kind)
-    if labelled:
+    if labelled or series.eval_loss:
         ax_loss.legend(loc="upper right", fontsize=8)
     for ax in (ax_loss, ax_rate, ax_world):
         ax.grid(alpha=0.3)

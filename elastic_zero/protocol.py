@@ -88,6 +88,7 @@ class Report:
     last_loss: float | None = None
     last_metrics: dict = field(default_factory=dict)  # the loss function's extra metrics at the last step
     losses: tuple = ()  # (step, loss) of every step it ran (every rank sees the same loss)
+    evals: tuple = ()  # one dict per evaluation it took part in (step, loss, metrics, samples, perplexity)
     phases_s: dict = field(default_factory=dict)  # seconds in each phase of entering the generation
     received_bytes: int = 0  # state it took in to enter the generation: from peers (a handover) or a checkpoint
     checkpoint_stall_s: tuple = ()

@@ -104,7 +104,7 @@ def test_live_figures_rate_and_eta():
 
 def test_the_status_record_has_exactly_the_documented_keys():
     record = status_record(job_id="j", state="running", step=3)
-    assert list(record) == list(STATUS_KEYS) and record["schema"] == 1 and record["loss"] is None
+    assert list(record) == list(STATUS_KEYS) and record["schema"] == 2 and record["loss"] is None
     with pytest.raises(KeyError, match="not in the status schema"):
         status_record(jobid="typo")
     docs = open(os.path.join(os.path.dirname(__file__), "..", "docs", "service.md")).read()
@@ -132,8 +132,11 @@ def test_event_lines_and_progress_lines():
     assert describe({"event": "watcher", "node": "ab" * 20, "message": "no metadata server", "problem": False}) is None
     assert describe({"event": "watcher", "node": "ab" * 20, "message": "a GCP preempted value of 'x'",
                      "problem": True}) == "preemption watcher on node abababababab: a GCP preempted value of 'x'"
+    assert describe({"event": "eval", "step": 20, "loss": 2.5, "perplexity": 12.18, "metrics": {"acc": 0.5},
+                     "samples": 64}) == "eval at step 20: loss 2.5000, perplexity 12.18, acc 0.5 (64 samples)"
     p = {"step": 5, "steps": 10, "loss": 1.23456, "samples_per_s": 40.0, "world_size": 3, "eta_s": 75.0}
     assert progress_text(p) == "step 5/10  loss 1.2346  40.0 samples/s  world 3  ETA 1:15"
+    assert progress_text({**p, "eval_loss": 1.5}) == "step 5/10  loss 1.2346  eval 1.5000  40.0 samples/s  world 3  ETA 1:15"
     clock = iter([0.0, 1.0, 11.0, 12.0]).__next__
     out = io.StringIO()
     view = ProgressView(out, tty=False, clock=clock)

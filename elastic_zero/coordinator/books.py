@@ -27,6 +27,7 @@ class Books:
     last_loss: float | None = None
     last_metrics: dict = field(default_factory=dict)
     loss_curve: dict = field(default_factory=dict)  # step -> loss; a step recomputed later is replaced
+    evals: dict = field(default_factory=dict)  # step -> the evaluation of its weights; one redone later replaces it
     step_seconds: dict = field(default_factory=dict)  # step -> (its time, of it protecting it) on rank 0, the same way
     step_ends: dict = field(default_factory=dict)  # step -> the epoch time it was done, on rank 0, the same way
     start: dict = field(default_factory=dict)  # how the first generation entered: its phases, the bytes it read
@@ -77,6 +78,7 @@ class Books:
             if r.last_loss is not None and r.rank == 0:
                 self.last_loss, self.last_metrics = r.last_loss, dict(r.last_metrics)
             self.loss_curve.update(dict(r.losses))
+            self.evals.update((e["step"], dict(e)) for e in r.evals)
         # a rank's losses and step times are appended in the same iteration of its step loop; this
         # generation's times replace an earlier one's for the steps it ran again. One rank's clock:
         # its steps follow each other, so their times add up to its wall time (a maximum over ranks
@@ -136,6 +138,10 @@ class Books:
             "final_loss": self.last_loss,
             "final_metrics": self.last_metrics,
             "loss_curve": sorted(self.loss_curve.items()),
+            # [step, eval loss] of each evaluation (the weights after that step), and each one whole
+            "eval_curve": [[step, self.evals[step]["loss"]] for step in sorted(self.evals)],
+            "evals": [self.evals[step] for step in sorted(self.evals)],
+            "final_eval": self.evals[max(self.evals)] if self.evals else None,
             "step_time_curve": sorted((step, round(s, 5)) for step, (s, _) in self.step_seconds.items()),
             "step_end_curve": sorted((step, round(t, 4)) for step, t in self.step_ends.items()),  # epoch seconds
             "start": self.start,

@@ -88,9 +88,19 @@ class CoordinatorFace:
         self.metrics.set("elastic_zero_samples_per_second", self.live.samples_per_s())
         # Ray exports a gauge only if it was set since the last export: the generation's figures too, each time
         gen = self.state.generation
+        if self.live.eval is not None:
+            self.metrics.set("elastic_zero_eval_loss", self.live.eval["loss"])
+            self.metrics.set("elastic_zero_eval_perplexity", self.live.eval["perplexity"])
         if gen is not None:
             self.metrics.set("elastic_zero_world_size", gen.world_size)
             self.metrics.set("elastic_zero_generation", gen.number)
+
+    def eval_note(self, generation: int, result: dict) -> None:
+        """Rank 0 evaluated the weights after `result["step"]` steps (worker/evaluation.py)."""
+        self._log("eval", generation=generation, **result)
+        self.live.eval = {k: result.get(k) for k in ("step", "loss", "perplexity")}
+        self.metrics.set("elastic_zero_eval_loss", result["loss"])
+        self.metrics.set("elastic_zero_eval_perplexity", result.get("perplexity"))
 
     def _count_metrics(self, reports, before: tuple[int, int]) -> None:
         """The stalls of the changes the books measured with this generation's results (counted
@@ -129,7 +139,7 @@ class CoordinatorFace:
             job_id=self.job_id, name=self.spec.name, state=self._state_name(),
             generation=gen.number if gen else None, world_size=len(members), target_workers=st.target,
             min_workers=e.min_workers, max_workers=e.max_workers, members=members,
-            step=self.live.step, steps=self.spec.train.steps, loss=self.live.loss,
+            step=self.live.step, steps=self.spec.train.steps, loss=self.live.loss, eval=self.live.eval,
             samples_per_s=_round(self.live.samples_per_s()), eta_s=_round(self.live.eta_s()),
             # from the events: counted as each change starts, and across coordinator restarts
             # (a generation that restores a checkpoint knows its step once it has read it)
@@ -150,6 +160,7 @@ class CoordinatorFace:
             cursor = 0
         events = self.events.since(cursor)
         return {"step": self.live.step, "steps": self.spec.train.steps, "loss": self.live.loss,
+                "eval_loss": (self.live.eval or {}).get("loss"),
                 "samples_per_s": self.live.samples_per_s(), "eta_s": self.live.eta_s(),
                 "world_size": len(self.state.generation.members) if self.state.generation else 0,
                 "events": events, "cursor": cursor + len(events), "done": done}

@@ -19,11 +19,14 @@ from elastic_zero.losses import IGNORE
 READ_AHEAD_SAMPLES = 256  # a rank reads its coming shares in calls of about this many samples
 
 
+HELD_OUT_WALKS = 1 << 40  # synthetic eval data: walks this far on, which training never reaches
+
+
 class SyntheticSource:
     num_samples = None  # endless
 
-    def __init__(self, walks: MarkovTokens) -> None:
-        self.walks = walks
+    def __init__(self, walks: MarkovTokens, first_walk: int = 0) -> None:
+        self.walks, self.first_walk = walks, first_walk
 
     def holds(self, positions: range) -> bool:
         return True  # computed on demand: nothing to read ahead
@@ -32,7 +35,7 @@ class SyntheticSource:
         pass
 
     def batch(self, positions: Sequence[int]) -> dict[str, torch.Tensor]:
-        t = self.walks.tokens(positions)
+        t = self.walks.tokens([self.first_walk + p for p in positions])
         return {"input_ids": t[:, :-1], "targets": t[:, 1:]}
 
 
@@ -99,16 +102,19 @@ class ArrowSource:
                                  f"the model's vocabulary of {self.vocab_size}")
 
 
-def open_source(data, seed: int, vocab_size: int | None, seq_len: int | None, collate: Callable | None):
+def open_source(data, seed: int, vocab_size: int | None, seq_len: int | None, collate: Callable | None,
+                held_out: bool = False):
     """The source a DataSpec describes. `vocab_size` and `seq_len` are the model's, when it says;
-    the spec's own seq_len wins."""
+    the spec's own seq_len wins. `held_out`: the eval data of a synthetic job, walks on the same
+    chain that training never reaches."""
     seq_len = data.seq_len or seq_len
     if data.source == "synthetic":
         vocab = vocab_size or data.vocab_size
         if vocab is None or seq_len is None:
             raise ValueError("data.source: synthetic data needs a vocabulary size and a sequence length: the "
                              "model does not say (no .cfg or .config), so set data.vocab_size and data.seq_len")
-        return SyntheticSource(MarkovTokens(vocab, seq_len, seed=seed, branching=data.branching))
+        walks = MarkovTokens(vocab, seq_len, seed=seed, branching=data.branching)
+        return SyntheticSource(walks, HELD_OUT_WALKS if held_out else 0)
     from elastic_zero.data.arrow_rows import ArrowRows
     from elastic_zero.data.order import BlockShuffledOrder
 

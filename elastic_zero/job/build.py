@@ -66,9 +66,23 @@ def build_loss(spec: JobSpec):
     return next_token_loss if spec.train.loss is None else resolve("train.loss", spec.train.loss)
 
 
-def build_source(spec: JobSpec, model: nn.Module):
+def build_source(spec: JobSpec, model: nn.Module, evaluation: bool = False):
+    """The training data, or (`evaluation`) the eval data: eval.source read with data's column,
+    collate and lengths."""
+    import dataclasses
+
     from elastic_zero.data.source import open_source
 
     vocab, seq = model_limits(model)
     collate = resolve("data.collate", spec.data.collate) if spec.data.collate is not None else None
-    return open_source(spec.data, spec.train.seed, vocab, seq, collate)
+    if not evaluation:
+        return open_source(spec.data, spec.train.seed, vocab, seq, collate)
+    try:
+        return open_source(dataclasses.replace(spec.data, source=spec.eval.source), spec.train.seed, vocab, seq,
+                           collate, held_out=True)
+    except ValueError as exc:  # the data section's reader names its own field
+        raise ValueError(str(exc).replace("data.source:", "eval.source:", 1)) from None
+
+
+def build_eval_loss(spec: JobSpec):
+    return build_loss(spec) if spec.eval.loss is None else resolve("eval.loss", spec.eval.loss)

@@ -2,7 +2,8 @@
 dataset's schema, and (on an embedded Ray, where the driver's Python is the workers') the user's
 functions. Once Ray is up, check_cluster() asks of the cluster what the job cannot run without.
 
-A problem is a SpecError naming the field (the CLI exits 2 with it): a missing dataset or column,
+A problem is a SpecError naming the field (the CLI exits 2 with it): a missing dataset or column
+(of the training or the eval data),
 an empty one, weights to start from that are not there, a checkpoint store that cannot be written
 or read, a checkpoint to resume that does not exist, a function that cannot be imported.
 """
@@ -23,7 +24,10 @@ def preflight(spec: JobSpec, import_user_code: bool = True) -> int | None:
     size = None
     if spec.data.source != "synthetic":
         _check_exists("data.source", spec.data.source)
-        size = _dataset_size(spec)
+        size = _dataset_size(spec, spec.data.source)
+    if spec.eval.source not in (None, "synthetic"):  # read as the training data is: the same columns
+        _check_exists("eval.source", spec.eval.source)
+        _dataset_size(spec, spec.eval.source, "eval.source")
     if spec.model.init_from:
         _check_exists("model.init_from", spec.model.init_from)
     if import_user_code and spec.elastic.use_gpu and not _ray_connected():  # an embedded Ray: its workers' torch is this one
@@ -37,7 +41,7 @@ def preflight(spec: JobSpec, import_user_code: bool = True) -> int | None:
         from elastic_zero.job.user_code import UserCodeError, resolve
 
         for where, ref in (("model.factory", spec.model.factory), ("train.loss", spec.train.loss),
-                           ("data.collate", spec.data.collate)):
+                           ("data.collate", spec.data.collate), ("eval.loss", spec.eval.loss)):
             if ref is not None:
                 try:
                     resolve(where, ref)
@@ -84,14 +88,18 @@ def _check_exists(field: str, path: str) -> None:
         raise SpecError(f"{field}: no such file or directory: {path!r}")
 
 
-def _dataset_size(spec: JobSpec) -> int:
-    """The dataset's samples, once it opens and has rows and the columns the job reads (metadata only)."""
+def _dataset_size(spec: JobSpec, source: str, field: str = "data.source") -> int:
+    """A dataset's samples, once it opens and has rows and the columns the job reads (metadata only).
+    The eval set's problems are named as its own (`field`), with the data field that asks for a column."""
     from elastic_zero.data.arrow_rows import ArrowRows, DataError
 
     try:
-        return ArrowRows(spec.data.source, spec.data.columns_read(own_collate=spec.data.collate is not None)).num_samples
+        return ArrowRows(source, spec.data.columns_read(own_collate=spec.data.collate is not None)).num_samples
     except DataError as exc:
-        raise SpecError(str(exc)) from None
+        text = str(exc)
+        if field != "data.source":
+            text = f"{field}: " + text.removeprefix("data.source: ")
+        raise SpecError(text) from None
 
 
 def settle_steps(spec: JobSpec, size: int | None) -> JobSpec:

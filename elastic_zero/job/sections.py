@@ -120,6 +120,23 @@ class TrainSpec:
 
 
 @dataclass(frozen=True)
+class EvalSpec:
+    source: Optional[str] = None  # held-out data read like data.source ("synthetic": walks of another seed); absent: no evaluation
+    every: int = 100  # steps between evaluations; also at step 0 and after the last step
+    batches: Optional[int] = None  # batches of train.global_batch samples evaluated (absent: the whole set; synthetic needs it)
+    loss: Optional[Ref] = None  # fn(model, batch) like train.loss (default: the training loss)
+
+    def validate(self) -> None:
+        if self.source is not None and not self.source:
+            _fail("eval.source", "must be 'synthetic' or a path/URI to Arrow/Parquet data")
+        _at_least("eval.every", self.every, 1)
+        _at_least("eval.batches", self.batches, 1)
+        _check_ref("eval.loss", self.loss)
+        if self.source == "synthetic" and self.batches is None:
+            _fail("eval.batches", "is required for synthetic data, which has no end")
+
+
+@dataclass(frozen=True)
 class OptimizerSpec:
     name: str = "adamw"  # "adamw" or "sgd"
     lr: float = 1e-3  # the peak learning rate
@@ -234,7 +251,7 @@ class PreemptionSpec:
 
 
 # the worker's process exits ("device_error": a CUDA error is raised in the step, which ends it)
-KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover", "kill_in_final_save", "device_error")
+KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover", "kill_in_final_save", "kill_in_eval", "device_error")
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ from typing import Any
 
 from elastic_zero.job.sections import (
     DEFAULT_PRESET, DEFAULT_STEPS, HEARTBEAT_EVERY_S, KILL_ACTIONS, WATCH_SOURCES, CheckpointSpec, DataSpec,
-    ElasticSpec, FaultSpec, ModelSpec, OptimizerSpec, PreemptionSpec, SpecError, TrainSpec, ZeroSpec, _fail,
+    ElasticSpec, EvalSpec, FaultSpec, ModelSpec, OptimizerSpec, PreemptionSpec, SpecError, TrainSpec, ZeroSpec, _fail,
 )
 
 # the sections are part of this module's API: `from elastic_zero.job.spec import FaultSpec` and the like
 __all__ = ["JobSpec", "spec_from_dict", "load_spec", "apply_override", "SpecError", "ModelSpec", "DataSpec",
-           "TrainSpec", "OptimizerSpec", "ZeroSpec", "ElasticSpec", "CheckpointSpec", "PreemptionSpec", "FaultSpec",
+           "EvalSpec", "TrainSpec", "OptimizerSpec", "ZeroSpec", "ElasticSpec", "CheckpointSpec", "PreemptionSpec", "FaultSpec",
            "DEFAULT_PRESET", "DEFAULT_STEPS", "HEARTBEAT_EVERY_S", "KILL_ACTIONS", "WATCH_SOURCES"]
 
 
@@ -29,6 +29,7 @@ class JobSpec:
     name: str = "elastic-zero"
     model: ModelSpec = field(default_factory=ModelSpec)
     data: DataSpec = field(default_factory=DataSpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     zero: ZeroSpec = field(default_factory=ZeroSpec)
@@ -46,8 +47,8 @@ class JobSpec:
                 # a name without ":" is a preset (a typo is then named as one)
                 as_preset = isinstance(value, str) and ":" not in value
                 value = ModelSpec(preset=value) if as_preset else ModelSpec(factory=value)
-            elif section == "data" and isinstance(value, str):
-                value = DataSpec(source=value)
+            elif section in ("data", "eval") and isinstance(value, str):
+                value = cls(source=value)
             elif isinstance(value, dict):
                 value = _build(cls, value, section)
             if not isinstance(value, cls):
@@ -98,7 +99,7 @@ def _table(section) -> dict:
 
 
 _SECTIONS = {
-    "model": ModelSpec, "data": DataSpec, "train": TrainSpec, "optimizer": OptimizerSpec,
+    "model": ModelSpec, "data": DataSpec, "eval": EvalSpec, "train": TrainSpec, "optimizer": OptimizerSpec,
     "zero": ZeroSpec, "elastic": ElasticSpec, "checkpoint": CheckpointSpec, "preemption": PreemptionSpec,
 }
 

@@ -11,10 +11,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 RATE_WINDOW_S = 10.0
-STATUS_SCHEMA = 1
+STATUS_SCHEMA = 2  # 2: "eval"
 # every status record has exactly these keys (None where unknown), in this order
 STATUS_KEYS = ("schema", "job_id", "name", "state", "ray_job_status", "generation", "world_size", "target_workers",
-               "min_workers", "max_workers", "members", "step", "steps", "loss", "samples_per_s", "eta_s",
+               "min_workers", "max_workers", "members", "step", "steps", "loss", "eval", "samples_per_s", "eta_s",
                "world_size_history", "recoveries", "reconfigurations", "restarts", "checkpoint", "run_dir",
                "coordinator", "error", "last_events")
 QUIET_EVENTS = frozenset({"decision", "spawn", "worker_ready", "retire"})  # left out of last_events
@@ -28,6 +28,7 @@ class LiveProgress:
     loss: float | None = None
     step_seconds: float | None = None
     checkpoint: str | None = None  # the newest commit known: from rank 0's notes or a generation's reports
+    eval: dict | None = None  # the latest evaluation rank 0 told of: step, loss, perplexity
     _notes: deque = field(default_factory=deque)  # (time, step)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

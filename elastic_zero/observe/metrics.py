@@ -7,6 +7,8 @@ METRICS = {  # name: (kind, description)
     "elastic_zero_step_seconds": ("gauge", "time of the latest step on rank 0, seconds"),
     "elastic_zero_samples_per_second": ("gauge", "training throughput over the last seconds, samples/s"),
     "elastic_zero_loss": ("gauge", "loss of the latest step"),
+    "elastic_zero_eval_loss": ("gauge", "loss of the latest evaluation on the eval set"),
+    "elastic_zero_eval_perplexity": ("gauge", "perplexity of the latest evaluation, where the loss is token cross-entropy"),
     "elastic_zero_step": ("gauge", "optimizer steps done"),
     "elastic_zero_world_size": ("gauge", "workers in the current generation"),
     "elastic_zero_generation": ("gauge", "the current generation number"),

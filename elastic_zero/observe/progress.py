@@ -2,7 +2,7 @@
 
 On a terminal: a tqdm bar (step/total, loss, samples/s, world size, ETA) with one line per event
 above it. Elsewhere (a file, a Ray job's log): the same event lines, and a plain progress line
-every PLAIN_EVERY_S seconds. Only what a user acts on is an event line: losses, recoveries,
+every PLAIN_EVERY_S seconds. Only what a user acts on is an event line: evaluations, recoveries,
 resizes, preemptions, checkpoints, the end; a worker killed by a drill is one such line, not Ray's
 error text.
 """
@@ -64,6 +64,10 @@ def describe(record: dict) -> str | None:
         return f"warning: {r['message']}"
     if kind == "job_failed":
         return f"job failed: {r['message']}"
+    if kind == "eval":
+        perplexity = f", perplexity {r['perplexity']:.2f}" if r.get("perplexity") is not None else ""
+        metrics = "".join(f", {name} {value:.4g}" for name, value in (r.get("metrics") or {}).items())
+        return f"eval at step {r['step']}: loss {r['loss']:.4f}{perplexity}{metrics} ({r['samples']} samples)"
     if kind == "job_stopped":
         return f"stopped at step {r['step']}"
     return None
@@ -71,6 +75,8 @@ def describe(record: dict) -> str | None:
 
 def progress_text(p: dict) -> str:
     loss = f"loss {p['loss']:.4f}" if p.get("loss") is not None else "loss -"
+    if p.get("eval_loss") is not None:
+        loss += f"  eval {p['eval_loss']:.4f}"
     rate = f"{p['samples_per_s']:.1f} samples/s" if p.get("samples_per_s") else "- samples/s"
     eta = f"ETA {hms(p['eta_s'])}" if p.get("eta_s") is not None else "ETA -"
     return f"step {p['step']}/{p['steps']}  {loss}  {rate}  world {p['world_size']}  {eta}"
@@ -122,6 +128,8 @@ class ProgressView:
                              bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}")
         self._bar.n = p["step"]
         loss = f"{p['loss']:.4f}" if p.get("loss") is not None else "-"
+        if p.get("eval_loss") is not None:
+            loss += f", eval {p['eval_loss']:.4f}"
         rate = f"{p['samples_per_s']:.1f}" if p.get("samples_per_s") else "-"
         eta = hms(p["eta_s"]) if p.get("eta_s") is not None else "-"
         last = f" | {self._last_event[:50]}" if self._last_event else ""

@@ -3,7 +3,8 @@ worker carries them out (and the store makes each fire once, even when a recover
 
 Moments: "handover" (inside the handover into a generation, before any shard moves), "first_step"
 (before the first step of a generation, so before its layout's first commit), "step" (before
-every step) and "final" (after the last step, before its checkpoint, the final weights, is
+every step), "eval" (as the evaluation of the weights after `at_step` steps begins: the peers are
+then inside it) and "final" (after the last step, before its checkpoint, the final weights, is
 written; or before that checkpoint is written again, at or after `at_step`). A drill names the rank it hits in the generation of the moment.
 """
 
@@ -13,7 +14,8 @@ from typing import Iterator, Sequence
 
 from elastic_zero.job.spec import FaultSpec
 
-MOMENT_OF = {"kill_in_handover": "handover", "kill_after_handover": "first_step", "kill_in_final_save": "final"}  # every other action: "step"
+MOMENT_OF = {"kill_in_handover": "handover", "kill_after_handover": "first_step", "kill_in_final_save": "final",
+             "kill_in_eval": "eval"}  # every other action: "step"
 
 
 def due_drills(faults: Sequence[FaultSpec], moment: str, rank: int | None, step: int,
@@ -23,7 +25,7 @@ def due_drills(faults: Sequence[FaultSpec], moment: str, rank: int | None, step:
     for i, fault in enumerate(faults):
         if MOMENT_OF.get(fault.action, "step") != moment:
             continue
-        if moment == "step":
+        if moment in ("step", "eval"):
             due = fault.at_step == step and (fault.rank if fault.rank is not None else 0) == rank
         elif moment == "final":
             due = step >= fault.at_step and fault.rank == rank

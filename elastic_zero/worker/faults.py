@@ -20,7 +20,7 @@ def named(field: str, build):
         return build()
     except Exception as exc:  # re-raised with the field named, never swallowed
         text = str(exc).splitlines()[0] if str(exc) else ""
-        if text.split(":", 1)[0].split(".")[0] in ("model", "data", "train"):
+        if text.split(":", 1)[0].split(".")[0] in ("model", "data", "eval", "train"):
             raise
         raise ValueError(f"{field}: {type(exc).__name__}: {text}") from exc
 

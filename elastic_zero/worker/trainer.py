@@ -26,12 +26,14 @@ from elastic_zero.data.source import read_ahead_for_step
 from elastic_zero.job.build import build_loss, build_model, build_optimizer, build_source, unit_classes
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
+from elastic_zero.plan.evaluation import eval_due
 from elastic_zero.plan.membership import Member
 from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report
 from elastic_zero.rendezvous import connect
 from elastic_zero.job.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.drills import due_drills
 from elastic_zero.worker.entry import GenerationEntry, committed_key
+from elastic_zero.worker.evaluation import Evaluator
 from elastic_zero.worker.device import worker_device
 from elastic_zero.worker.faults import (WorkerStartError, is_communication_failure, is_device_failure, named,
                                         ray_node_id)
@@ -68,6 +70,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             self.wrap = unit_classes(self.spec, self.model)
             self.source = named("data.source", lambda: build_source(self.spec, self.model))
             self.loss_fn = build_loss(self.spec)
+            self.evaluator = named("eval.source", lambda: Evaluator(self.spec, self.model)) \
+                if self.spec.eval.source else None
             # float16 overflows are the loss scaler's to skip; elsewhere a non-finite loss is a bug
             self._finite_loss = self.spec.zero.compute_dtype != "float16"
             self._init_values = None  # a meta model's weights to start from, until its engine takes them
@@ -168,7 +172,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
     def train(self, plan: GenerationPlan) -> Report:
         # the report in the making; "uncommitted" (steps since the last commit) stays here
         report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [],
-                  "step_ends": [], "protect_times": [], "losses": [], "first_step_at": None, "last_loss": None,
+                  "step_ends": [], "protect_times": [], "losses": [], "evals": [], "first_step_at": None,
+                  "last_loss": None,
                   "checkpoint_stall_s": [], "entered_at": time.time(), "checkpoint_errors": [], "checkpoints": [],
                   "restored_from": None}
         try:
@@ -213,6 +218,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             if not report["step_times"]:
                 self._fire_drills("first_step", plan, rank, step)
             self._fire_drills("step", plan, rank, step)
+            self._evaluate_if_due(plan, rank, world, comm, report, step)
             started = time.time()
             if report["first_step_at"] is None:
                 report["first_step_at"] = started
@@ -261,10 +267,26 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                 self._tell_progress(plan, report)
             if stopping:  # its commit above kept the steps since the last one
                 return "safe_point"
+        self._evaluate_if_due(plan, rank, world, comm, report, engine.step_count)  # the final weights
         if self.writer is not None:
             self.writer.wait()  # the final checkpoint is committed before the job reports success
             self._take_checkpoint_news(report)
         return "finished"
+
+    def _evaluate_if_due(self, plan: GenerationPlan, rank: int, world: int, comm: TorchComm, report: dict,
+                         step: int) -> None:
+        """The weights after `step` steps on the eval set, when [eval] asks for it then. Every rank
+        keeps the result (it is the same everywhere); rank 0 tells the coordinator at once. A
+        generation that fails inside it keeps nothing of it: the next one evaluates that step again."""
+        if self.evaluator is None or not eval_due(step, self.spec.eval.every, self.spec.train.steps):
+            return
+        self._fire_drills("eval", plan, rank, step)
+        result = self.evaluator.evaluate(self.engine.module, comm, world, rank, step, self.device,
+                                         lambda fn, batch: self._call_loss(batch, fn, "eval.loss"))
+        report["evals"].append(dataclasses.asdict(result))
+        if rank == 0 and self._coordinator:
+            coordinator_handle(self._coordinator, self._namespace).eval_note.remote(plan.number,
+                                                                                   dataclasses.asdict(result))
 
     def _tell_progress(self, plan: GenerationPlan, report: dict) -> None:
         """Rank 0 tells the coordinator (fire and forget) that the generation stepped, once, and
@@ -319,16 +341,16 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                 metric_sums[name] += v * weight
         return sum(weights), loss_sum, metric_sums or {}
 
-    def _call_loss(self, batch: dict):
+    def _call_loss(self, batch: dict, loss_fn=None, where: str = "train.loss"):
         try:
-            return self.loss_fn(self.engine.module, batch)
+            return (loss_fn or self.loss_fn)(self.engine.module, batch)
         except Exception as exc:
             # a lost peer shows here too (stage 3 gathers inside the forward), and a failing GPU: faults,
             # not the loss's bug
             if is_communication_failure(exc, self._aborted.is_set()) or is_device_failure(exc):
                 raise
             text = str(exc).splitlines()[0][:300] if str(exc) else ""
-            raise ValueError(f"train.loss: raised {type(exc).__name__}: {text}") from exc
+            raise ValueError(f"{where}: raised {type(exc).__name__}: {text}") from exc
 
     def _fire_drills(self, moment: str, plan: GenerationPlan, rank: int | None, step: int) -> None:
         for i, fault in due_drills(self.spec.faults, moment, rank, step, plan.step, plan.source):
