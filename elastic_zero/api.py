@@ -79,7 +79,9 @@ def run(job: JobSpec, run_config: RunConfig | None = None, *, started_at: float 
         job = settle_steps(job, size)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
-    ship_by_value(job.model.factory, job.train.loss, job.data.collate)
+    ship_by_value(job.model.factory, job.train.loss, job.data.collate, job.eval.loss)
+    if "mlflow" in job.tracking.backends and job.tracking.mlflow_uri is None:  # ./mlruns where it was launched
+        job = replace(job, tracking=replace(job.tracking, mlflow_uri=os.path.abspath("mlruns")))
     path = run_config.path_for(job.name)
     if job.checkpoint.uri is None:  # the final weights are a checkpoint the workers write: here, then
         job = replace(job, checkpoint=replace(job.checkpoint, uri=os.path.join(path, FINAL_CHECKPOINTS)))

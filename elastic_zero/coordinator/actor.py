@@ -43,6 +43,7 @@ from elastic_zero.coordinator.state import (
 from elastic_zero.observe.event_log import EventLog
 from elastic_zero.observe.live import LiveProgress
 from elastic_zero.observe.metrics import JobMetrics
+from elastic_zero.observe.tracking import start_tracking
 from elastic_zero.protocol import Outcome, Report
 from elastic_zero.rendezvous import RendezvousServer, new_secret
 from elastic_zero.job.spec import KILL_ACTIONS, spec_from_dict
@@ -83,6 +84,9 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         self.events = EventLog(run_dir, go_on=self.restarted)
         self.live = LiveProgress(self.spec.train.global_batch, self.spec.train.steps)
         self.metrics = JobMetrics(job_id)
+        self.tracking = start_tracking(self.spec, spec, job_id, run_dir, self._warn)
+        if self.tracking is not None:
+            self.events.listener = self.tracking.event
         self.restarts = self.events.count("coordinator_restarted") + (1 if self.restarted else 0)
         self._commits_told = {r["directory"] for r in self.events.records if r.get("event") == "checkpoint_committed"}
         numbers = [r["generation"] for r in self.events.records if r.get("event") == "generation_start"]

@@ -66,11 +66,15 @@ class CoordinatorFace:
     def worker_warning(self, actor_id: str, message: str) -> None:
         """A Python warning a worker showed (worker/warnings_relay.py): one `warning` event, a line in
         the driver's output, and one summary entry per distinct message, whichever workers said it."""
+        self._warn(message, actor_id=actor_id)
+
+    def _warn(self, message: str, **fields) -> None:
+        """Something the job could not do as asked, told once (a worker's warning, a failing tracker)."""
         with _NOTES_LOCK:
             if message in self.books.warnings:
                 return
             self.books.warnings.append(message)
-        self._log("warning", actor_id=actor_id, message=message)
+        self._log("warning", **fields, message=message)
 
     # ---- notes from rank 0 -----------------------------------------------------------------------
 
@@ -78,8 +82,11 @@ class CoordinatorFace:
         self._inbox.put(GenerationStepped(number))
 
     def progress_note(self, generation: int, step: int, loss: float | None, step_seconds: float, at: float,
-                      checkpoint: str | None = None) -> None:
+                      checkpoint: str | None = None, losses: tuple = ()) -> None:
+        """`losses`: (step, loss) of every step since rank 0's last note, for the trackers."""
         self.live.note(step, loss, step_seconds, at)
+        if self.tracking is not None:
+            self.tracking.train_points(list(losses), self.live.samples_per_s())
         if checkpoint:  # the newest commit rank 0 knows of (the events learn of it at the generation's end)
             self.live.checkpoint = checkpoint
         self.metrics.set("elastic_zero_step", step)
@@ -107,6 +114,10 @@ class CoordinatorFace:
         `before` them) and the reports' checkpoint figures go into the metrics."""
         for change in self.books.recoveries[before[0]:] + self.books.reconfigurations[before[1]:]:
             self.metrics.add("elastic_zero_stall_seconds", change.get("stall_s") or 0.0)
+            if self.tracking is not None:
+                self.tracking.change(change)
+        if self.tracking is not None:
+            self.tracking.generation_losses({step: loss for r in reports for step, loss in r.losses})
         for r in reports:
             self.metrics.add("elastic_zero_checkpoint_stall_seconds", sum(r.checkpoint_stall_s))
             self.metrics.add("elastic_zero_checkpoints", len(r.checkpoints))
@@ -169,6 +180,8 @@ class CoordinatorFace:
         return max(self.books.step_log) + 1 if self.books.step_log else 0
 
     def _write_summary(self) -> None:
+        if self.tracking is not None:  # a tracker's failure told by now is in the summary's warnings
+            self.tracking.flush()
         r = self._result
         summary = {**r["summary"], "ok": r["ok"], "error": r.get("error"), "job_id": self.job_id,
                    "coordinator_restarts": self.restarts}
@@ -179,6 +192,18 @@ class CoordinatorFace:
         with open(path + ".tmp", "w") as fh:
             json.dump(summary, fh, indent=1)
         os.replace(path + ".tmp", path)  # whole or not at all
+        if self.tracking is not None:
+            self.tracking.finish(path, self._draw_plot(), bool(r["ok"]))
+
+    def _draw_plot(self) -> str | None:
+        """RUN_DIR/run.png for the trackers (a plot that cannot be drawn is a warning)."""
+        try:
+            from elastic_zero.plot import plot_run
+
+            return plot_run(self.run_dir)[0]
+        except Exception as exc:  # noqa: BLE001 - an artifact, never the job's outcome
+            self._warn(f"tracking: the plot could not be drawn: {type(exc).__name__}: {exc}"[:300])
+            return None
 
     def _final_status(self) -> dict | None:
         """The last status record of this job, if an earlier coordinator of it ended it."""

@@ -218,6 +218,28 @@ class CheckpointSpec:
             _fail("checkpoint.resume", f"must be 'latest', a step number or a step directory name, got {self.resume!r}")
 
 
+TRACKING_BACKENDS = ("mlflow", "tensorboard")
+
+
+@dataclass(frozen=True)
+class TrackingSpec:
+    backends: list = field(default_factory=list)  # "mlflow" and/or "tensorboard", each an optional extra (pip install 'elastic-zero[mlflow]')
+    mlflow_uri: Optional[str] = None  # MLflow's tracking URI (default: the file store ./mlruns where the job is launched)
+    experiment: Optional[str] = None  # the MLflow experiment (default: the job's name)
+    tensorboard_dir: Optional[str] = None  # TensorBoard's log directory (default: the run directory's tensorboard/)
+
+    def validate(self) -> None:
+        if not isinstance(self.backends, list):
+            _fail("tracking.backends", f"must be a list, got {self.backends!r}")
+        for i, backend in enumerate(self.backends):
+            _choice(f"tracking.backends[{i}]", backend, TRACKING_BACKENDS)
+        if len(set(self.backends)) != len(self.backends):
+            _fail("tracking.backends", f"names a backend twice: {self.backends!r}")
+        for name in ("mlflow_uri", "experiment", "tensorboard_dir"):
+            if getattr(self, name) is not None and not getattr(self, name):
+                _fail(f"tracking.{name}", "must not be empty (leave it out for the default)")
+
+
 WATCH_SOURCES = ("sigterm", "ray-drain", "aws", "gcp", "azure")
 
 

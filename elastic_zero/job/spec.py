@@ -15,12 +15,12 @@ from typing import Any
 
 from elastic_zero.job.sections import (
     DEFAULT_PRESET, DEFAULT_STEPS, HEARTBEAT_EVERY_S, KILL_ACTIONS, WATCH_SOURCES, CheckpointSpec, DataSpec,
-    ElasticSpec, EvalSpec, FaultSpec, ModelSpec, OptimizerSpec, PreemptionSpec, SpecError, TrainSpec, ZeroSpec, _fail,
+    ElasticSpec, EvalSpec, FaultSpec, TrackingSpec, ModelSpec, OptimizerSpec, PreemptionSpec, SpecError, TrainSpec, ZeroSpec, _fail,
 )
 
 # the sections are part of this module's API: `from elastic_zero.job.spec import FaultSpec` and the like
 __all__ = ["JobSpec", "spec_from_dict", "load_spec", "apply_override", "SpecError", "ModelSpec", "DataSpec",
-           "EvalSpec", "TrainSpec", "OptimizerSpec", "ZeroSpec", "ElasticSpec", "CheckpointSpec", "PreemptionSpec", "FaultSpec",
+           "EvalSpec", "TrackingSpec", "TrainSpec", "OptimizerSpec", "ZeroSpec", "ElasticSpec", "CheckpointSpec", "PreemptionSpec", "FaultSpec",
            "DEFAULT_PRESET", "DEFAULT_STEPS", "HEARTBEAT_EVERY_S", "KILL_ACTIONS", "WATCH_SOURCES"]
 
 
@@ -36,6 +36,7 @@ class JobSpec:
     elastic: ElasticSpec = field(default_factory=ElasticSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     preemption: PreemptionSpec = field(default_factory=PreemptionSpec)
+    tracking: TrackingSpec = field(default_factory=TrackingSpec)
     faults: tuple = ()
 
     def __post_init__(self) -> None:
@@ -101,6 +102,7 @@ def _table(section) -> dict:
 _SECTIONS = {
     "model": ModelSpec, "data": DataSpec, "eval": EvalSpec, "train": TrainSpec, "optimizer": OptimizerSpec,
     "zero": ZeroSpec, "elastic": ElasticSpec, "checkpoint": CheckpointSpec, "preemption": PreemptionSpec,
+    "tracking": TrackingSpec,
 }
 
 

@@ -28,6 +28,7 @@ class EventLog:
             fh.writelines(json.dumps(record) + "\n" for record in self.records)
         os.replace(self.path + ".tmp", self.path)
         self._fh = open(self.path, "a")
+        self.listener = None  # told of each record added (the job's trackers)
 
     def add(self, kind: str, **fields) -> dict:
         record = {"t": round(time.time(), 4), "event": kind, **fields}
@@ -36,6 +37,8 @@ class EventLog:
             self.records.append(record)
             self._fh.write(line + "\n")
             self._fh.flush()
+        if self.listener is not None:
+            self.listener(record)
         return record
 
     def since(self, cursor: int) -> list[dict]:

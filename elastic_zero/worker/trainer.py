@@ -297,9 +297,12 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         now = time.time()
         if now - self._progress_told_at >= PROGRESS_EVERY_S or self.engine.step_count == self.spec.train.steps:
             self._progress_told_at = now
+            told = report.get("losses_told", 0)  # the trackers get every step's loss, a note's worth at a time
+            report["losses_told"] = len(report["losses"])
             coordinator.progress_note.remote(plan.number, self.engine.step_count, report["last_loss"],
                                              report["step_times"][-1], now,
-                                             report["checkpoints"][-1] if report["checkpoints"] else None)
+                                             report["checkpoints"][-1] if report["checkpoints"] else None,
+                                             tuple(report["losses"][told:]))
 
     def _forward_backward(self, positions: range, world: int, rank: int, comm: TorchComm,
                           step: int) -> tuple[float, float, dict]:
