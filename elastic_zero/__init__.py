@@ -10,7 +10,8 @@ import sys
 __version__ = "0.1.0"
 
 from elastic_zero.api import (  # noqa: E402 - the version first, for tools that read it alone
-    CheckpointConfig, DataConfig, EvalConfig, Job, ModelConfig, Result, RunConfig, ScalingConfig, TrainConfig, run,
+    CheckpointConfig, DataConfig, EvalConfig, Job, ModelConfig, Result, RunConfig, ScalingConfig, TrackingConfig,
+    TrainConfig, run,
 )
 from elastic_zero.service.client import Client, ClusterError  # noqa: E402
 from elastic_zero.job import spec  # noqa: E402 - ez.spec.load_spec(...), as docs/service.md shows
@@ -20,7 +21,8 @@ from elastic_zero.job.spec import SpecError  # noqa: E402
 sys.modules.setdefault("elastic_zero.spec", spec)
 
 __all__ = ["CheckpointConfig", "Client", "ClusterError", "DataConfig", "EvalConfig", "Job", "ModelConfig", "Result",
-           "RunConfig", "ScalingConfig", "SpecError", "TrainConfig", "run"]  # and meta_init, loaded when first used
+           "RunConfig", "ScalingConfig", "SpecError", "TrackingConfig", "TrainConfig",
+           "run"]  # and meta_init, loaded when first used
 
 
 def __getattr__(name: str):

@@ -16,12 +16,13 @@ from dataclasses import dataclass, replace
 
 from elastic_zero.driver import drive
 from elastic_zero.job.spec import (CheckpointSpec, DataSpec, ElasticSpec, EvalSpec, JobSpec, ModelSpec, SpecError,
-                                   TrainSpec)
+                                   TrackingSpec, TrainSpec)
 
 Job = JobSpec
 ScalingConfig = ElasticSpec
 CheckpointConfig = CheckpointSpec
-ModelConfig, DataConfig, TrainConfig, EvalConfig = ModelSpec, DataSpec, TrainSpec, EvalSpec
+ModelConfig, DataConfig, TrainConfig = ModelSpec, DataSpec, TrainSpec
+EvalConfig, TrackingConfig = EvalSpec, TrackingSpec
 
 EXIT_OK, EXIT_FAILED = 0, 1  # a bad spec raises SpecError: the CLI exits 2 with it
 # where a job with no checkpoint.uri writes its final weights: its run directory (on a cluster of
@@ -80,7 +81,8 @@ def run(job: JobSpec, run_config: RunConfig | None = None, *, started_at: float 
     except ValueError as exc:
         raise SpecError(str(exc)) from None
     ship_by_value(job.model.factory, job.train.loss, job.data.collate, job.eval.loss)
-    if "mlflow" in job.tracking.backends and job.tracking.mlflow_uri is None:  # ./mlruns where it was launched
+    if "mlflow" in job.tracking.backends and job.tracking.mlflow_uri is None and run_config.address is None:
+        # an embedded Ray: ./mlruns where it was launched (on a cluster: the run directory's, coordinator/tracking)
         job = replace(job, tracking=replace(job.tracking, mlflow_uri=os.path.abspath("mlruns")))
     path = run_config.path_for(job.name)
     if job.checkpoint.uri is None:  # the final weights are a checkpoint the workers write: here, then

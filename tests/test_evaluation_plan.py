@@ -51,6 +51,15 @@ def test_a_wrong_eval_section_is_one_line_naming_the_field(section, message):
         spec_from_dict({"eval": section})
 
 
+def test_a_kill_in_eval_drill_that_could_never_fire_is_refused():
+    kill = {"at_step": 12, "action": "kill_in_eval", "rank": 1}
+    with pytest.raises(SpecError, match=r"^faults\[0\]\.action: 'kill_in_eval' needs an \[eval\] section"):
+        spec_from_dict({"faults": [kill]})
+    with pytest.raises(SpecError, match=r"^faults\[0\]\.at_step: .*multiple of eval\.every \(10\), got 12"):
+        spec_from_dict({"eval": {"source": "synthetic", "batches": 1, "every": 10}, "faults": [kill]})
+    spec_from_dict({"eval": {"source": "synthetic", "batches": 1, "every": 6}, "faults": [kill]})
+
+
 def test_an_eval_set_without_the_column_the_training_data_reads_is_named_before_anything_starts(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

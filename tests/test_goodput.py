@@ -155,6 +155,19 @@ def test_torchft_figures_keep_each_step_once_with_the_shares_of_the_groups_that_
     assert torchft_figures([], 16, 0.0, 20.0, restarts=0)["steps_kept"] == 0
 
 
+def test_torchft_figures_keep_the_last_timeline_when_every_group_began_again():
+    from elastic_zero.bench.goodput_schedule import torchft_figures
+
+    first = [_torchft_record(g, s, 10.0 + s, 10.5 + s) for s in range(5) for g in (0, 1)]
+    # every group failed after step 4 (the stock DDP hook); restarted groups found no peer and began at 0
+    again = [_torchft_record(g, s, 30.0 + s, 30.5 + s) for s in range(3) for g in (2, 3)]
+    f = torchft_figures(first + again, global_batch=16, launched_at=0.0, wall_s=40.0, restarts=2)
+    # the final model is the second timeline's: its 3 steps are kept, the first one's 5 were thrown away
+    assert f["steps_kept"] == 3 and f["steps_redone"] == 5
+    assert f["samples_kept"] == 3 * 2 * 4 and f["skipped_samples"] == 3 * 16 - 24
+    assert f["world_sizes"] == [[0, 2]] and f["productive_s"] == 1.5 and f["first_step_done_s"] == 10.5
+
+
 @pytest.mark.parametrize("systems, against, expected", [
     (None, None, ("elastic_zero", "ray_train")),
     (None, "torchft", ("elastic_zero", "torchft")),

@@ -10,27 +10,34 @@ import threading
 import pytest
 
 from elastic_zero.job.spec import SpecError, spec_from_dict
-from elastic_zero.observe.tracking import Tracking, missing_extra, points_of_event, spec_params
+from elastic_zero.observe.tracking import (FAILURES_TO_DROP, Tracking, missing_extra, points_of_change,
+                                           points_of_event, spec_params)
 
 has_mlflow = importlib.util.find_spec("mlflow") is not None
 has_tensorboard = importlib.util.find_spec("tensorboard") is not None
 
 
 @pytest.mark.unit
-def test_the_events_become_eval_world_size_and_change_metrics():
-    changes: dict = {}
-    assert points_of_event({"event": "eval", "step": 10, "loss": 2.0, "perplexity": 7.39, "metrics": {"acc": 0.5}},
-                           changes) == [("eval/loss", 2.0, 10), ("eval/perplexity", 7.39, 10), ("eval/acc", 0.5, 10)]
-    start = {"event": "generation_start", "step": 0, "source": "init", "workers": ["w0", "w1"]}
-    assert points_of_event(start, changes) == [("job/world_size", 2, 0)]
-    recovery = {"event": "generation_start", "step": 7, "source": "snapshot", "workers": ["w0"]}
-    assert points_of_event(recovery, changes) == [("job/world_size", 1, 7), ("job/recoveries", 1, 7)]
-    resize = {"event": "generation_start", "step": 9, "source": "live", "workers": ["w0", "w1", "w2"]}
-    assert points_of_event(resize, changes)[-1] == ("job/reconfigurations", 1, 9)
-    assert points_of_event({**recovery, "step": 12}, changes)[-1] == ("job/recoveries", 2, 12)
+def test_the_events_and_the_measured_changes_become_metrics():
+    assert points_of_event({"event": "eval", "step": 10, "loss": 2.0, "perplexity": 7.39, "metrics": {"acc": 0.5}}) \
+        == [("eval/loss", 2.0, 10), ("eval/perplexity", 7.39, 10), ("eval/acc", 0.5, 10)]
+    start = {"event": "generation_start", "step": 7, "source": "snapshot", "workers": ["w0", "w1"]}
+    assert points_of_event(start) == [("job/world_size", 2, 7)]
     # a checkpoint restore's step is known later (-1), and other events make no metric
-    assert points_of_event({"event": "generation_start", "step": -1, "source": "checkpoint"}, changes) == []
-    assert points_of_event({"event": "worker_lost", "actor_id": "w1"}, changes) == []
+    assert points_of_event({"event": "generation_start", "step": -1, "source": "checkpoint"}) == []
+    assert points_of_event({"event": "worker_lost", "actor_id": "w1"}) == []
+    # recoveries (from memory or from a checkpoint alike) and reconfigurations, as the books measured them
+    assert points_of_change({"step": 40, "stall_s": 1.5}, "recoveries", 2) == [("job/recoveries", 2, 40),
+                                                                               ("job/stall_s", 1.5, 40)]
+    assert points_of_change({"step": None}, "recoveries", 1) == []
+    good = _Backend("good")
+    tracking = Tracking([good], lambda text: None)
+    tracking.change({"step": 5, "stall_s": 0.2}, "reconfigurations")
+    tracking.change({"step": 9, "stall_s": 0.3}, "recoveries")
+    tracking.change({"step": 12, "stall_s": 0.4}, "reconfigurations")
+    tracking.finish("summary.json", None, True)
+    assert [p for call in good.calls if call[0] == "metrics" for p in call[1] if p[0] != "job/stall_s"] == [
+        ("job/reconfigurations", 1, 5), ("job/recoveries", 1, 9), ("job/reconfigurations", 2, 12)]
 
 
 @pytest.mark.unit
@@ -44,6 +51,9 @@ def test_the_spec_becomes_flat_parameters():
 class _Backend:
     def __init__(self, name, fail_on=None):
         self.name, self.fail_on, self.calls = name, fail_on, []
+
+    def abandon(self):
+        self.calls.append("abandon")
 
     def start(self):
         self.calls.append("start")
@@ -64,13 +74,18 @@ def test_a_failing_tracker_is_one_warning_and_the_others_go_on():
     tracking = Tracking([good, bad], warnings.append)
     tracking.train_points([(0, 3.0), (1, 2.5)], 40.0)
     tracking.event({"event": "eval", "step": 1, "loss": 2.7, "metrics": {}})
+    assert tracking.flush() and warnings == []  # a failure or two may be a blip: tried again
+    for step in range(2, 2 + FAILURES_TO_DROP):
+        tracking.train_points([(step, 2.0)], None)
+    tracking.event({"event": "not even an event"})  # nothing for the trackers, and never an error
     tracking.finish("summary.json", None, True)
     assert warnings == ["tracking: bad failed and is off for the rest of the job: ConnectionError: "
                         "tracking server unreachable"]
-    assert good.calls == ["start", ("metrics", [("train/loss", 3.0, 0), ("train/loss", 2.5, 1),
-                                                ("train/samples_per_s", 40.0, 1)]),
-                          ("metrics", [("eval/loss", 2.7, 1)]), ("finish", True)]
-    assert bad.calls == ["start"]
+    assert good.calls[:3] == ["start", ("metrics", [("train/loss", 3.0, 0), ("train/loss", 2.5, 1),
+                                                    ("train/samples_per_s", 40.0, 1)]),
+                              ("metrics", [("eval/loss", 2.7, 1)])]
+    assert good.calls[-1] == ("finish", True)
+    assert bad.calls == ["start", "abandon"]  # dropped at its third failure in a row, its run marked failed
 
 
 @pytest.mark.unit

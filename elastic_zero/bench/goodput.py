@@ -279,6 +279,7 @@ def _torchft(preset: str, schedule, checkpoint_every: int, work_dir: str, clock:
             return True
 
         def ended() -> bool:
+            """Whether every group has finished; a group that failed is started again (or it is an error)."""
             for slot, code in cluster.wait_exits(0).items():
                 if code != 0 and not restarted(slot, code):
                     raise cluster.failed(slot, code)
@@ -323,7 +324,8 @@ def goodput_systems(systems: str | None, against: str | None) -> tuple[str, ...]
 
 
 def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: int = 0, notice_s: float = 30.0,
-                      checkpoint_every: int = 20, systems=SYSTEMS, work_root: str | None = None,
+                      checkpoint_every: int = 20, systems=("elastic_zero", "ray_train"),
+                      work_root: str | None = None,
                       clock: str = "launch", torchft_stock_ddp_hook: bool = False) -> dict:
     """Each system's run keeps its outputs in a directory of its own (under `work_root` if given).
     `clock`: the schedule counts from each job's launch, or ("first_step") from its first step.

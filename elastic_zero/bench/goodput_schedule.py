@@ -109,12 +109,19 @@ def torchft_figures(records: list[dict], global_batch: int, launched_at: float, 
     the commit of the groups that took part in it; its time is the lowest such group's (rank 0's,
     as for Ray Train). It keeps those groups' shares of the global batch; the rest (the shares of
     groups lost or healing) torchft drops, and they count as skipped. An attempt that did not
-    commit is redone under the same step number. `restarts`: group processes started again after
-    they failed (the job as a whole never restarts)."""
+    commit is redone under the same step number; a step committed in a timeline that was lost (every
+    group gone, and the groups begun again at a lower step) is redone too, and only its last run kept.
+    `restarts`: group processes started again after they failed (the job as a whole never restarts)."""
     kept: dict = {}
-    for r in sorted(records, key=lambda r: (r["step"], r["group"])):
-        if r["committed"] and r["participating"]:
-            kept.setdefault(r["step"], []).append(r)
+    thrown_away = 0  # committed steps lost when every group was gone and the groups began again below them
+    for r in sorted((r for r in records if r["committed"] and r["participating"]), key=lambda r: r["done"]):
+        if kept and r["step"] < max(kept) - 1:  # a new timeline (the groups of a step commit it together)
+            later = [step for step in kept if step >= r["step"]]
+            thrown_away += len(later)
+            for step in later:
+                del kept[step]
+        kept.setdefault(r["step"], []).append(r)
+    kept = {step: sorted(taken, key=lambda r: r["group"]) for step, taken in sorted(kept.items())}
     seconds = [taken[0]["done"] - taken[0]["started"] for taken in kept.values()]
     samples_kept = sum(r["samples"] for taken in kept.values() for r in taken)
     first = min((r["done"] for r in records if r["committed"]), default=None)
@@ -124,7 +131,7 @@ def torchft_figures(records: list[dict], global_batch: int, launched_at: float, 
             sizes.append([step, len(taken)])
     return {"steps_kept": len(kept), "productive_s": round(sum(seconds), 1),
             "goodput": round(goodput(seconds, wall_s), 3), "step_s_median": _median(seconds),
-            "steps_redone": len({r["step"] for r in records if not r["committed"]}),
+            "steps_redone": len({r["step"] for r in records if not r["committed"]}) + thrown_away,
             "samples_trained": sum(r["samples"] for r in records), "samples_kept": samples_kept,
             "skipped_samples": len(kept) * global_batch - samples_kept,
             "useful_samples_per_s": round(samples_kept / wall_s, 2),

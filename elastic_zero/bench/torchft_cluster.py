@@ -65,10 +65,10 @@ class TorchftCluster:
         self._stores: dict[int, object] = {}
         self.started = 0
         port = _free_port()
-        self.lighthouse = subprocess.Popen(
-            [lighthouse_command(), "--min_replicas", "1", "--quorum_tick_ms", "100", "--join_timeout_ms", "10000",
-             "--bind", f"[::]:{port}"], stdout=open(os.path.join(work_dir, "lighthouse.log"), "wb"),
-            stderr=subprocess.STDOUT)
+        with open(os.path.join(work_dir, "lighthouse.log"), "wb") as log:  # the child keeps its own descriptor
+            self.lighthouse = subprocess.Popen(
+                [lighthouse_command(), "--min_replicas", "1", "--quorum_tick_ms", "100", "--join_timeout_ms", "10000",
+                 "--bind", f"[::]:{port}"], stdout=log, stderr=subprocess.STDOUT)
         self._env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}", "MASTER_ADDR": "127.0.0.1",
                      "RANK": "0", "WORLD_SIZE": "1"}
 
@@ -83,10 +83,11 @@ class TorchftCluster:
         if slot in self.procs:
             raise RuntimeError(f"torchft replica group {slot} is already running")
         self._stores[slot] = self._dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        self.procs[slot] = subprocess.Popen(
-            [sys.executable, "-m", "elastic_zero.bench.torchft_job", self.config_path, str(slot)],
-            env={**self._env, "MASTER_PORT": str(self._stores[slot].port)}, start_new_session=True,
-            stdout=open(os.path.join(self.work_dir, f"group-{slot}.log"), "ab"), stderr=subprocess.STDOUT)
+        with open(os.path.join(self.work_dir, f"group-{slot}.log"), "ab") as log:
+            self.procs[slot] = subprocess.Popen(
+                [sys.executable, "-m", "elastic_zero.bench.torchft_job", self.config_path, str(slot)],
+                env={**self._env, "MASTER_PORT": str(self._stores[slot].port)}, start_new_session=True,
+                stdout=log, stderr=subprocess.STDOUT)
         self.started += 1
 
     def freeze(self, slot: int) -> None:

@@ -84,7 +84,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         self.events = EventLog(run_dir, go_on=self.restarted)
         self.live = LiveProgress(self.spec.train.global_batch, self.spec.train.steps)
         self.metrics = JobMetrics(job_id)
-        self.tracking = start_tracking(self.spec, spec, job_id, run_dir, self._warn)
+        self.tracking = start_tracking(self.spec, spec, job_id, run_dir, self._warn, self.restarted)
         if self.tracking is not None:
             self.events.listener = self.tracking.event
         self.restarts = self.events.count("coordinator_restarted") + (1 if self.restarted else 0)

@@ -57,7 +57,7 @@ class Books:
                     change["recomputed_steps"] = change["lost_steps"] + 1
             change["failed_at"] = round(since, 4)  # the failure (or the safe point), epoch seconds
             change["stall_s"] = round(min(firsts) - since, 4)  # to the next step starting
-            done = [r.first_step_at + r.step_times[0] for r in results if r.step_times]
+            done = [r.step_ends[0] for r in results if r.step_ends]  # an evaluation before it included
             if done:
                 change["to_next_step_done_s"] = round(max(done) - since, 4)
                 change["first_step_s"] = round(max(r.step_times[0] for r in results if r.step_times), 4)

@@ -112,10 +112,12 @@ class CoordinatorFace:
     def _count_metrics(self, reports, before: tuple[int, int]) -> None:
         """The stalls of the changes the books measured with this generation's results (counted
         `before` them) and the reports' checkpoint figures go into the metrics."""
-        for change in self.books.recoveries[before[0]:] + self.books.reconfigurations[before[1]:]:
-            self.metrics.add("elastic_zero_stall_seconds", change.get("stall_s") or 0.0)
-            if self.tracking is not None:
-                self.tracking.change(change)
+        for kind, changes in (("recoveries", self.books.recoveries[before[0]:]),
+                              ("reconfigurations", self.books.reconfigurations[before[1]:])):
+            for change in changes:
+                self.metrics.add("elastic_zero_stall_seconds", change.get("stall_s") or 0.0)
+                if self.tracking is not None:
+                    self.tracking.change(change, kind)
         if self.tracking is not None:
             self.tracking.generation_losses({step: loss for r in reports for step, loss in r.losses})
         for r in reports:

@@ -44,6 +44,7 @@ class ArrowSource:
 
     def __init__(self, rows, order, collate: Callable, vocab_size: int | None, custom_collate: bool) -> None:
         self.rows, self.order, self.collate = rows, order, collate
+        self.field = "data.source"  # what its errors name: "eval.source" for the eval set
         self.vocab_size, self.custom_collate = vocab_size, custom_collate
         self.num_samples = rows.num_samples
         # rows read ahead: the table, the sample of each row, and each position's row in it
@@ -74,7 +75,7 @@ class ArrowSource:
         try:
             batch = self.collate(table)
         except BadRow as exc:
-            raise ValueError(f"data.source: {self.rows.where(ids[exc.row])}: {exc}") from None
+            raise ValueError(f"{self.field}: {self.rows.where(ids[exc.row])}: {exc}") from None
         except Exception as exc:
             if not self.custom_collate:
                 raise
@@ -98,15 +99,15 @@ class ArrowSource:
             if bool(bad.any()):
                 row = int(bad.nonzero()[0])
                 wrong = int(t[row][outside[row]][0])
-                raise ValueError(f"data.source: {self.rows.where(ids[row])}: token id {wrong} in {key!r} is outside "
+                raise ValueError(f"{self.field}: {self.rows.where(ids[row])}: token id {wrong} in {key!r} is outside "
                                  f"the model's vocabulary of {self.vocab_size}")
 
 
 def open_source(data, seed: int, vocab_size: int | None, seq_len: int | None, collate: Callable | None,
                 held_out: bool = False):
     """The source a DataSpec describes. `vocab_size` and `seq_len` are the model's, when it says;
-    the spec's own seq_len wins. `held_out`: the eval data of a synthetic job, walks on the same
-    chain that training never reaches."""
+    the spec's own seq_len wins. `held_out`: the eval data ([eval]): synthetic, walks on the same
+    chain that training never reaches; a dataset, whose errors then name eval.source."""
     seq_len = data.seq_len or seq_len
     if data.source == "synthetic":
         vocab = vocab_size or data.vocab_size
@@ -128,7 +129,9 @@ def open_source(data, seed: int, vocab_size: int | None, seq_len: int | None, co
         custom = False
     else:
         custom = True
-    return ArrowSource(rows, BlockShuffledOrder(rows.block_sizes, seed), collate, vocab_size, custom)
+    source = ArrowSource(rows, BlockShuffledOrder(rows.block_sizes, seed), collate, vocab_size, custom)
+    source.field = "eval.source" if held_out else "data.source"
+    return source
 
 
 def read_ahead_for_step(source, step: int, steps: int, share_of: Callable[[int], range]) -> None:

@@ -121,7 +121,7 @@ class TrainSpec:
 
 @dataclass(frozen=True)
 class EvalSpec:
-    source: Optional[str] = None  # held-out data read like data.source ("synthetic": walks of another seed); absent: no evaluation
+    source: Optional[str] = None  # held-out data read like data.source ("synthetic": walks of the chain training never reaches); absent: no evaluation
     every: int = 100  # steps between evaluations; also at step 0 and after the last step
     batches: Optional[int] = None  # batches of train.global_batch samples evaluated (absent: the whole set; synthetic needs it)
     loss: Optional[Ref] = None  # fn(model, batch) like train.loss (default: the training loss)

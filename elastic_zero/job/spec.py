@@ -73,6 +73,11 @@ class JobSpec:
             fault.validate(f"faults[{i}]")
             if self.train.steps is not None and fault.at_step >= self.train.steps:
                 _fail(f"faults[{i}].at_step", f"must be < train.steps ({self.train.steps}), got {fault.at_step}")
+            if fault.action == "kill_in_eval" and self.eval.source is None:
+                _fail(f"faults[{i}].action", "'kill_in_eval' needs an [eval] section (eval.source)")
+            if fault.action == "kill_in_eval" and fault.at_step % self.eval.every:
+                _fail(f"faults[{i}].at_step", f"'kill_in_eval' fires as an evaluation begins: must be a multiple of "
+                                              f"eval.every ({self.eval.every}), got {fault.at_step}")
             if fault.workers is not None and not self.elastic.min_workers <= fault.workers <= self.elastic.max_workers:
                 _fail(f"faults[{i}].workers", f"must lie in [{self.elastic.min_workers}, {self.elastic.max_workers}]")
         return self

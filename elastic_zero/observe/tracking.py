@@ -19,7 +19,8 @@ import threading
 from typing import Callable
 
 BACKENDS = {"mlflow": ("mlflow", "mlflow"), "tensorboard": ("tensorboard", "tensorboard")}  # module, extra
-FINISH_TIMEOUT_S = 60.0  # the most a job's end waits for its trackers
+FINISH_TIMEOUT_S = 30.0  # the most a job's end waits for its trackers, once to flush and once to finish
+FAILURES_TO_DROP = 3  # calls failed in a row before a tracker is dropped (one blip must not end it)
 
 
 def missing_extra(backend: str) -> str | None:
@@ -31,9 +32,8 @@ def missing_extra(backend: str) -> str | None:
     return None
 
 
-def points_of_event(record: dict, changes: dict) -> list[tuple[str, float, int]]:
-    """(metric, value, step) of an event of the job (events.jsonl). `changes` counts recoveries and
-    reconfigurations across calls (the caller keeps it)."""
+def points_of_event(record: dict) -> list[tuple[str, float, int]]:
+    """(metric, value, step) of an event of the job (events.jsonl)."""
     kind = record.get("event")
     if kind == "eval":
         step = record["step"]
@@ -42,17 +42,19 @@ def points_of_event(record: dict, changes: dict) -> list[tuple[str, float, int]]
             points.append(("eval/perplexity", record["perplexity"], step))
         points += [(f"eval/{name}", value, step) for name, value in (record.get("metrics") or {}).items()]
         return points
-    if kind == "generation_start" and record.get("step", -1) >= 0:
-        step, points = record["step"], [("job/world_size", len(record.get("workers", ())), record["step"])]
-        source = record.get("source")
-        if source in ("snapshot", "checkpoint") and not record.get("resume"):
-            changes["recoveries"] = changes.get("recoveries", 0) + 1
-            points.append(("job/recoveries", changes["recoveries"], step))
-        elif source == "live":
-            changes["reconfigurations"] = changes.get("reconfigurations", 0) + 1
-            points.append(("job/reconfigurations", changes["reconfigurations"], step))
-        return points
+    if kind == "generation_start" and record.get("step", -1) >= 0:  # a checkpoint restore's is known later
+        return [("job/world_size", len(record.get("workers", ())), record["step"])]
     return []
+
+
+def points_of_change(change: dict, kind: str, count: int) -> list[tuple[str, float, int]]:
+    """A recovery or reconfiguration the books measured (`count`: how many of its kind so far)."""
+    if change.get("step") is None:
+        return []
+    points = [(f"job/{kind}", count, change["step"])]
+    if change.get("stall_s") is not None:
+        points.append(("job/stall_s", change["stall_s"], change["step"]))
+    return points
 
 
 def spec_params(spec: dict) -> dict[str, str]:
@@ -69,14 +71,15 @@ def spec_params(spec: dict) -> dict[str, str]:
 
 
 class Tracking:
-    """The job's trackers behind one thread. `backends`: objects with start(), metrics(points),
-    finish(summary_path, plot_path, ok) (tracking_mlflow.py, tracking_tensorboard.py); `warn(text)`:
-    how a failing one is told (the coordinator's warning path)."""
+    """The job's trackers behind one thread. `backends`: objects with a name, start(), metrics(points),
+    finish(summary_path, plot_path, ok) and abandon() (tracking_mlflow.py, tracking_tensorboard.py);
+    `warn(text)`: how a failing one is told (the coordinator's warning path)."""
 
     def __init__(self, backends: list, warn: Callable[[str], None]) -> None:
         self._backends = list(backends)
         self._warn = warn
-        self._changes: dict = {}
+        self._changes: dict = {}  # recoveries and reconfigurations so far
+        self._failures: dict = {}  # a backend's calls failed in a row
         self._lock = threading.Lock()  # notes come on the coordinator's threads, generation ends on its loop
         self._told_through = -1  # the latest step whose loss went to the trackers
         self._queue: queue.Queue = queue.Queue()
@@ -85,7 +88,11 @@ class Tracking:
         self._call("start")
 
     def event(self, record: dict) -> None:
-        points = points_of_event(record, self._changes)
+        try:
+            points = points_of_event(record)
+        except Exception as exc:  # noqa: BLE001 - called inside the coordinator's logging: never raises
+            self._warn(f"tracking: an event could not be read: {type(exc).__name__}: {exc}"[:300])
+            return
         if points:
             self._call("metrics", points)
 
@@ -106,10 +113,14 @@ class Tracking:
             untold = sorted((step, loss) for step, loss in losses.items() if step > self._told_through)
         self.train_points(untold, None)
 
-    def change(self, change: dict) -> None:
-        """A recovery or reconfiguration whose stall is known (the books measured it)."""
-        if change.get("step") is not None and change.get("stall_s") is not None:
-            self._call("metrics", [("job/stall_s", change["stall_s"], change["step"])])
+    def change(self, change: dict, kind: str) -> None:
+        """A recovery or reconfiguration (`kind`) the books measured: counted, and its stall."""
+        with self._lock:
+            self._changes[kind] = self._changes.get(kind, 0) + 1
+            count = self._changes[kind]
+        points = points_of_change(change, kind, count)
+        if points:
+            self._call("metrics", points)
 
     def flush(self, timeout_s: float = FINISH_TIMEOUT_S) -> bool:
         """Wait until what was queued so far has been handed to the trackers (or failed, and its
@@ -142,16 +153,29 @@ class Tracking:
             for backend in list(self._backends):
                 try:
                     getattr(backend, method)(*args)
-                except Exception as exc:  # noqa: BLE001 - a tracker never stops training: told once, dropped
-                    self._backends.remove(backend)
-                    text = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-                    self._warn(f"tracking: {backend.name} failed and is off for the rest of the job: "
-                               f"{type(exc).__name__}: {text}")
+                    self._failures[backend.name] = 0
+                except Exception as exc:  # noqa: BLE001 - a tracker never stops training
+                    failures = self._failures[backend.name] = self._failures.get(backend.name, 0) + 1
+                    if method not in ("start", "finish") and failures < FAILURES_TO_DROP:
+                        continue  # a blip: what that call carried is lost, the next ones are tried
+                    self._drop(backend, exc)
+
+    def _drop(self, backend, exc: Exception) -> None:
+        """Off for the rest of the job, told once; the backend marks its run failed if it still can."""
+        self._backends.remove(backend)
+        text = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        self._warn(f"tracking: {backend.name} failed and is off for the rest of the job: {type(exc).__name__}: {text}")
+        try:
+            backend.abandon()
+        except Exception:  # noqa: BLE001 - it failed already; this was a courtesy
+            pass
 
 
-def start_tracking(spec, spec_dict: dict, job_id: str, run_dir: str, warn: Callable[[str], None]) -> Tracking | None:
+def start_tracking(spec, spec_dict: dict, job_id: str, run_dir: str, warn: Callable[[str], None],
+                   restarted: bool) -> Tracking | None:
     """The job's trackers, as its [tracking] section asks (None: it asks for none). A backend whose
-    library is missing here is a warning: the job trains untracked rather than not at all."""
+    library is missing here is a warning: the job trains untracked rather than not at all.
+    `restarted`: the coordinator was restarted, and its predecessor's MLflow run goes on."""
     import os
 
     t = spec.tracking
@@ -165,9 +189,10 @@ def start_tracking(spec, spec_dict: dict, job_id: str, run_dir: str, warn: Calla
         if backend == "mlflow":
             from elastic_zero.observe.tracking_mlflow import MlflowTracker
 
-            backends.append(MlflowTracker(t.mlflow_uri or os.path.abspath("mlruns"), t.experiment or spec.name,
+            # no URI: the driver gave ./mlruns where it runs on an embedded Ray; on a cluster, the run directory's
+            backends.append(MlflowTracker(t.mlflow_uri or os.path.join(run_dir, "mlruns"), t.experiment or spec.name,
                                           job_id, run_dir, params, spec.checkpoint.uri,
-                                          resume=spec.checkpoint.resume is not None))
+                                          resume=spec.checkpoint.resume is not None, restarted=restarted))
         else:
             from elastic_zero.observe.tracking_tensorboard import TensorBoardTracker
 

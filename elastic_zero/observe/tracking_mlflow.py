@@ -2,8 +2,8 @@
 active run in the coordinator's process).
 
 A job that goes on continues its run rather than opening another: a restarted coordinator finds the
-run's id in RUN_DIR/tracking.json; a relaunch with `checkpoint.resume` finds the newest unfinished run
-of the experiment tagged with the same checkpoint store.
+run's id in RUN_DIR/tracking.json; a relaunch with `checkpoint.resume` finds the newest run of the
+experiment tagged with the same checkpoint store.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ class MlflowTracker:
     name = "mlflow"
 
     def __init__(self, uri: str, experiment: str, job_id: str, run_dir: str, params: dict,
-                 checkpoint_uri: str | None, resume: bool) -> None:
+                 checkpoint_uri: str | None, resume: bool, restarted: bool) -> None:
         self.uri, self.experiment, self.job_id, self.run_dir = uri, experiment, job_id, run_dir
-        self.params, self.checkpoint_uri, self.resume = params, checkpoint_uri, resume
+        self.params, self.checkpoint_uri, self.resume, self.restarted = params, checkpoint_uri, resume, restarted
         self.client = self.run_id = None
 
     def start(self) -> None:
@@ -55,7 +55,8 @@ class MlflowTracker:
 
     def _run_to_continue(self, experiment_id: str) -> str | None:
         path = os.path.join(self.run_dir, "tracking.json")
-        if os.path.exists(path):  # this run directory's job: its coordinator was restarted
+        if self.restarted and os.path.exists(path):  # the same job, its coordinator restarted (a run
+            # directory used again by another job starts a run of its own)
             with open(path) as fh:
                 run_id = json.load(fh).get("mlflow_run_id")
             if run_id:
@@ -75,6 +76,11 @@ class MlflowTracker:
         metrics = [Metric(key, float(value), now, int(step)) for key, value, step in points]
         for i in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics a call
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+
+    def abandon(self) -> None:
+        """Dropped after failing: the run is marked failed, if MLflow can still be told."""
+        if self.client is not None and self.run_id is not None:
+            self.client.set_terminated(self.run_id, status="FAILED")
 
     def finish(self, summary_path: str, plot_path: str | None, ok: bool) -> None:
         for path in (summary_path, plot_path):

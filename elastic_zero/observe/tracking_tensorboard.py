@@ -50,6 +50,10 @@ class TensorBoardTracker:
             shutil.copy(plot_path, os.path.join(self.log_dir, os.path.basename(plot_path)))
         self.writer.close()
 
+    def abandon(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
     def _write(self, step: int, **value) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary

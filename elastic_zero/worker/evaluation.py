@@ -6,6 +6,7 @@ every rank the weighted mean over the whole set."""
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ class EvalResult:
     metrics: dict  # the eval loss's other metrics, weighted the same way
     samples: int  # the eval set's size
     perplexity: float | None = None  # exp(loss), where the loss is the default token cross-entropy
+    seconds: float | None = None  # how long this rank's evaluation took, its all-reduce included
 
 
 class Evaluator:
@@ -36,9 +38,11 @@ class Evaluator:
             raise ValueError(f"eval.source: {spec.eval.source} holds no samples")
 
     def evaluate(self, module: torch.nn.Module, comm, world: int, rank: int, step: int, device,
-                 call_loss) -> EvalResult:
+                 call_loss, finite: bool = True) -> EvalResult:
         """This rank's share, then the sums over all ranks. `call_loss(fn, batch)` runs the loss as
-        training does (a lost peer inside a stage-3 forward is a fault, not the loss's bug)."""
+        training does (a lost peer inside a stage-3 forward is a fault, not the loss's bug); `finite`:
+        a non-finite loss is an error, as in training (not at float16, where overflows happen)."""
+        began = time.monotonic()
         pieces = eval_micro_batches(self.size, world, rank, self.spec.train.micro_batch)
         weight_sum, loss_sum, metric_sums = 0.0, 0.0, None
         was_training = module.training
@@ -53,7 +57,7 @@ class Evaluator:
                     batch = self.source.batch(piece if len(piece) else range(0, 1))
                     weight = batch_weight(batch, len(piece)) if len(piece) else 0.0
                     batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                    _, value, metrics = checked(call_loss(self.loss_fn, batch), step, where="eval.loss",
+                    _, value, metrics = checked(call_loss(self.loss_fn, batch), step, finite, where="eval.loss",
                                                 needs_grad=False)
                     metric_sums = metric_sums if metric_sums is not None else dict.fromkeys(metrics, 0.0)
                     if sorted(metrics) != sorted(metric_sums):
@@ -72,4 +76,4 @@ class Evaluator:
             raise ValueError(f"eval.source: the eval set carries no loss terms (every weight is 0) at step {step}")
         loss, metrics = read_step_summary(total, sorted(metric_sums), world, step, where="eval.loss")
         perplexity = math.exp(loss) if self.token_loss and loss < 700 else None  # exp overflows past ~709
-        return EvalResult(step, loss, metrics, self.size, perplexity)
+        return EvalResult(step, loss, metrics, self.size, perplexity, round(time.monotonic() - began, 4))

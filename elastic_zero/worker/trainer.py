@@ -218,10 +218,10 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             if not report["step_times"]:
                 self._fire_drills("first_step", plan, rank, step)
             self._fire_drills("step", plan, rank, step)
+            if report["first_step_at"] is None:  # ready to train: an evaluation first is not part of the stall
+                report["first_step_at"] = time.time()
             self._evaluate_if_due(plan, rank, world, comm, report, step)
             started = time.time()
-            if report["first_step_at"] is None:
-                report["first_step_at"] = started
             positions = rank_positions(step, spec.train.global_batch, world, rank)
             weight, loss_sum, metric_sums = self._forward_backward(positions, world, rank, comm, step)
             blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
@@ -282,7 +282,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             return
         self._fire_drills("eval", plan, rank, step)
         result = self.evaluator.evaluate(self.engine.module, comm, world, rank, step, self.device,
-                                         lambda fn, batch: self._call_loss(batch, fn, "eval.loss"))
+                                         lambda fn, batch: self._call_loss(batch, fn, "eval.loss"),
+                                         finite=self._finite_loss)
         report["evals"].append(dataclasses.asdict(result))
         if rank == 0 and self._coordinator:
             coordinator_handle(self._coordinator, self._namespace).eval_note.remote(plan.number,
