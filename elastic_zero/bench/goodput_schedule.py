@@ -114,13 +114,16 @@ def torchft_figures(records: list[dict], global_batch: int, launched_at: float, 
     `restarts`: group processes started again after they failed (the job as a whole never restarts)."""
     kept: dict = {}
     thrown_away = 0  # committed steps lost when every group was gone and the groups began again below them
+    highest = -1  # the highest step kept so far
     for r in sorted((r for r in records if r["committed"] and r["participating"]), key=lambda r: r["done"]):
-        if kept and r["step"] < max(kept) - 1:  # a new timeline (the groups of a step commit it together)
+        if r["step"] < highest - 1:  # a new timeline (the groups of a step commit it together)
             later = [step for step in kept if step >= r["step"]]
             thrown_away += len(later)
             for step in later:
                 del kept[step]
+            highest = r["step"]
         kept.setdefault(r["step"], []).append(r)
+        highest = max(highest, r["step"])
     kept = {step: sorted(taken, key=lambda r: r["group"]) for step, taken in sorted(kept.items())}
     seconds = [taken[0]["done"] - taken[0]["started"] for taken in kept.values()]
     samples_kept = sum(r["samples"] for taken in kept.values() for r in taken)

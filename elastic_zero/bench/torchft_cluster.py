@@ -12,10 +12,11 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
+
+from elastic_zero.bench.local_cluster import free_ports
 
 MISSING = "torchft is not installed: pip install -e '.[anchors]' (the comparisons' extra)"
 
@@ -31,12 +32,6 @@ def torchft_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("torchft") is not None and lighthouse_command() is not None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def last_line(path: str) -> str:
@@ -64,7 +59,7 @@ class TorchftCluster:
         self.procs: dict[int, subprocess.Popen] = {}  # slot -> its group's process, while expected to run
         self._stores: dict[int, object] = {}
         self.started = 0
-        port = _free_port()
+        (port,) = free_ports(1)
         with open(os.path.join(work_dir, "lighthouse.log"), "wb") as log:  # the child keeps its own descriptor
             self.lighthouse = subprocess.Popen(
                 [lighthouse_command(), "--min_replicas", "1", "--quorum_tick_ms", "100", "--join_timeout_ms", "10000",

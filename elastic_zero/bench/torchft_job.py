@@ -18,8 +18,8 @@ part (a healing group's gradients count zero), its share of the batch, and the p
 
 Each group reads the shared config: `kill_step` and `marker` (the recovery bench: group 1 kills itself
 once at that step), `stop_file` (the goodput bench: once it holds a step number, every group stops
-when it reaches it, so that all stop at the same step), `stock_ddp_hook` (see `_ddp`). Started by a supervisor holding a
-`TorchftCluster` (bench/torchft_cluster.py), a group is
+when it reaches it, so that all stop at the same step), `stock_ddp_hook` (see `_ddp`). Started by a
+supervisor holding a `TorchftCluster` (bench/torchft_cluster.py), a group is
 `python -m elastic_zero.bench.torchft_job CONFIG GROUP`.
 """
 

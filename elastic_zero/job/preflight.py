@@ -37,14 +37,13 @@ def preflight(spec: JobSpec, import_user_code: bool = True) -> int | None:
             raise SpecError(f"elastic.use_gpu: true needs GPUs, but this machine has none torch can use "
                             f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES="
                             f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); set elastic.use_gpu = false")
-    if import_user_code:  # the coordinator tracks: on an embedded Ray its Python is this one
-        from elastic_zero.observe.tracking import missing_extra
-
-        for backend in spec.tracking.backends:
-            if (problem := missing_extra(backend)) is not None:
-                raise SpecError(problem)
     if import_user_code:
         from elastic_zero.job.user_code import UserCodeError, resolve
+        from elastic_zero.observe.tracking import missing_extra
+
+        for backend in spec.tracking.backends:  # the coordinator tracks: on an embedded Ray its Python is this one
+            if (problem := missing_extra(backend)) is not None:
+                raise SpecError(problem)
 
         for where, ref in (("model.factory", spec.model.factory), ("train.loss", spec.train.loss),
                            ("data.collate", spec.data.collate), ("eval.loss", spec.eval.loss)):

@@ -19,15 +19,11 @@ class TensorBoardTracker:
         self.writer = None
 
     def start(self) -> None:
-        from tensorboard.compat.proto.summary_pb2 import SummaryMetadata
-        from tensorboard.compat.proto.tensor_pb2 import TensorProto
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         os.makedirs(self.log_dir, exist_ok=True)
         self.writer = EventFileWriter(self.log_dir)
-        text = "\n".join(f"    {k} = {v}" for k, v in sorted(self.params.items()))  # markdown: a code block
-        metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
-        self._write(0, tag="spec", metadata=metadata, tensor=TensorProto(dtype=7, string_val=[text.encode()]))
+        self._write_text(0, "spec", "\n".join(f"{k} = {v}" for k, v in sorted(self.params.items())))
 
     def metrics(self, points: list[tuple[str, float, int]]) -> None:
         for key, value, step in points:
@@ -39,13 +35,7 @@ class TensorBoardTracker:
             summary = json.load(fh)
         shown = {k: summary.get(k) for k in ("ok", "error", "steps", "final_loss", "final_eval", "recoveries",
                                              "reconfigurations", "world_size_history")}
-        from tensorboard.compat.proto.summary_pb2 import SummaryMetadata
-        from tensorboard.compat.proto.tensor_pb2 import TensorProto
-
-        metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
-        text = "    " + json.dumps(shown, indent=1).replace("\n", "\n    ")
-        self._write(summary.get("steps") or 0, tag="summary", metadata=metadata,
-                    tensor=TensorProto(dtype=7, string_val=[text.encode()]))
+        self._write_text(summary.get("steps") or 0, "summary", json.dumps(shown, indent=1))
         if plot_path and os.path.exists(plot_path):
             shutil.copy(plot_path, os.path.join(self.log_dir, os.path.basename(plot_path)))
         self.writer.close()
@@ -54,8 +44,19 @@ class TensorBoardTracker:
         if self.writer is not None:
             self.writer.close()
 
+    def _write_text(self, step: int, tag: str, text: str) -> None:
+        """Text for TensorBoard's text plugin, as a Markdown code block (indented four spaces)."""
+        from tensorboard.compat.proto.summary_pb2 import SummaryMetadata
+        from tensorboard.compat.proto.tensor_pb2 import TensorProto
+
+        metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
+        block = "\n".join("    " + line for line in text.splitlines())
+        string = 7  # DT_STRING, TensorFlow's string dtype
+        self._write(step, tag=tag, metadata=metadata, tensor=TensorProto(dtype=string, string_val=[block.encode()]))
+
     def _write(self, step: int, **value) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        self.writer.add_event(Event(wall_time=time.time(), step=int(step), summary=Summary(value=[Summary.Value(**value)])))
+        summary = Summary(value=[Summary.Value(**value)])
+        self.writer.add_event(Event(wall_time=time.time(), step=int(step), summary=summary))
