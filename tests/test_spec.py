@@ -142,6 +142,31 @@ def test_init_from_loads_a_plain_state_dict_and_names_what_does_not_fit(tmp_path
         load_initial_weights(str(tmp_path))
 
 
+def test_new_params_may_be_missing_from_init_from_and_keep_the_models_own_values(tmp_path):
+    """Oracle: the source's weights for every parameter it has, the target's own for the new ones."""
+    import torch
+
+    from elastic_zero.checkpoint import load_initial_weights, load_into
+    from elastic_zero.models import build_preset
+
+    source, target = build_preset("gpt-tiny", n_layer=1, seed=1), build_preset("gpt-tiny", n_layer=2, seed=2)
+    torch.save(source.state_dict(), tmp_path / "w.pt")
+    own = {k: v.clone() for k, v in target.state_dict().items()}
+    weights = load_initial_weights(str(tmp_path / "w.pt"))
+    with pytest.raises(ValueError, match=r"model.init_from: the weights do not fit the model: missing \['blocks.1"):
+        load_into(target, weights)  # without new_params: refused, nothing half-loaded
+    assert all(torch.equal(own[k], v) for k, v in target.state_dict().items())
+    load_into(target, weights, new_params=["blocks.1.*"])
+    for name, value in target.state_dict().items():
+        assert torch.equal(value, own[name] if name.startswith("blocks.1.") else source.state_dict()[name]), name
+    with pytest.raises(ValueError, match=r"model.new_params: '\*.lora_A' matches no parameter of the model"):
+        load_into(target, weights, new_params=["blocks.1.*", "*.lora_A"])
+    with pytest.raises(SpecError, match="model.new_params: applies only with model.init_from"):
+        spec_from_dict({"model": {"new_params": ["*.lora_A"]}})
+    with pytest.raises(SpecError, match="model.new_params: must be a list of parameter-name patterns"):
+        spec_from_dict({"model": {"init_from": "w.pt", "new_params": [""]}})
+
+
 def test_a_python_job_is_checked_like_toml_and_keeps_the_users_objects():
     import functools
 

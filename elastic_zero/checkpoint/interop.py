@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import fnmatch
 import io
 import json
 import os
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import pyarrow.fs as pafs
 import torch
@@ -97,21 +98,39 @@ def _hugging_face_files(fs: pafs.FileSystem, directory: str) -> list[str]:
     return [f"{directory}/{name}" for name in sorted(set(weight_map.values()))]
 
 
-def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], field: str = "model.init_from") -> None:
-    """Copy `state` into `model`; every parameter must be there with its shape (buffers may be absent).
+def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], field: str = "model.init_from",
+              new_params: Sequence[str] = ()) -> None:
+    """Copy `state` into `model`; every parameter must be there with its shape (buffers may be absent),
+    but for those named by the patterns `new_params`, which keep their values where `state` lacks them.
     A tensor at a time: a lazy `state` (a file's tensors) is never held whole beside the model."""
-    check_fits(model, state, field)
+    check_fits(model, state, field, new_params)
     with torch.no_grad():
         for name, target in model.state_dict(keep_vars=True).items():
             if name in state:
                 target.copy_(state[name])
 
 
-def check_fits(model: torch.nn.Module, state: Mapping[str, torch.Tensor], field: str = "model.init_from") -> None:
-    """Raise ValueError naming the missing, unexpected or mis-shaped tensors unless `state` fits `model`."""
+def new_parameter_names(names: Iterable[str], patterns: Sequence[str]) -> set[str]:
+    """The parameter names that the glob patterns (`model.new_params`) match; a pattern that matches
+    none is a ValueError naming it (a typo would otherwise surface as a missing weight, or not at all)."""
+    names = list(names)
+    matched: set[str] = set()
+    for pattern in patterns:
+        hits = {n for n in names if fnmatch.fnmatchcase(n, pattern)}
+        if not hits:
+            example = f" (one of its names: {names[0]!r})" if names else ""
+            raise ValueError(f"model.new_params: {pattern!r} matches no parameter of the model{example}")
+        matched |= hits
+    return matched
+
+
+def check_fits(model: torch.nn.Module, state: Mapping[str, torch.Tensor], field: str = "model.init_from",
+               new_params: Sequence[str] = ()) -> None:
+    """Raise ValueError naming the missing, unexpected or mis-shaped tensors unless `state` fits `model`
+    (a parameter matched by a pattern of `new_params` may be missing)."""
     own = dict(model.state_dict())
     params = {name for name, _ in model.named_parameters()}
-    missing = sorted(params - set(state))
+    missing = sorted(params - set(state) - new_parameter_names(params, new_params))
     unexpected = sorted(set(state) - set(own))
     shapes = getattr(state, "shapes", None) or {k: tuple(v.shape) for k, v in state.items()}  # lazy ones: unread
     wrong = [f"{k} {tuple(shapes[k])} vs {tuple(own[k].shape)}" for k in own

@@ -1,12 +1,14 @@
 """A real offline corpus: the Python standard library's own .py files, byte-tokenised (token id =
 byte value, vocabulary 256) into a Parquet dataset of samples of up to seq_len + 1 bytes. The last
 piece of each file is shorter: the samples are ragged, and the default collate pads them. Used by
-`elastic-zero demo` and by examples/byte_gpt/make_dataset.py."""
+`elastic-zero demo` and by examples/byte_gpt/make_dataset.py; examples/finetune_hf writes other
+documents (English prose) the same way."""
 
 from __future__ import annotations
 
 import os
 import sysconfig
+from typing import Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,12 +23,16 @@ def stdlib_sources() -> list[str]:
     return found
 
 
-def samples(paths: list[str], seq_len: int, max_bytes: int):
-    """Pieces of seq_len + 1 bytes (the last piece of a file shorter), until max_bytes are taken."""
-    taken = 0
+def file_bytes(paths: Iterable[str]) -> Iterator[bytes]:
     for path in paths:
         with open(path, "rb") as fh:
-            data = fh.read()
+            yield fh.read()
+
+
+def samples(documents: Iterable[bytes], seq_len: int, max_bytes: int):
+    """Pieces of seq_len + 1 bytes (the last piece of a document shorter), until max_bytes are taken."""
+    taken = 0
+    for data in documents:
         for start in range(0, len(data), seq_len + 1):
             piece = data[start : start + seq_len + 1]
             if len(piece) < 2:
@@ -37,7 +43,10 @@ def samples(paths: list[str], seq_len: int, max_bytes: int):
                 return
 
 
-def write(out: str, seq_len: int, max_mb: float, rows_per_file: int = 8192, row_group: int = 512) -> int:
+def write(out: str, seq_len: int, max_mb: float, rows_per_file: int = 8192, row_group: int = 512,
+          documents: Iterable[bytes] | None = None) -> int:
+    """Samples of `documents` (default: the standard library's .py files) into Parquet files under
+    `out`; the number of samples."""
     os.makedirs(out, exist_ok=True)
     schema = pa.schema([("tokens", pa.list_(pa.uint8()))])
     rows, part, count = [], 0, 0
@@ -49,7 +58,8 @@ def write(out: str, seq_len: int, max_mb: float, rows_per_file: int = 8192, row_
                            row_group_size=row_group)
             rows, part = [], part + 1
 
-    for sample in samples(stdlib_sources(), seq_len, int(max_mb * 2**20)):
+    documents = file_bytes(stdlib_sources()) if documents is None else documents
+    for sample in samples(documents, seq_len, int(max_mb * 2**20)):
         rows.append(sample)
         count += 1
         if len(rows) == rows_per_file:

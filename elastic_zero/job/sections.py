@@ -49,6 +49,7 @@ class ModelSpec:
     kwargs: dict = field(default_factory=dict)  # the preset's or the factory's keyword arguments (e.g. vocab_size, d_model)
     wrap: list = field(default_factory=list)  # class names of the units (default: each child of a ModuleList)
     init_from: Optional[str] = None  # weights loaded before step 0: a safetensors file, a Hugging Face model directory, a torch.save'd state dict or one of our checkpoints
+    new_params: list = field(default_factory=list)  # glob patterns of parameters init_from need not hold (adapters, a new head): they keep the factory's initialization
 
     def validate(self) -> None:
         from elastic_zero.models.presets import PRESETS
@@ -62,6 +63,10 @@ class ModelSpec:
             _fail("model.wrap", f"must be a list of module class names, got {self.wrap!r}")
         if self.init_from is not None and not self.init_from:
             _fail("model.init_from", "must be a path or URI")
+        if not all(isinstance(p, str) and p for p in self.new_params):
+            _fail("model.new_params", f"must be a list of parameter-name patterns, got {self.new_params!r}")
+        if self.new_params and not self.init_from:
+            _fail("model.new_params", "applies only with model.init_from (without it, every parameter is new)")
 
 
 @dataclass(frozen=True)

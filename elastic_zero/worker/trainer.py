@@ -77,13 +77,16 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             self._init_values = None  # a meta model's weights to start from, until its engine takes them
             if self.spec.model.init_from:  # every worker: the same buffers everywhere, a bad file a start error
                 weights = named("model.init_from", lambda: load_initial_weights(self.spec.model.init_from))
+                new_params = self.spec.model.new_params
                 if has_meta_parameters(self.model):  # the engine takes the parameters unit by unit
+                    if new_params:  # their values would need the model's own initialization, unit by unit
+                        raise ValueError("model.new_params: not supported for a meta model yet; build it on the CPU")
                     named("model.init_from", lambda: check_fits(self.model, weights))
                     buffers = {name for name, _ in self.model.named_buffers()}
                     self.model.load_state_dict({k: weights[k] for k in buffers if k in weights}, strict=False)
                     self._init_values = weights
                 else:
-                    named("model.init_from", lambda: load_into(self.model, weights))
+                    named("model.init_from", lambda: load_into(self.model, weights, new_params=new_params))
             self.optimizer = build_optimizer(self.spec)
             self._model_extra = model_extra(self.model)  # what export needs beyond the layout
             release_free_memory()  # a meta model's construction made and freed every parameter
