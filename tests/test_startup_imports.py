@@ -1,6 +1,7 @@
 """Start-up: the driver and the coordinator import no torch (a second of a two-core machine each,
-measured by `elastic-zero bench startup`). The driver checks and sends the job without it; the
-coordinator spawns its workers first and opens its store (torch's) while they start. Oracle:
+measured by `elastic-zero bench startup`). The driver checks and sends the job without it, its
+checkpoint store probed through the torch-free catalog; the coordinator probes that store too and
+spawns its workers first, and opens its rendezvous store (torch's) while they start. Oracle:
 sys.modules of a fresh interpreter after what each process does before its first step."""
 
 import subprocess
@@ -18,15 +19,20 @@ from elastic_zero.job.preflight import preflight, settle_steps
 from elastic_zero.job.spec import spec_from_dict
 from elastic_zero.job.user_code import ship_by_value
 import elastic_zero.driver
-job = spec_from_dict(json.loads(json.dumps(DEFAULT_JOB))).normalized()
+import tempfile
+job = spec_from_dict({**json.loads(json.dumps(DEFAULT_JOB)), "checkpoint": {"uri": tempfile.mkdtemp()}}).normalized()
 job = settle_steps(job, preflight(job))
 ship_by_value(job.model.factory, job.train.loss, job.data.collate)
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """
 
 COORDINATOR = """
-import sys
+import sys, tempfile
 import elastic_zero.coordinator.actor
+from elastic_zero.checkpoint import list_checkpoints, open_store, probe_writable, restore_candidates
+root = tempfile.mkdtemp()
+probe_writable(root)  # where the job writes its final weights, checked before the workers are spawned
+assert list_checkpoints(*open_store(root)) == [] and restore_candidates(*open_store(root)) == []
 from elastic_zero.worker.actor import TrainingWorker
 from elastic_zero.models import PRESETS
 from elastic_zero.data import DataError
@@ -38,4 +44,4 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 def test_what_runs_before_the_workers_start_imports_no_torch(who, code):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", f"the {who} imported {out.stdout.strip()}"
+    assert out.stdout.strip() == "[]", f"the {who} imported {out.stdout.strip()[:300]}"

@@ -6,8 +6,10 @@ TorchTrainer on the same Ray. elastic_zero's time is split by the run's own reco
 
   ray_init        ray.init() of a fresh local Ray
   coordinator     from there until the coordinator actor began (its process, imports, store)
+  to_spawn        from there until it spawned the workers (its checks of the checkpoint store)
   workers_ready   from the coordinator's spawn until the last worker said hello (processes, imports,
                   the model built on each)
+  to_generation   from there until the first generation started
   generation      from the first generation's start until its first step began (process groups,
                   the engine and its buffers)
   first_step      the first optimizer step itself (rank 0)
@@ -24,7 +26,7 @@ import statistics
 import tempfile
 import time
 
-PHASES = ("ray_init", "coordinator", "workers_ready", "generation", "first_step")
+PHASES = ("ray_init", "coordinator", "to_spawn", "workers_ready", "to_generation", "generation", "first_step")
 
 
 def _events(run_dir: str) -> list[dict]:
@@ -40,7 +42,8 @@ def startup_phases(t0: float, ray_ready: float, events: list[dict], summary: dic
     ready = max(e["t"] for e in events if e["event"] == "worker_ready" and e["t"] <= first_gen["t"])
     first_step_at = summary["started_at_epoch"] + summary["time_to_first_step_s"]
     first_step_s = summary["step_time_curve"][0][1]
-    phases = {"ray_init": ray_ready - t0, "coordinator": job_start - ray_ready, "workers_ready": ready - spawn,
+    phases = {"ray_init": ray_ready - t0, "coordinator": job_start - ray_ready, "to_spawn": spawn - job_start,
+              "workers_ready": ready - spawn, "to_generation": first_gen["t"] - ready,
               "generation": first_step_at - first_gen["t"], "first_step": first_step_s}
     phases["total_to_first_step_done"] = first_step_at + first_step_s - t0
     return {k: round(v, 3) for k, v in phases.items()}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import warnings
 import zlib
@@ -25,71 +24,23 @@ from typing import Sequence
 import pyarrow.fs as pafs
 import torch
 
+from elastic_zero.checkpoint.catalog import (  # noqa: F401 - the catalog's names are this module's API too
+    LATEST, MANIFEST, StoreError, _is_file, free_step_dir, list_checkpoints, open_store, probe_writable, read_manifest,
+    resolve, restore_candidates, step_dir,
+)
 from elastic_zero.checkpoint.manifest import DTYPE_SIZES, Block, DataFile, Manifest, Segment, blocks_to_read, plan_blocks
 from elastic_zero.plan.layout import FlatLayout
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.zero.shard import ShardState
 
-MANIFEST = "manifest.json"
-LATEST = "latest"
 BLOCK_NUMEL = 1 << 20
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                  "float64": torch.float64}
 _BIT_VIEWS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-_STEP_DIR = re.compile(r"step-(\d{10})(?:-(\d+))?")
-
-
 class ChecksumError(ValueError):
     pass
-
-
-class StoreError(ValueError):
-    """The checkpoint store cannot be read or written: the message names the URI."""
-
-
-def open_store(uri: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, root path) for a URI or local path; `filesystem` overrides (tests, custom auth)."""
-    if filesystem is not None:
-        return filesystem, uri.rstrip("/")
-    if "://" not in uri:
-        uri = os.path.abspath(uri)
-    try:
-        fs, path = pafs.FileSystem.from_uri(uri)
-    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-        raise ValueError(f"checkpoint.uri: cannot open {uri!r} ({exc})") from None
-    return fs, path.rstrip("/")
-
-
-def step_dir(root: str, step: int, again: int = 0) -> str:
-    """The directory of a save of `step`; `again` > 0 for the later saves of a committed step."""
-    return f"{root}/step-{step:010d}" + (f"-{again}" if again else "")
-
-
-def free_step_dir(fs: pafs.FileSystem, root: str, step: int) -> str:
-    """The first directory for `step` that holds no commit: committed steps are never rewritten."""
-    again = 0
-    while _is_file(fs, f"{step_dir(root, step, again)}/{MANIFEST}"):
-        again += 1
-    return step_dir(root, step, again)
-
-
-def probe_writable(uri: str) -> None:
-    """Raise StoreError unless a file can be written (and removed) under `uri`."""
-    fs, root = open_store(uri)
-    probe = f"{root}/.probe-{os.getpid()}"
-    try:
-        fs.create_dir(root, recursive=True)
-        with fs.open_output_stream(probe) as out:
-            out.write(b"elastic-zero")
-        fs.delete_file(probe)
-    except (OSError, ValueError) as exc:
-        raise StoreError(f"checkpoint.uri: cannot write to {uri!r} ({exc})") from None
-
-
-def _is_file(fs: pafs.FileSystem, path: str) -> bool:
-    return fs.get_file_info(path).type == pafs.FileType.File
 
 
 def _raw_bytes(t: torch.Tensor) -> bytes:
@@ -190,53 +141,6 @@ def make_manifest(state: ShardState, files: Sequence[DataFile], stage: int, extr
                     tuple(files), dict(state.scalars), dict(extra or {}))
 
 
-def list_checkpoints(fs: pafs.FileSystem, root: str) -> list[tuple[int, str]]:
-    """Committed checkpoints (those with a manifest), oldest commit first, as (step, directory).
-    A root that does not exist holds none; one that cannot be read raises StoreError."""
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-        found = []
-        for info in infos:
-            name = _STEP_DIR.fullmatch(os.path.basename(info.path))
-            if info.type == pafs.FileType.Directory and name:
-                manifest = fs.get_file_info(f"{info.path}/{MANIFEST}")
-                if manifest.type == pafs.FileType.File:
-                    again = int(name.group(2) or 0)
-                    found.append((manifest.mtime_ns or 0, int(name.group(1)), again, info.path))
-    except OSError as exc:
-        raise StoreError(f"checkpoint.uri: cannot read {root!r} ({exc})") from None
-    return [(step, directory) for _, step, _, directory in sorted(found)]
-
-
-def read_manifest(fs: pafs.FileSystem, directory: str) -> Manifest:
-    path = f"{directory}/{MANIFEST}"
-    try:
-        with fs.open_input_stream(path) as f:
-            data = json.loads(f.read())
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no manifest (not a committed checkpoint)") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: manifest is not valid JSON ({exc})") from None
-    return Manifest.from_dict(data, path)
-
-
-def resolve(fs: pafs.FileSystem, root: str, which: str = "latest") -> str:
-    """The checkpoint directory for "latest", a step number, or a step directory name."""
-    if which == "latest":
-        committed = list_checkpoints(fs, root)
-        if not committed:
-            raise ValueError(f"{root}: no committed checkpoint")
-        return _latest(fs, root, committed)
-    if which.isdigit():  # the newest commit of that step
-        of_step = [d for s, d in list_checkpoints(fs, root) if s == int(which)]
-        return of_step[-1] if of_step else step_dir(root, int(which))
-    name = which[len(root):].lstrip("/") if which.startswith(root + "/") else which
-    if not _STEP_DIR.fullmatch(name):  # nothing that could lead outside the root
-        raise ValueError(f"checkpoint {which!r}: expected 'latest', a step number or a step directory "
-                         f"name like 'step-0000000040'")
-    return f"{root}/{name}"
-
-
 def load_shard(fs: pafs.FileSystem, directory: str, layout: FlatLayout, world_size: int, rank: int,
                vector_names: Sequence[str] | None = None) -> ShardState:
     """Rank `rank`'s shard of a `world_size` partition, read from a checkpoint saved at any size."""
@@ -315,28 +219,6 @@ class BlockReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _latest(fs: pafs.FileSystem, root: str, committed: list[tuple[int, str]]) -> str:
-    """The directory the `latest` pointer names among `committed` (non-empty), else the newest commit."""
-    try:
-        with fs.open_input_stream(f"{root}/{LATEST}") as f:
-            pointed = f"{root}/{f.read().decode().strip()}"
-        if any(d == pointed for _, d in committed):
-            return pointed
-    except FileNotFoundError:
-        pass
-    return committed[-1][1]  # the pointer lags a crash between commit and pointer update
-
-
-def restore_candidates(fs: pafs.FileSystem, root: str) -> list[str]:
-    """Where to restore from, in order: the latest commit, then the earlier ones, newest first;
-    empty when nothing is committed. The store is listed once."""
-    committed = list_checkpoints(fs, root)
-    if not committed:
-        return []
-    latest = _latest(fs, root, committed)
-    return [latest] + [d for _, d in reversed(committed) if d != latest]
 
 
 def load_latest(fs: pafs.FileSystem, root: str, layout: FlatLayout, world_size: int, rank: int,
