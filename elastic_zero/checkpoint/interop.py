@@ -113,7 +113,7 @@ def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], field: 
 def new_parameter_names(names: Iterable[str], patterns: Sequence[str]) -> set[str]:
     """The parameter names that the glob patterns (`model.new_params`) match; a pattern that matches
     none is a ValueError naming it (a typo would otherwise surface as a missing weight, or not at all)."""
-    names = list(names)
+    names = sorted(names)
     matched: set[str] = set()
     for pattern in patterns:
         hits = {n for n in names if fnmatch.fnmatchcase(n, pattern)}

@@ -211,11 +211,18 @@ def main() -> int:
     if os.path.exists(report_path):  # the stages run before, when --only runs the later ones
         with open(report_path) as fh:
             report = json.load(fh)
+    import ray
+
+    # one embedded Ray for the run's three jobs (ez.run starts and stops one of its own when none is up)
+    ray.init(num_cpus=max(os.cpu_count() or 1, 4), include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False)
     try:
         run_stages(out, stages, args.short, report)
     except ez.SpecError as exc:  # a TOML edited wrong: one line naming the field
         print(f"finetune.py: {exc}", file=sys.stderr)
         return 2
+    finally:
+        ray.shutdown()
     os.makedirs(out, exist_ok=True)
     with open(report_path, "w") as fh:
         json.dump(report, fh, indent=1, default=str)
