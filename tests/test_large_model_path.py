@@ -30,11 +30,21 @@ def gpt2_loss(model, batch):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["targets"].reshape(-1))
 
 
+def slow_gpt2_loss(model, batch):
+    """The same loss, with every micro batch taking 40 ms more: the drill's 300 steps last at least 12 s,
+    so that the joiners (torch and transformers to import, on a loaded machine) come before its end."""
+    import time
+
+    time.sleep(0.04)
+    return gpt2_loss(model, batch)
+
+
 def _job(name, on_meta, init_from, faults=(), workers=2):
     return ez.Job(name=name, model={"factory": tiny_gpt2, "kwargs": {"on_meta": on_meta}, "wrap": ["GPT2Block"],
                                     "init_from": init_from},
                   data={"source": "synthetic", "seq_len": 16, "vocab_size": 64},
-                  train={"steps": 300, "global_batch": 8, "micro_batch": 4, "loss": gpt2_loss},
+                  train={"steps": 300, "global_batch": 8, "micro_batch": 4,
+                         "loss": slow_gpt2_loss if faults else gpt2_loss},
                   zero={"stage": 3}, faults=list(faults),
                   # joiners join as soon as each is ready: the tiny job's steps take milliseconds
                   elastic={"workers": workers, "min_workers": 1, "max_workers": 3, "join_window_s": 0})
