@@ -213,9 +213,10 @@ def main() -> int:
             report = json.load(fh)
     import ray
 
-    # one embedded Ray for the run's three jobs (ez.run starts and stops one of its own when none is up)
-    ray.init(num_cpus=max(os.cpu_count() or 1, 4), include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False)
+    if any(stage in stages for stage in ("pretrain", "full", "lora")):
+        # one embedded Ray for the run's jobs (ez.run starts and stops one of its own when none is up)
+        ray.init(num_cpus=max(os.cpu_count() or 1, 4), include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=False)
     try:
         run_stages(out, stages, args.short, report)
     except ez.SpecError as exc:  # a TOML edited wrong: one line naming the field
