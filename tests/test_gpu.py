@@ -189,3 +189,44 @@ def test_a_meta_model_on_a_gpu_trains_like_the_real_one_and_a_hollow_engine_hold
     after_joiner, after_meta = run(joiner), run(meta)
     for name in after_meta:
         assert torch.equal(after_joiner[name], after_meta[name]), name
+
+
+@needs_a_gpu
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_lora_model_trains_its_adapters_on_a_gpu_like_torch_adamw_and_leaves_the_base_alone(tmp_path, stage):
+    """examples/finetune_hf's LoRA Llama in the engine on CUDA: only the adapters train, exactly as torch's
+    AdamW on them alone; the frozen weights stay bit-equal to the start."""
+    transformers = pytest.importorskip("transformers")
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from examples.finetune_hf.model import llama_config, with_lora
+    from elastic_zero.zero import AdamW, ZeroEngine
+
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(llama_config(hidden_size=64, layers=2, seq_len=32)).save_pretrained(tmp_path)
+    ids = torch.randint(0, 256, (8, 33), generator=torch.Generator().manual_seed(5)).cuda()
+
+    def loss_of(model):
+        logits = model(input_ids=ids[:, :-1]).logits.float()
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, 256), ids[:, 1:].reshape(-1))
+
+    torch.manual_seed(1)
+    reference = with_lora(str(tmp_path), rank=4, alpha=8.0).cuda()
+    torch.manual_seed(1)
+    model = with_lora(str(tmp_path), rank=4, alpha=8.0).cuda()
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    engine = ZeroEngine(model, AdamW(lr=1e-2, weight_decay=0.0), stage=stage)
+    opt = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.0)
+    for _ in range(5):
+        engine.backward(loss_of(engine.module))
+        engine.step()
+        engine.zero_grad()
+        loss_of(reference).backward()
+        opt.step()
+        opt.zero_grad()
+    got, want = engine.full_state_dict(), reference.state_dict()
+    assert max((got[k].float().cpu() - want[k].float().cpu()).abs().max().item() for k in want) < 1e-4
+    assert all(torch.equal(dict(model.named_parameters())[n].detach(), v) for n, v in frozen.items())
+    assert min(want[k].abs().max().item() for k in want if k.endswith("lora_B")) > 0  # the adapters trained
