@@ -42,9 +42,10 @@ class SyntheticSource:
 class ArrowSource:
     """Rows of an Arrow/Parquet dataset, read streaming, through a collate."""
 
-    def __init__(self, rows, order, collate: Callable, vocab_size: int | None, custom_collate: bool) -> None:
+    def __init__(self, rows, order, collate: Callable, vocab_size: int | None, custom_collate: bool,
+                 field: str = "data.source") -> None:
         self.rows, self.order, self.collate = rows, order, collate
-        self.field = "data.source"  # what its errors name: "eval.source" for the eval set
+        self.field = field  # what its errors name: "eval.source" for the eval set
         self.vocab_size, self.custom_collate = vocab_size, custom_collate
         self.num_samples = rows.num_samples
         # rows read ahead: the table, the sample of each row, and each position's row in it
@@ -129,9 +130,8 @@ def open_source(data, seed: int, vocab_size: int | None, seq_len: int | None, co
         custom = False
     else:
         custom = True
-    source = ArrowSource(rows, BlockShuffledOrder(rows.block_sizes, seed), collate, vocab_size, custom)
-    source.field = "eval.source" if held_out else "data.source"
-    return source
+    return ArrowSource(rows, BlockShuffledOrder(rows.block_sizes, seed), collate, vocab_size, custom,
+                       field="eval.source" if held_out else "data.source")
 
 
 def read_ahead_for_step(source, step: int, steps: int, share_of: Callable[[int], range]) -> None:
