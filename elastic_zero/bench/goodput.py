@@ -29,6 +29,7 @@ from elastic_zero.bench.local_cluster import RayHead, RayNode
 
 WORKERS, CPUS_PER_NODE, GLOBAL_BATCH, MICRO_BATCH = 4, 2, 16, 4
 SYSTEMS = ("elastic_zero", "ray_train", "torchft")
+DEFAULT_SYSTEMS = ("elastic_zero", "ray_train")  # with neither --systems nor --against
 MAX_RESTARTS = 10  # a torchft group's, as torchft's torchx component passes to torchrun
 
 
@@ -320,12 +321,13 @@ def goodput_systems(systems: str | None, against: str | None) -> tuple[str, ...]
         if against not in peers:
             raise ValueError(f"bench goodput: --against: got {against!r}; allowed: {', '.join(peers)}")
         return ("elastic_zero", peers[against])
-    return tuple(dict.fromkeys(s.strip() for s in (systems or "elastic_zero,ray_train").split(",") if s.strip()))
+    if not systems:
+        return DEFAULT_SYSTEMS
+    return tuple(dict.fromkeys(s.strip() for s in systems.split(",") if s.strip()))
 
 
 def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: int = 0, notice_s: float = 30.0,
-                      checkpoint_every: int = 20, systems=("elastic_zero", "ray_train"),
-                      work_root: str | None = None,
+                      checkpoint_every: int = 20, systems=DEFAULT_SYSTEMS, work_root: str | None = None,
                       clock: str = "launch", torchft_stock_ddp_hook: bool = False) -> dict:
     """Each system's run keeps its outputs in a directory of its own (under `work_root` if given).
     `clock`: the schedule counts from each job's launch, or ("first_step") from its first step.
