@@ -4,6 +4,11 @@ and the tests, not of the runtime (which runs on Ray).
 The parent hosts the TCPStore, so no rank's death takes the rendezvous down. Each child sets
 torch to one thread, builds its own process group (no default group) and sends back its result
 serialised with torch.save, or its traceback.
+
+The children are forked from a fork server that imported torch once (multiprocessing's
+"forkserver", single-threaded, so forking it is safe where forking the caller, with its threads,
+is not): a spawned child spent 1.1 s of CPU importing torch, and the test suite starts about a
+hundred of them on two cores. Each child takes the caller's environment as it is at the call.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import datetime
 import io
 import multiprocessing as mp
+import os
 import queue as queue_mod
 import time
 import traceback
@@ -65,11 +71,12 @@ def run_local_group(
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     store = loopback_store(timeout_s)
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results_q = ctx.Queue()
+    env = dict(os.environ)
     procs = [
         ctx.Process(target=_child, daemon=True,
-                    args=(fn, rank, world_size, store.port, args, results_q, backend, threads_per_rank, timeout_s))
+                    args=(fn, rank, world_size, store.port, args, results_q, backend, threads_per_rank, timeout_s, env))
         for rank in range(world_size)
     ]
     for p in procs:
@@ -102,7 +109,19 @@ def run_local_group(
     return [results[r] for r in range(world_size)]
 
 
-def _child(fn, rank, world_size, port, args, results_q, backend, threads, timeout_s) -> None:
+_PRELOAD = ["torch", "torch.distributed", "elastic_zero.bench.local_group", "elastic_zero.zero"]
+
+
+def _context():
+    """The fork server's context, its imports set before it first starts (once per process)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def _child(fn, rank, world_size, port, args, results_q, backend, threads, timeout_s, env) -> None:
+    os.environ.clear()
+    os.environ.update(env)  # the caller's, now: the fork server's is the one it had when the server started
     torch.set_num_threads(threads)
     try:
         store = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=timeout_s))
