@@ -34,12 +34,28 @@ pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 STEPS = 120
 
 
-def _spec(steps: int = STEPS, preemption: str = "") -> str:
+PACED = """
+import time
+
+from elastic_zero.losses import next_token_loss
+
+
+def loss(model, batch):
+    # the job runs until stopped, paced: its four workers would otherwise take both cores while the
+    # test plays its notices, and so would every other test's beside it
+    time.sleep(0.05)
+    return next_token_loss(model, batch)
+"""
+
+
+def _spec(steps: int = STEPS, preemption: str = "", paced: bool = False) -> str:
+    loss = 'loss = "paced:loss"' if paced else ""
     return textwrap.dedent(f"""\
         name = "nodes"
         [model]
         preset = "gpt-tiny"
         [train]
+        {loss}
         steps = {steps}
         global_batch = 16
         micro_batch = 4
@@ -66,8 +82,10 @@ def cluster():
         head.stop()
 
 
-def _start(head, tmp_path, job_id: str, steps: int = STEPS, preemption: str = "") -> subprocess.Popen:
-    (tmp_path / "job.toml").write_text(_spec(steps, preemption))
+def _start(head, tmp_path, job_id: str, steps: int = STEPS, preemption: str = "", paced: bool = False
+           ) -> subprocess.Popen:
+    (tmp_path / "paced.py").write_text(PACED)
+    (tmp_path / "job.toml").write_text(_spec(steps, preemption, paced))
     return head.run_job(str(tmp_path), "job.toml", job_id)
 
 
@@ -145,7 +163,7 @@ def test_a_sigterm_a_cloud_notice_and_a_ray_drain_are_handed_over_at_a_safe_poin
     fake = FakeMetadata("aws")
     try:
         preemption = f'[preemption]\nwatch = ["sigterm", "ray-drain", "aws"]\npoll_s = 0.2\naws_endpoint = "{fake.url}"\n'
-        driver = _start(head, tmp_path, "notices", steps=100000, preemption=preemption)
+        driver = _start(head, tmp_path, "notices", steps=100000, preemption=preemption, paced=True)
         record = _until(head, tmp_path, driver, "notices", "training on 4 workers",
                         lambda r: r["world_size"] == 4 and (r["step"] or 0) >= 3)
         on_node = _on_nodes(record, nodes)

@@ -27,16 +27,27 @@ from elastic_zero.bench.local_cluster import RayHead
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
 FACTORY = '''
+import time
+
+from elastic_zero.losses import next_token_loss
 from elastic_zero.models import build_preset
 
 
 def build(width=32):
     return build_preset("gpt-tiny", seed=0)
+
+
+def paced_loss(model, batch):
+    # a job that runs until stopped, paced: its steps would otherwise take both cores while the test
+    # drives it through the CLI, and so would every other test's beside it
+    time.sleep(0.05)
+    return next_token_loss(model, batch)
 '''
 
 
-def _spec(steps: int, checkpoint_uri: str | None = None) -> str:
+def _spec(steps: int, checkpoint_uri: str | None = None, paced: bool = False) -> str:
     ckpt = f'[checkpoint]\nuri = "{checkpoint_uri}"\nevery = 10\nkeep = 3\n' if checkpoint_uri else ""
+    loss = 'loss = "mymodels:paced_loss"' if paced else ""
     return textwrap.dedent(f"""\
         name = "svc"
         [model]
@@ -44,6 +55,7 @@ def _spec(steps: int, checkpoint_uri: str | None = None) -> str:
         [data]
         source = "synthetic"
         [train]
+        {loss}
         steps = {steps}
         global_batch = 8
         micro_batch = 4
@@ -145,7 +157,7 @@ def open_head():
 
 def test_job_on_a_token_auth_head(auth_head, workdir):
     head, cwd = auth_head, workdir
-    (cwd / "job.toml").write_text(_spec(100000, str(cwd / "ckpt")))
+    (cwd / "job.toml").write_text(_spec(100000, str(cwd / "ckpt"), paced=True))
     (cwd / "bad.toml").write_text(_spec(100).replace("workers = 2", "workers = 9"))
     run_dir = str(cwd / "out")
 
@@ -250,7 +262,7 @@ def test_job_on_an_open_head_outlives_its_driver(open_head, workdir):
 
 def test_a_lost_coordinator_without_checkpoints_fails_with_the_reason(open_head, workdir):
     head, cwd = open_head, workdir
-    (cwd / "job.toml").write_text(_spec(100000))
+    (cwd / "job.toml").write_text(_spec(100000, paced=True))
     job_id = _ok(_cli(head, cwd, "submit", "job.toml", "--address", head.address, "--run-dir", str(cwd / "out"))).strip()
     record = _until(head, cwd, job_id, "training", lambda r: r["state"] == "running" and r["step"] >= 1)
     os.kill(record["coordinator"]["pid"], signal.SIGKILL)
