@@ -98,11 +98,13 @@ def _one_line_error(result, code: int, *words: str) -> None:
 
 def _status(head, cwd, job_id, starting: bool = False) -> dict | None:
     """Through a direct connection to the cluster (quicker than a control job; both are tested).
-    `starting`: None while the job has no coordinator yet, or while Ray restarts it (seen in CI: a
-    status asked in that moment answers "is restarting; ask again in a few seconds")."""
+    `starting`: None while the job has no coordinator yet, while Ray restarts it (seen in CI: a
+    status asked in that moment answers "is restarting; ask again in a few seconds"), or while the
+    head's GCS does not answer a connection (seen here with three clusters on two loaded cores)."""
     result = _cli(head, cwd, "status", job_id, "--json", "--address", head.gcs_address)
     if starting and result.returncode == 1 and ("no running elastic-zero job" in result.stderr
-                                                or "is restarting" in result.stderr):
+                                                or "is restarting" in result.stderr
+                                                or "cannot reach the Ray cluster" in result.stderr):
         return None
     return json.loads(_ok(result))
 

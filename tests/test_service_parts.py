@@ -86,6 +86,8 @@ def test_cluster_failures_are_one_line_saying_what_to_do():
     assert "rejected the token" in wrong and "\n" not in wrong
     down = explain(ConnectionError("Failed to connect to Ray at address: http://h:8265."), a)
     assert down.startswith("cannot reach the Ray dashboard at http://h:8265")
+    gcs = explain(ConnectionError("Failed to connect to GCS at address 10.0.0.1:6379"), "10.0.0.1:6379")
+    assert gcs.startswith("cannot reach the Ray cluster at 10.0.0.1:6379") and "GCS address" in gcs
     assert explain(RuntimeError("boom\nstack"), a) == "boom (Ray cluster at http://h:8265)"
 
 

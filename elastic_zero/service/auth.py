@@ -50,6 +50,9 @@ def explain(exc: BaseException, address: str) -> str:
     if "authentication failed" in lowered or "invalid authentication token" in lowered or "forbidden" in lowered:
         return f"the Ray cluster at {address} rejected the token ({token_source() or 'none found'}): {AUTH_HELP}"
     if isinstance(exc, ConnectionError) or "failed to connect" in lowered or "connection refused" in lowered:
+        if "://" not in address:  # a GCS address (HOST:PORT): a direct connection, not the Jobs API
+            return (f"cannot reach the Ray cluster at {address}: is the cluster up, and is this its GCS address "
+                    f"(HEAD:6379)?")
         return (f"cannot reach the Ray dashboard at {address}: is the cluster up, and is this its dashboard address "
                 f"(http://HEAD:8265)?")
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
