@@ -12,8 +12,8 @@ the generation.
 A worker silent alone, while another worker on its node is heard, is not on a vanished node: its
 process hung or was starved (a process that dies is reported by Ray at once). It is given
 LONE_SILENCE_FACTOR times the timeout: on a loaded machine a live worker's beats can pause for a
-second (seen in CI: a worker of a fine-tuning job declared lost 3 s into its first step while its
-node-mates beat), and a hung one is still found, later.
+second (seen in a full test run here: a fine-tuning job's worker declared lost 3 s into its first
+step while its node-mates beat), and a hung one is still found, later.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def silent_members(last_heard: Mapping[str, float], watched: Iterable[str], now:
                     f"its node is heard: lost after {lone_timeout_s:g} s")
     worst = max(lost, key=lambda a: silence[a])
     why_alone = f"; {lone_timeout_s:g} s for one whose node-mates are heard" if alone & set(lost) else ""
-    return lost, (f"no heartbeat from {', '.join(lost)} for {silence[worst]:.1f} s (timeout {timeout_s:g} s{why_alone}) "
-                  f"while {', '.join(heard)} were heard")
+    return lost, (f"no heartbeat from {', '.join(lost)} for {silence[worst]:.1f} s "
+                  f"(timeout {timeout_s:g} s{why_alone}) while {', '.join(heard)} were heard")
 
 
 def next_silence_at(last_heard: Mapping[str, float], watched: Iterable[str], now: float,
