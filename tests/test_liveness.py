@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_zero.plan.liveness import LONE_SILENCE_FACTOR, nodes_gone_silent, silent_members
+from elastic_zero.plan.liveness import nodes_gone_silent, silent_members
 
 pytestmark = pytest.mark.unit
 
@@ -46,52 +46,21 @@ def test_a_member_never_heard_of_is_not_yet_silent_and_the_unwatched_are_ignored
     assert lost == ()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from([f"w{i}" for i in range(6)]), st.floats(0, 20), min_size=1),
-       st.floats(0.2, 5), st.lists(st.sampled_from("ab"), min_size=6, max_size=6))
-def test_the_lost_are_watched_silent_members_and_someone_was_heard(heard_at, timeout_s, nodes):
+       st.floats(0.2, 5))
+def test_the_lost_are_watched_silent_members_and_someone_was_heard(heard_at, timeout_s):
     now = 20.0
     watched = sorted(heard_at)
-    node_of = {f"w{i}": node for i, node in enumerate(nodes)}
-    lost, reason = silent_members(heard_at, watched, now, timeout_s, node_of=node_of)
-    silence = {a: now - heard_at[a] for a in watched}
+    lost, reason = silent_members(heard_at, watched, now, timeout_s)
     assert set(lost) <= set(watched)
-    assert all(silence[a] > timeout_s for a in lost)
-    living = {node_of[a] for a in watched if silence[a] <= timeout_s / 2}
-    # one whose node-mate was heard lately is lost only after the longer wait
-    assert all(silence[a] > LONE_SILENCE_FACTOR * timeout_s for a in lost if node_of[a] in living)
+    assert all(now - heard_at[a] > timeout_s for a in lost)
     if lost:
-        assert living
-    else:  # nobody silent, or nobody heard lately, or each silent one alone on a living node within its wait
-        for a in watched:
-            if silence[a] > timeout_s and living:
-                assert node_of[a] in living and silence[a] <= LONE_SILENCE_FACTOR * timeout_s
+        assert any(now - heard_at[a] <= timeout_s / 2 for a in watched)
+    else:
+        silent = [a for a in watched if now - heard_at[a] > timeout_s]
+        assert not silent or all(now - heard_at[a] > timeout_s / 2 for a in watched)
     assert reason
-
-
-def test_a_worker_silent_alone_on_a_node_whose_others_beat_is_given_longer():
-    """Starved or hung, not on a vanished node (seen in a full test run here: a live worker declared
-    lost 3 s into a first step while its two node-mates beat): lost only after LONE_SILENCE_FACTOR
-    timeouts."""
-    node_of = {"w0": "a", "w1": "a", "w2": "b"}
-    heard_at = {"w0": 8.5, "w1": 9.95, "w2": 9.9}
-    lost, reason = silent_members(heard_at, ["w0", "w1", "w2"], now=10.0, timeout_s=1.0, node_of=node_of)
-    assert lost == () and "another worker on its node is heard: lost after 5 s" in reason
-    assert silent_members(heard_at, ["w0", "w1", "w2"], now=10.0, timeout_s=1.0)[0] == ("w0",)  # nodes unknown
-    heard_at = {"w0": 10.0 - LONE_SILENCE_FACTOR - 0.1, "w1": 9.95, "w2": 9.9}
-    lost, reason = silent_members(heard_at, ["w0", "w1", "w2"], now=10.0, timeout_s=1.0, node_of=node_of)
-    assert lost == ("w0",) and "5 s for one whose node-mates are heard" in reason
-    # alone on its node: its node is silent with it, the timeout holds
-    heard_at = {"w0": 9.9, "w1": 9.95, "w2": 8.5}
-    assert silent_members(heard_at, ["w0", "w1", "w2"], now=10.0, timeout_s=1.0, node_of=node_of)[0] == ("w2",)
-
-
-def test_the_first_worker_of_a_vanished_node_to_pass_the_timeout_does_not_wait_for_its_node_mates():
-    """A node's workers stop within a beat of each other: a mate last heard 0.9 s ago (more than half
-    the timeout) does not make the node look alive."""
-    node_of = {"w0": "a", "w1": "a", "w2": "b"}
-    heard_at = {"w0": 8.9, "w1": 9.1, "w2": 9.95}
-    assert silent_members(heard_at, ["w0", "w1", "w2"], now=10.0, timeout_s=1.0, node_of=node_of)[0] == ("w0",)
 
 
 def test_a_node_is_lost_only_when_none_of_its_workers_is_heard():

@@ -106,8 +106,7 @@ class FinalSave:
             if heartbeat_timeout_s and refs:
                 now = time.monotonic()
                 silent, reason = silent_members(self._heard, refs.values(), now, heartbeat_timeout_s,
-                                                witnesses=(a for a in self._workers if a in self._heard),
-                                                node_of=self._worker_nodes)
+                                                witnesses=(a for a in self._workers if a in self._heard))
                 for ref, actor_id in list(refs.items()):
                     if actor_id in silent:
                         del refs[ref]

@@ -25,7 +25,6 @@ ACK_TIMEOUT_S = 5.0
 LOST_NODE_AVOID_S = 120.0  # Ray counts a vanished node alive until its health checks give up
 SILENCE_POLL_S = 0.5  # the longest between two looks for silent members (a generation starting, beats resuming)
 SILENCE_MIN_GAP_S = 0.002  # the shortest: a member heard just now is not looked at again at once
-SILENCE_PENDING_GAP_S = 0.05  # while a silent member is not yet lost: a listener's drain apart, not a busy loop
 
 
 class NodeWatch:
@@ -80,12 +79,9 @@ class NodeWatch:
         if not timeout_s or self._plan is None or not self._train_refs:
             return now + SILENCE_POLL_S
         lost, reason = silent_members(self._heard, self._train_refs.values(), now, timeout_s,
-                                      witnesses=(a for a in self._workers if a in self._heard),
-                                      node_of=self._worker_nodes)
+                                      witnesses=(a for a in self._workers if a in self._heard))
         if not lost:
             due = next_silence_at(self._heard, self._train_refs.values(), now, timeout_s)
-            if due is not None and due <= now:  # silent, not yet lost (alone on a living node, or nobody heard)
-                return now + SILENCE_PENDING_GAP_S
             return max(now + SILENCE_MIN_GAP_S, min(now + SILENCE_POLL_S, (due or now) + SILENCE_MIN_GAP_S))
         for ref, actor_id in list(self._train_refs.items()):
             if actor_id in lost:

@@ -188,7 +188,7 @@ class ElasticSpec:
     use_gpu: bool = False  # one GPU per worker and NCCL, else one CPU and gloo
     collective_timeout_s: float = 30.0  # a collective waiting longer fails the generation; its hung member is killed
     min_wait_s: float = 60.0  # how long to wait for workers while below min_workers
-    heartbeat_timeout_s: float = 1.0  # a member silent this long, while others are heard, is lost (0: off); five times this when silent alone on a node whose other workers beat
+    heartbeat_timeout_s: float = 1.0  # a member silent this long, while others are heard, is lost (0: off)
     join_window_s: float = 5.0  # a ready joiner waits this long at most for workers still starting, to join with them
 
     def validate(self) -> None:

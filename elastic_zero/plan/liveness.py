@@ -8,12 +8,6 @@ Silence is read against the witnesses (every worker of the job, in the generatio
 none was heard lately, the listener itself was likely starved (a busy machine, a paused process),
 and nobody is declared lost; then Ray's own death notices and the collective timeout still end
 the generation.
-
-A worker silent alone, while another worker on its node is heard, is not on a vanished node: its
-process hung or was starved (a process that dies is reported by Ray at once). It is given
-LONE_SILENCE_FACTOR times the timeout: on a loaded machine a live worker's beats can pause for a
-second (seen in a full test run here: a fine-tuning job's worker declared lost 3 s into its first
-step while its node-mates beat), and a hung one is still found, later.
 """
 
 from __future__ import annotations
@@ -21,45 +15,28 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 
-LONE_SILENCE_FACTOR = 5.0
-
-
 def silent_members(last_heard: Mapping[str, float], watched: Iterable[str], now: float, timeout_s: float,
-                   witnesses: Iterable[str] = (), node_of: Mapping[str, str] | None = None
-                   ) -> tuple[tuple[str, ...], str]:
+                   witnesses: Iterable[str] = ()) -> tuple[tuple[str, ...], str]:
     """(the watched members silent for more than `timeout_s`, why), or ((), why not). Someone
     among the watched and the witnesses must have been heard within half the timeout.
 
     last_heard[a]: when a was last heard of (a heartbeat, or being watched from then on); a member
     never heard of counts from `now`, that is, not yet silent. `witnesses` is read only when a
-    watched member is silent (it may be a generator: the common case costs O(watched)).
-    `node_of` (a worker's node, where known): a member whose node has another worker heard within
-    half the timeout is lost only after LONE_SILENCE_FACTOR times the timeout."""
+    watched member is silent (it may be a generator: the common case costs O(watched))."""
     watched = list(watched)
     if all(now - last_heard.get(a, now) <= timeout_s for a in watched):  # the common case, in O(members)
         return (), "every member was heard within the timeout"
     watched = sorted(set(watched))
     silence = {a: now - last_heard.get(a, now) for a in sorted(set(watched) | set(witnesses))}
-    silent = [a for a in watched if silence[a] > timeout_s]
+    silent = tuple(a for a in watched if silence[a] > timeout_s)
     if not silent:
         return (), "every member was heard within the timeout"
     heard = [a for a in silence if silence[a] <= timeout_s / 2]
     if not heard:
         return (), f"nobody was heard for {min(silence.values()):.1f} s: the listener, not every member, may be stalled"
-    lone_timeout_s = LONE_SILENCE_FACTOR * timeout_s
-    node_of = node_of or {}
-    # heard within half the timeout, as `heard` above: the workers of a vanished node stop within a
-    # beat of each other, and the first of them to pass the timeout must not wait for the others
-    living_nodes = {node_of[a] for a in heard if a in node_of}
-    alone = {a for a in silent if node_of.get(a) in living_nodes}
-    lost = tuple(a for a in silent if a not in alone or silence[a] > lone_timeout_s)
-    if not lost:
-        return (), (f"{', '.join(silent)} silent for {max(silence[a] for a in silent):.1f} s while another worker on "
-                    f"its node is heard: lost after {lone_timeout_s:g} s")
-    worst = max(lost, key=lambda a: silence[a])
-    why_alone = f"; {lone_timeout_s:g} s for one whose node-mates are heard" if alone & set(lost) else ""
-    return lost, (f"no heartbeat from {', '.join(lost)} for {silence[worst]:.1f} s "
-                  f"(timeout {timeout_s:g} s{why_alone}) while {', '.join(heard)} were heard")
+    worst = max(silent, key=lambda a: silence[a])
+    return silent, (f"no heartbeat from {', '.join(silent)} for {silence[worst]:.1f} s (timeout {timeout_s:g} s) "
+                    f"while {', '.join(heard)} were heard")
 
 
 def next_silence_at(last_heard: Mapping[str, float], watched: Iterable[str], now: float,
