@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,20 +33,7 @@ from fake_metadata import FakeMetadata
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
 STEPS = 120
-
-
-PACED = """
-import time
-
-from elastic_zero.losses import next_token_loss
-
-
-def loss(model, batch):
-    # the job runs until stopped, paced: its four workers would otherwise take both cores while the
-    # test plays its notices, and so would every other test's beside it
-    time.sleep(0.05)
-    return next_token_loss(model, batch)
-"""
+PACED = os.path.join(os.path.dirname(__file__), "paced.py")  # a paced loss, for jobs that run until stopped
 
 
 def _spec(steps: int = STEPS, preemption: str = "", paced: bool = False) -> str:
@@ -84,7 +72,7 @@ def cluster():
 
 def _start(head, tmp_path, job_id: str, steps: int = STEPS, preemption: str = "", paced: bool = False
            ) -> subprocess.Popen:
-    (tmp_path / "paced.py").write_text(PACED)
+    shutil.copy(PACED, tmp_path / "paced.py")
     (tmp_path / "job.toml").write_text(_spec(steps, preemption, paced))
     return head.run_job(str(tmp_path), "job.toml", job_id)
 

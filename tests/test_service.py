@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,27 +28,18 @@ from elastic_zero.bench.local_cluster import RayHead
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
 FACTORY = '''
-import time
-
-from elastic_zero.losses import next_token_loss
 from elastic_zero.models import build_preset
 
 
 def build(width=32):
     return build_preset("gpt-tiny", seed=0)
-
-
-def paced_loss(model, batch):
-    # a job that runs until stopped, paced: its steps would otherwise take both cores while the test
-    # drives it through the CLI, and so would every other test's beside it
-    time.sleep(0.05)
-    return next_token_loss(model, batch)
 '''
+PACED = os.path.join(os.path.dirname(__file__), "paced.py")  # a paced loss, for jobs that run until stopped
 
 
 def _spec(steps: int, checkpoint_uri: str | None = None, paced: bool = False) -> str:
     ckpt = f'[checkpoint]\nuri = "{checkpoint_uri}"\nevery = 10\nkeep = 3\n' if checkpoint_uri else ""
-    loss = 'loss = "mymodels:paced_loss"' if paced else ""
+    loss = 'loss = "paced:loss"' if paced else ""
     return textwrap.dedent(f"""\
         name = "svc"
         [model]
@@ -75,6 +67,7 @@ def _spec(steps: int, checkpoint_uri: str | None = None, paced: bool = False) ->
 def workdir(tmp_path):
     """The user's project: a spec and the module its factory lives in, uploaded with the job."""
     (tmp_path / "mymodels.py").write_text(FACTORY)
+    shutil.copy(PACED, tmp_path / "paced.py")
     return tmp_path
 
 
