@@ -42,8 +42,9 @@ def demo_spec(data_dir: str) -> JobSpec:
 
 
 def _what(change: dict, kind: str) -> str:
-    if kind == "recovery":
-        return f"{change.get('cause', 'a failure').replace('lost ', 'worker ', 1)} killed, recovered from replicas"
+    if kind == "recovery":  # the demo kills one worker at KILL_STEP; any other loss is the machine's
+        how = "killed" if change.get("step") == KILL_STEP else "lost"
+        return f"{change.get('cause', 'a failure').replace('lost ', 'worker ', 1)} {how}, recovered from replicas"
     if change.get("cause") == "leave":
         return "preemption notice: workers handed over and left"
     if change["to"] > change["from"]:

