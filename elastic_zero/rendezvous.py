@@ -12,6 +12,12 @@ Store traffic is small (rendezvous, a few keys per step at most), so each proces
 of all its relayed connections on one thread (SpliceLoop); a connection has a thread of its own only
 while it answers the challenge.
 
+The coordinator's side of the relay runs in a process of its own (this file run as a script: the
+standard library only). In the coordinator's, its threads took the GIL from the coordinator's loop
+just when that loop was busiest: after a loss at 1,024 workers every survivor opens a connection for
+the next generation while the loop sends them their plans, and sampled then, a relay thread was
+running in most samples beside the loop. The store itself (torch's, C++) stays in the coordinator.
+
 The coordinator opens its store on a thread of its own: the store is torch's, and importing torch
 takes a second of a two-core machine, which the coordinator spends while its workers start (they
 import torch too) rather than before it spawns them. A connection that arrives first waits for it.
@@ -26,6 +32,8 @@ import os
 import queue
 import selectors
 import socket
+import subprocess
+import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -70,17 +78,23 @@ def _port_of(fd: int) -> int:
 
 
 class RendezvousServer:
-    """The coordinator's side: the store on loopback and the relay that guards it."""
+    """The coordinator's side: the store on loopback, and the relay that guards it in a process of
+    its own (_relay_process), which dies with this one (it reads its stdin until EOF)."""
 
     def __init__(self, host: str, secret: bytes, timeout_s: float) -> None:
-        self.host, self._secret = host, secret
-        self._sock = _listener(host)
-        self.port = self._sock.getsockname()[1]
+        self.host = host
+        listener = _listener(host)
+        self.port = listener.getsockname()[1]
         self._store: dist.TCPStore | None = None
         self._store_error: BaseException | None = None
         self._store_opened = threading.Event()
+        # -I: isolated, nothing from the environment; the script imports the standard library only
+        self._relay = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), str(listener.fileno())],
+                                       stdin=subprocess.PIPE, pass_fds=(listener.fileno(),))
+        listener.close()  # the relay holds the listening socket now
+        self._relay.stdin.write(secret.hex().encode() + b"\n")
+        self._relay.stdin.flush()
         threading.Thread(target=self._open_store, args=(timeout_s,), daemon=True, name="rendezvous-store").start()
-        threading.Thread(target=self._serve, daemon=True, name="rendezvous-relay").start()
 
     def _open_store(self, timeout_s: float) -> None:
         try:
@@ -89,6 +103,11 @@ class RendezvousServer:
             self._store_error = exc
         finally:
             self._store_opened.set()
+        try:  # the relay's connections wait for this line (0: there is no store; they are closed)
+            self._relay.stdin.write(f"{self._store.port if self._store else 0}\n".encode())
+            self._relay.stdin.flush()
+        except (OSError, ValueError):  # closed already
+            pass
 
     @property
     def store(self) -> dist.TCPStore:
@@ -98,32 +117,51 @@ class RendezvousServer:
             raise RuntimeError(f"the rendezvous store could not be opened: {self._store_error!r}")
         return self._store
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:  # the listening socket was closed: the job is over
-                return
-            threading.Thread(target=self._admit, args=(conn,), daemon=True).start()
+    def close(self) -> None:
+        self._relay.kill()
+        self._relay.wait()
+        self._relay.stdin.close()
 
-    def _admit(self, conn: socket.socket) -> None:
+
+def _relay_process(listen_fd: int) -> None:
+    """The relay of RendezvousServer: admits connections to its listening socket that answer the
+    challenge, and splices each to the store on loopback. Its stdin brings the secret, then the
+    store's port; its end (the coordinator gone) ends this process."""
+    listener = socket.socket(fileno=listen_fd)
+    secret = bytes.fromhex(sys.stdin.readline().strip())
+    store_port: list[int] = []
+    port_known = threading.Event()
+
+    def read_stdin() -> None:
+        line = sys.stdin.readline()
+        store_port.append(int(line) if line.strip() else 0)
+        port_known.set()
+        sys.stdin.read()  # until EOF: the coordinator's process is gone
+        os._exit(0)
+
+    def admit(conn: socket.socket) -> None:
         nonce = os.urandom(NONCE_BYTES)
         try:
             conn.settimeout(10.0)
             conn.sendall(nonce)
             answer = _read_exactly(conn, _DIGEST_BYTES)
-            if not hmac.compare_digest(answer, hmac.new(self._secret, nonce, hashlib.sha256).digest()):
+            if not hmac.compare_digest(answer, hmac.new(secret, nonce, hashlib.sha256).digest()):
                 conn.close()  # a client without the job's secret learns nothing, gets nothing
                 return
             conn.settimeout(None)
-            upstream = socket.create_connection(("127.0.0.1", self.store.port))
-        except (OSError, RuntimeError):  # the client went away during the challenge, or no store: nothing to serve
+            port_known.wait()
+            if not store_port[0]:
+                raise ConnectionError("the store could not be opened")
+            upstream = socket.create_connection(("127.0.0.1", store_port[0]))
+        except OSError:  # the client went away during the challenge, or no store: nothing to serve
             conn.close()
             return
         _splice(conn, upstream)
 
-    def close(self) -> None:
-        self._sock.close()
+    threading.Thread(target=read_stdin, daemon=True, name="coordinator-pipe").start()
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=admit, args=(conn,), daemon=True).start()
 
 
 class LocalRelay:
@@ -244,3 +282,7 @@ def _splice(a: socket.socket, b: socket.socket) -> None:
         if _splice_loop is None:
             _splice_loop = SpliceLoop()
     _splice_loop.add(a, b)
+
+
+if __name__ == "__main__":  # RendezvousServer's relay
+    _relay_process(int(sys.argv[1]))

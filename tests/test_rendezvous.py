@@ -127,3 +127,44 @@ def test_hundreds_of_relayed_connections_share_one_copying_thread():
     getter.join(10)
     assert waiting == [b"here"]
     server.close()
+
+
+def test_the_relay_runs_beside_the_coordinator_and_dies_with_it():
+    """The relay's threads once took the coordinator's GIL while its loop sent plans to 1,024 workers:
+    it is a process of its own now, which must not outlive the coordinator's process, however that
+    ends (here SIGKILL, as Ray kills an actor)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    owner = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from elastic_zero.rendezvous import RendezvousServer, connect, new_secret\n"
+        "secret = new_secret()\n"
+        "server = RendezvousServer('127.0.0.1', secret, 10)\n"
+        "connect('127.0.0.1', server.port, secret, 10).set('k', 'v')\n"
+        "assert server.store.get('k') == b'v'\n"
+        "print(server._relay.pid, server.port, flush=True)\n"
+        "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    relay_pid, port = map(int, owner.stdout.readline().split())
+    assert relay_pid != owner.pid
+    with open(f"/proc/{relay_pid}/status") as fh:
+        assert f"PPid:\t{owner.pid}" in fh.read()
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait()
+
+    def running() -> bool:  # an ended orphan may stay a zombie where nobody reaps it
+        try:
+            with open(f"/proc/{relay_pid}/status") as fh:
+                return "State:\tZ" not in fh.read()
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.05)  # a process's end can only be polled for from outside its family
+    assert not running()
+    with pytest.raises(OSError):  # nobody listens on the relay's port any more
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()

@@ -13,7 +13,8 @@ What they do as real workers do, through the same channels:
   with one sample record per step and the replicas it would hold;
 - safe points end every member at the same step, as the step's closing all-reduce makes real ranks
   do: the host of the member asked agrees the step with a StepReferee, which tells every host;
-- an abort ends the generation at once ("failed"); leavers hand over and go ("left").
+- an abort (the generation's end key in the store, generation_ends.py: one watch per host) ends
+  the generation at once ("failed"); leavers hand over and go ("left").
 
 A node can be frozen (freeze_node): its workers go silent and answer nothing, like a machine that
 vanished, until the coordinator retires them.
@@ -25,13 +26,15 @@ import os
 import threading
 import time
 
+from elastic_zero.generation_ends import GenerationEndWatch
 from elastic_zero.plan.batches import rank_positions
 from elastic_zero.plan.membership import Member
-from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report
+from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report, unpack_plan
 
 SIM_NODE_FORMAT = "sim-node-{:04d}"
 UNIQUE_ID_BYTES = 128  # an NCCL unique id
 PROGRESS_EVERY_S = 0.5  # as the Trainer's rank 0
+PLAN_METHODS = ("train", "checkpoint_now")  # their first argument is a packed plan (protocol.pack_plan)
 
 
 class StepReferee:
@@ -76,6 +79,7 @@ class SimulatedHost:
         self._lock = threading.Lock()
         self._starting = threading.Lock()
         self._relay = None
+        self._ends = None  # the watch of the generations' ends, made with the relay
         self._stop_at: dict[int, int] = {}  # generation -> the step its safe point ends (-1: being agreed)
         self.safe_point_requests = 0
         self._stalls: dict[int, float] = {}  # generation -> when a member was lost (stall())
@@ -134,6 +138,9 @@ class SimulatedHost:
             from elastic_zero.rendezvous import LocalRelay
 
             self._relay = LocalRelay(args["store_host"], args["store_port"], args["store_secret"])
+            # one watch of the generations' ends for the host's members, as each real worker has its own
+            self._ends = GenerationEndWatch(self._relay.client(args["spec"]["elastic"]["collective_timeout_s"]),
+                                            self._abort_everywhere)
             context = multiprocessing.get_context("spawn")  # not a fork of a process with threads
             self._longest_beat_gap = context.Value("d", 0.0)
             self._beats, theirs = context.Pipe(duplex=False)[::-1]
@@ -156,6 +163,9 @@ class SimulatedHost:
             member.killed.wait()  # a vanished machine answers nothing
         if member.killed.is_set():
             raise RuntimeError(f"simulated worker {actor_id} was killed")
+        # each simulated worker unpacks its own copy of a plan, as each real one does in its process
+        if method in PLAN_METHODS:
+            args = (unpack_plan(args[0]),) + args[1:]
         return getattr(self, "_" + method)(member, *args)
 
     def _member(self, actor_id: str) -> _Member:
@@ -191,6 +201,14 @@ class SimulatedHost:
     def _abort_generation(self, m: _Member, number: int) -> None:
         m.aborted.setdefault(number, threading.Event()).set()  # it may come before train() entered the generation
 
+    def _abort_everywhere(self, number: int) -> None:
+        """The coordinator aborted generation `number` (generation_ends.py): every member here hears
+        it, but those on a vanished node."""
+        with self._lock:
+            members = [m for m in self._members.values() if not m.frozen.is_set()]
+        for m in members:
+            self._abort_generation(m, number)
+
     def _watch_node(self, m: _Member, node: str) -> None:
         pass  # no cloud metadata server on a simulated node
 
@@ -216,6 +234,7 @@ class SimulatedHost:
     def _train(self, m: _Member, plan: GenerationPlan) -> Report:
         entered = time.time()
         self.plan_arrivals.setdefault(plan.number, {})[m.actor_id] = entered
+        self._ends.watch(plan.number)
         aborted = m.aborted.setdefault(plan.number, threading.Event())
         members = [x.actor_id for x in plan.generation.members]
         rank = members.index(m.actor_id) if m.actor_id in members else None
@@ -346,55 +365,3 @@ def _get(store, key: str, aborted: threading.Event, timeout_s: float) -> bytes:
         except RuntimeError:  # torch's DistStoreError: not set yet
             if aborted.is_set() or time.monotonic() > deadline:
                 raise
-
-
-class SimulatedHandle:
-    """What the coordinator holds for a simulated worker: `handle.train.remote(plan)` and the rest,
-    as on a Ray actor handle, each answered by its host."""
-
-    def __init__(self, host, actor_id: str) -> None:
-        self._host, self.actor_id = host, actor_id
-
-    def __getattr__(self, method: str):
-        if method.startswith("_"):
-            raise AttributeError(method)
-        host, actor_id = self._host, self.actor_id
-
-        class _Method:
-            @staticmethod
-            def remote(*args):
-                return host.call.remote(actor_id, method, *args)
-
-        return _Method()
-
-
-class SimulatedWorkforce:
-    """The coordinator's workforce (coordinator/workforce.py) for the bench: workers fill simulated
-    nodes of `per_node` in spawn order, a node to a host in turn; a node the coordinator keeps new
-    workers off (its label selector) gets no more."""
-
-    def __init__(self, hosts: list, per_node: int) -> None:
-        self.hosts, self.per_node = list(hosts), per_node
-        self._node, self._on_node = 0, 0
-
-    def spawn(self, options: dict, **worker_args):
-        avoided = _avoided_nodes(options)
-        if self._on_node == self.per_node or SIM_NODE_FORMAT.format(self._node) in avoided:
-            self._node, self._on_node = self._node + 1, 0
-        node = SIM_NODE_FORMAT.format(self._node)
-        self._on_node += 1
-        host = self.hosts[self._node % len(self.hosts)]
-        actor_id = worker_args["actor_id"]
-        host.spawn.remote(actor_id, node, {k: v for k, v in worker_args.items() if k != "actor_id"})
-        return SimulatedHandle(host, actor_id)
-
-    def kill(self, handle: SimulatedHandle) -> None:
-        handle._host.kill.remote(handle.actor_id)
-
-
-def _avoided_nodes(options: dict) -> set[str]:
-    """The nodes a spawn's label selector keeps the worker off ("!in(a,b)")."""
-    selector = (options.get("label_selector") or {}).get("ray.io/node-id", "")
-    if not selector.startswith("!in("):
-        return set()
-    return set(selector[4:-1].split(","))

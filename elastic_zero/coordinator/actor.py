@@ -40,11 +40,12 @@ from elastic_zero.coordinator.state import (
     CheckpointNow, CoordinatorState, Fail, Finish, GenerationEnded, RequestSafePoint, Retire, Spawn, Start, StartGeneration, Stop, Tick,
     decide,
 )
+from elastic_zero.generation_ends import announce_end
 from elastic_zero.observe.event_log import EventLog
 from elastic_zero.observe.live import LiveProgress
 from elastic_zero.observe.metrics import JobMetrics
 from elastic_zero.observe.tracking import start_tracking
-from elastic_zero.protocol import Outcome, Report
+from elastic_zero.protocol import Outcome, Report, pack_plan
 from elastic_zero.rendezvous import RendezvousServer, new_secret
 from elastic_zero.job.spec import KILL_ACTIONS, spec_from_dict
 
@@ -200,13 +201,12 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
 
     def _generation_failed(self) -> None:
         """A participant died or its collective failed: the generation is over. Abort the others now,
-        so that they don't find out one collective (or one timeout) at a time; once: every survivor's
-        report of the failure comes here too, and aborting all for each would be O(workers^2) calls."""
+        so that they don't find out one collective (or one timeout) at a time: one store key they
+        all wait for (generation_ends.py); once, as every survivor's report of the failure comes here too."""
         if self._failure_seen_at is not None:
             return
         self._failure_seen_at = time.monotonic()
-        for other in self._train_refs.values():
-            self._workers[other].abort_generation.remote(self._plan.number)
+        announce_end(self.rendezvous.store, self._plan.number, aborted=True)
 
     def _ask_one_member(self, method: str) -> None:
         """A safe point or a checkpoint is asked of one member of the running generation: each rank adds
@@ -232,6 +232,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
     def _end_generation(self) -> None:
         plan, results = self._plan, self._results
         self._plan, self._results = None, {}
+        announce_end(self.rendezvous.store, plan.number, aborted=False)  # (an abort, said first, stays)
         members = {m.actor_id for m in plan.generation.members}
         restored = {r.restored_from for r in results.values() if r.restored_from}
         for directory in restored:
@@ -319,7 +320,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             self.metrics.add("elastic_zero_reconfigurations" if plan.source == "live" else "elastic_zero_recoveries")
         self._failure_seen_at = None
         self._listen_to(plan.participants)
-        shared = ray.put(plan)  # serialized once: pickling a plan of N members for each of N calls is O(N^2)
+        shared = pack_plan(plan)  # serialized once: pickling a plan of N members for each of N calls is O(N^2)
         for actor_id in plan.participants:
             ref = self._workers[actor_id].train.remote(shared)
             self._train_refs[ref] = actor_id
@@ -369,7 +370,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         # a save of that step in flight may commit; if none did, one now
         failures = self._saves_reported(ray.get([self._workers[a].settle_saves.remote() for a in members]), plan.number)
         if self._commit_of_step(command.step) is None:
-            shared = ray.put(plan)
+            shared = pack_plan(plan)
             failures += self._saves_reported(ray.get([self._workers[a].checkpoint_now.remote(shared) for a in members]),
                                              plan.number)
         for error in failures:

@@ -23,7 +23,7 @@ import ray
 
 from elastic_zero.coordinator.state import Fail, FinalWeightsWritten, GenerationEnded
 from elastic_zero.plan.liveness import silent_members
-from elastic_zero.protocol import Outcome, Report
+from elastic_zero.protocol import Outcome, Report, pack_plan
 
 _STEP_OF_DIRECTORY = re.compile(r"step-(\d{10})(?:-\d+)?")
 
@@ -87,7 +87,7 @@ class FinalSave:
     def _save_on(self, members: list[str], plan) -> tuple[dict, dict, dict]:
         """Each member's part of the final save: (reports, lost {actor: (when, why)}, errors {actor: why}).
         Once one is lost or fails, the others' groups are aborted so that they return at once."""
-        shared = ray.put(plan)  # serialized once, not once per member
+        shared = pack_plan(plan)  # serialized once, not once per member
         refs = {self._workers[a].checkpoint_now.remote(shared, True): a for a in members}
         reports, lost, errors = {}, {}, {}
         self._listen_to(members)

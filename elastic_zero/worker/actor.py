@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from elastic_zero.protocol import unpack_plan
+
 if TYPE_CHECKING:
-    from elastic_zero.protocol import GenerationPlan, Hello, Report
+    from elastic_zero.protocol import Hello, Report
 
 
 class TrainingWorker:
@@ -26,8 +28,8 @@ class TrainingWorker:
     def hello(self) -> Hello:
         return self._trainer.hello()
 
-    def train(self, plan: GenerationPlan) -> Report:
-        return self._trainer.train(plan)
+    def train(self, packed_plan: bytes) -> Report:
+        return self._trainer.train(unpack_plan(packed_plan))
 
     def request_safe_point(self, number: int) -> None:
         self._trainer.request_safe_point(number)
@@ -38,8 +40,8 @@ class TrainingWorker:
     def abort_generation(self, number: int) -> None:
         self._trainer.abort_generation(number)
 
-    def checkpoint_now(self, plan: GenerationPlan, final: bool = False) -> dict:
-        return self._trainer.checkpoint_now(plan, final)
+    def checkpoint_now(self, packed_plan: bytes, final: bool = False) -> dict:
+        return self._trainer.checkpoint_now(unpack_plan(packed_plan), final)
 
     def settle_saves(self) -> dict:
         return self._trainer.settle_saves()

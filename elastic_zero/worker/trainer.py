@@ -23,6 +23,7 @@ from elastic_zero.checkpoint.interop import check_fits
 from elastic_zero.checkpoint.export import model_extra
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.data.source import read_ahead_for_step
+from elastic_zero.generation_ends import GenerationEndWatch
 from elastic_zero.job.build import build_loss, build_model, build_optimizer, build_source, unit_classes
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
@@ -124,6 +125,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         # was saved for a request of that generation or a later one (_checkpoint_taken)
         self._checkpoint_for = self._checkpoint_taken = -1
         self._writer_reads_engine = False  # a save in flight writes from the engine's own tensors (saves.py)
+        # the coordinator's word that a generation is over (or aborted)
+        self._ends = GenerationEndWatch(self.store, self.abort_generation) if coordinator else None
         if coordinator:
             self._start_node_duties(store_host, heartbeat_port, store_secret)
             relay_warnings(lambda text: coordinator_handle(coordinator, namespace).worker_warning.remote(actor_id, text))
@@ -157,8 +160,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         """A peer of generation `number` is gone: break our group now, so the training thread's
         next collective fails at once instead of when it reaches the dead peer or the timeout."""
         with self._generation_lock:
-            # it may come before train() entered that generation (Ray runs the calls concurrently):
-            # the coordinator aborts each participant once, so the entry must see it then
+            # it may come before train() entered that generation: it comes once, so the entry must see it
             self._aborted_upto = max(self._aborted_upto, number)
             if self._generation == number:
                 self._aborted.set()
@@ -176,9 +178,10 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         # the report in the making; "uncommitted" (steps since the last commit) stays here
         report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [],
                   "step_ends": [], "protect_times": [], "losses": [], "evals": [], "first_step_at": None,
-                  "last_loss": None,
-                  "checkpoint_stall_s": [], "entered_at": time.time(), "checkpoint_errors": [], "checkpoints": [],
-                  "restored_from": None}
+                  "last_loss": None, "checkpoint_stall_s": [], "entered_at": time.time(), "checkpoint_errors": [],
+                  "checkpoints": [], "restored_from": None}
+        if self._ends is not None:
+            self._ends.watch(plan.number)
         try:
             if self.device.type == "cuda":  # set_device holds per thread, and Ray may call on another
                 torch.cuda.set_device(self.device)
