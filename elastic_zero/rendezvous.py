@@ -26,6 +26,7 @@ import torch too) rather than before it spawns them. A connection that arrives f
 from __future__ import annotations
 
 import datetime
+import errno
 import hashlib
 import hmac
 import os
@@ -35,6 +36,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -160,7 +162,13 @@ def _relay_process(listen_fd: int) -> None:
 
     threading.Thread(target=read_stdin, daemon=True, name="coordinator-pipe").start()
     while True:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except OSError as exc:  # out of descriptors for a moment (thousands of connections): wait, not die
+            if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                raise
+            time.sleep(0.1)
+            continue
         threading.Thread(target=admit, args=(conn,), daemon=True).start()
 
 
