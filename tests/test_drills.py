@@ -16,8 +16,10 @@ def _due(moment, rank, step, plan_step=0, source="init"):
 
 
 def test_step_drills_fire_at_their_step_on_their_rank():
-    assert _due("step", 1, 5) == [0] and _due("step", 0, 5) == [1]
-    assert _due("step", 1, 4) == [] and _due("step", 2, 5) == []
+    # a kill inside its step, once the step's replicas are committed; the others before the step
+    assert _due("commit", 1, 5) == [0] and _due("step", 0, 5) == [1]
+    assert _due("step", 1, 5) == [] and _due("commit", 0, 5) == []
+    assert _due("commit", 1, 4) == [] and _due("commit", 2, 5) == [] and _due("step", 1, 4) == []
 
 
 def test_handover_drills_fire_in_the_first_handover_from_their_step_on():

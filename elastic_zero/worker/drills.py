@@ -3,7 +3,10 @@ worker carries them out (and the store makes each fire once, even when a recover
 
 Moments: "handover" (inside the handover into a generation, before any shard moves), "first_step"
 (before the first step of a generation, so before its layout's first commit), "step" (before
-every step), "eval" (as the evaluation of the weights after `at_step` steps begins: the peers are
+every step), "commit" (a kill or a device error at step N: inside it, once this rank has
+committed step N's replicas and before the step's closing all-reduce, so that every survivor
+holds step N whatever the timing; before the step, a survivor whose own copy of step N was still
+arriving gave it up with the broken groups and the job went back to N - 1, seen under load), "eval" (as the evaluation of the weights after `at_step` steps begins: the peers are
 then inside it) and "final" (after the last step, before its checkpoint, the final weights, is
 written; or before that checkpoint is written again, at or after `at_step`). A drill names the rank it hits in the generation of the moment.
 """
@@ -15,7 +18,7 @@ from typing import Iterator, Sequence
 from elastic_zero.job.spec import FaultSpec
 
 MOMENT_OF = {"kill_in_handover": "handover", "kill_after_handover": "first_step", "kill_in_final_save": "final",
-             "kill_in_eval": "eval"}  # every other action: "step"
+             "kill_in_eval": "eval", "kill": "commit", "device_error": "commit"}  # every other action: "step"
 
 
 def due_drills(faults: Sequence[FaultSpec], moment: str, rank: int | None, step: int,
@@ -25,7 +28,7 @@ def due_drills(faults: Sequence[FaultSpec], moment: str, rank: int | None, step:
     for i, fault in enumerate(faults):
         if MOMENT_OF.get(fault.action, "step") != moment:
             continue
-        if moment in ("step", "eval"):
+        if moment in ("step", "commit", "eval"):
             due = fault.at_step == step and (fault.rank if fault.rank is not None else 0) == rank
         elif moment == "final":
             due = step >= fault.at_step and fault.rank == rank

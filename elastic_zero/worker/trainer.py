@@ -221,9 +221,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         engine = self.engine
         while engine.step_count < spec.train.steps:
             step = engine.step_count
-            if not report["step_times"]:
-                self._fire_drills("first_step", plan, rank, step)
-            self._fire_drills("step", plan, rank, step)
+            for moment in ("step",) if report["step_times"] else ("first_step", "step"):
+                self._fire_drills(moment, plan, rank, step)
             if report["first_step_at"] is None:  # ready to train: an evaluation first is not part of the stall
                 report["first_step_at"] = time.time()
             self._evaluate_if_due(plan, rank, world, comm, report, step)
@@ -231,6 +230,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             positions = rank_positions(step, spec.train.global_batch, world, rank)
             weight, loss_sum, metric_sums = self._forward_backward(positions, world, rank, comm, step)
             blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
+            self._fire_drills("commit", plan, rank, step)
             asked = self._safe_point_for == plan.number
             checkpoint_asked = self._checkpoint_for > self._checkpoint_taken  # asked in this generation or before
             agree = step_summary(asked, weight, loss_sum, metric_sums, self.device, checkpoint_asked)
@@ -369,8 +369,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             if self.store.add(f"fault/{i}", 1) != 1:
                 continue  # fired once already (before a recovery that repeats this step)
             if fault.action in KILL_ACTIONS:
-                # a kill at step N hits after step N - 1 committed, as it did before the swap ran in the
-                # background: the swap in flight arrives first (a buddy lost inside one: test_replication.py)
+                # the swap in flight arrives first (a buddy lost inside one: test_replication.py); at the
+                # "commit" moment (drills.py) none is: the step's was committed just before
                 if self.replicator.in_flight is not None:
                     self.replicator.in_flight.done.wait()
                 self.store.set(f"fault/{i}/at", repr(time.time()))  # the coordinator times the recovery from here
