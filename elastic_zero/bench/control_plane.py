@@ -363,8 +363,8 @@ def format_control_plane(report: dict) -> str:
         w = largest.get(key)
         if w:
             lines.append(f"  CPU at {largest['workers']}, {what} ({w['wall_s']:g} s; {os.cpu_count()} cores: "
-                         f"{os.cpu_count() * w['wall_s']:.1f} CPU s): the coordinator {w['coordinator_cpu_s']:g} beyond its "
-                         f"steady state, its relay {w['relay_cpu_s']:g}, the simulated workers "
+                         f"{os.cpu_count() * w['wall_s']:.1f} CPU s): the coordinator {w['coordinator_cpu_s']:g} "
+                         f"beyond its steady state, its relay {w['relay_cpu_s']:g}, the simulated workers "
                          f"{w['simulated_workers_cpu_s']:g} (steady: {largest['steady_hosts_cpu']:g} per s)")
     real = report.get("real_jobs")
     if real:

@@ -6,9 +6,11 @@ Moments: "handover" (inside the handover into a generation, before any shard mov
 every step), "commit" (a kill or a device error at step N: inside it, once this rank has
 committed step N's replicas and before the step's closing all-reduce, so that every survivor
 holds step N whatever the timing; before the step, a survivor whose own copy of step N was still
-arriving gave it up with the broken groups and the job went back to N - 1, seen under load), "eval" (as the evaluation of the weights after `at_step` steps begins: the peers are
-then inside it) and "final" (after the last step, before its checkpoint, the final weights, is
-written; or before that checkpoint is written again, at or after `at_step`). A drill names the rank it hits in the generation of the moment.
+arriving gave it up with the broken groups and the job went back to N - 1, seen under load),
+"eval" (as the evaluation of the weights after `at_step` steps begins: the peers are then inside
+it) and "final" (after the last step, before its checkpoint, the final weights, is written; or
+before that checkpoint is written again, at or after `at_step`). A drill names the rank it hits in
+the generation of the moment.
 """
 
 from __future__ import annotations
