@@ -15,6 +15,7 @@ import time
 
 from elastic_zero.bench.control_plane_figures import (busiest_nodes, first, growth, held_within, merged, problems,
                                                      rendezvous_s)
+from elastic_zero.bench.local_cluster import descendants
 from elastic_zero.bench.sim_workers import SIM_NODE_FORMAT
 
 SCALE_UP = 64
@@ -293,7 +294,7 @@ class _CpuWindow:
 
     def __init__(self, pid: int, host_pids: list[int], steady_cpu: float) -> None:
         self.pid, self.host_pids, self.steady_cpu = pid, host_pids, steady_cpu
-        self.relay_pids = _children(pid)
+        self.relay_pids = descendants(pid)  # the coordinator's only one: its rendezvous relay
         self.t0 = time.monotonic()
         self.cpu0 = {p: _process_cpu_s(p) for p in [pid, *host_pids, *self.relay_pids]}
 
@@ -304,19 +305,6 @@ class _CpuWindow:
                 "coordinator_cpu_s": round(max(0.0, spent[self.pid] - self.steady_cpu * wall_s), 3),
                 "relay_cpu_s": round(sum(spent[p] for p in self.relay_pids), 3),
                 "simulated_workers_cpu_s": round(sum(spent[p] for p in self.host_pids), 3)}
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (the coordinator's: its rendezvous relay)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                if entry.isdigit() and int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry))
-        except (OSError, ValueError, IndexError):  # gone meanwhile, or not a process
-            continue
-    return found
 
 
 def _process_cpu_s(pid: int) -> float:
