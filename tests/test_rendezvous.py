@@ -152,6 +152,10 @@ def test_the_relay_runs_beside_the_coordinator_and_dies_with_it():
     assert relay_pid != owner.pid
     with open(f"/proc/{relay_pid}/status") as fh:
         assert f"PPid:\t{owner.pid}" in fh.read()
+    # the relay alone holds the listening socket (the owner closed its copy): once the relay is gone,
+    # nobody listens there for the job (after it, the port is free and another process may take it)
+    listening = _listening_inodes(port)
+    assert listening and listening <= _socket_inodes(relay_pid) and not listening & _socket_inodes(owner.pid)
     os.kill(owner.pid, signal.SIGKILL)
     owner.wait()
 
@@ -166,5 +170,23 @@ def test_the_relay_runs_beside_the_coordinator_and_dies_with_it():
     while running() and time.monotonic() < deadline:
         time.sleep(0.05)  # a process's end can only be polled for from outside its family
     assert not running()
-    with pytest.raises(OSError):  # nobody listens on the relay's port any more
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def _listening_inodes(port: int) -> set[int]:
+    """The inodes of the TCP sockets listening on `port` (from /proc/net/tcp and tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as fh:
+            for line in fh.readlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                    found.add(int(fields[9]))
+    return found
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets process `pid` holds open."""
+    import os
+
+    links = (os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+    return {int(link[8:-1]) for link in links if link.startswith("socket:[")}
