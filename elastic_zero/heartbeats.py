@@ -26,7 +26,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+import os
+import select
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -100,10 +106,11 @@ class HeartbeatListener:
 
 
 class HeartbeatSender:
-    """A worker's side (one socket per process, whichever workers it beats for)."""
+    """A worker's side (one socket per process, whichever workers it beats for): `token` is
+    beat_token() of the job's secret."""
 
-    def __init__(self, host: str, port: int, secret: bytes) -> None:
-        self._token, self._target = beat_token(secret), (host, port)
+    def __init__(self, host: str, port: int, token: bytes) -> None:
+        self._token, self._target = token, (host, port)
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
 
     def beat(self, actor_id: str) -> None:
@@ -111,3 +118,47 @@ class HeartbeatSender:
             self._sock.sendto(self._token + actor_id.encode(), self._target)
         except OSError:  # a beat lost (the network, the coordinator gone): the next one counts
             pass
+
+
+def start_beat_process(host: str, port: int, token: bytes, actor_id: str, every_s: float) -> subprocess.Popen:
+    """A worker's beats, from a process of its own (this file run as a script, standard library only).
+
+    Why not a thread of the worker: the worker's own work stalls its threads. A thread needs the GIL,
+    which a long call that holds it (unpickling a large state, a garbage collection over millions of
+    objects, an extension that does not release it) keeps for seconds, and on a busy machine the
+    worker's process competes for the cores: a worker stalled for a second, alive and training, was
+    declared lost in CI. A process that sleeps between beats is woken on time by the kernel whatever
+    its parent does. What beats then says is "this worker's process and node are alive": its death is
+    Ray's to report (its pipe closes, and the beat process ends with it), and a worker hung while alive
+    is found by the collective timeout, as before.
+
+    It ignores SIGTERM and SIGINT, in a session of its own: a worker told to go by SIGTERM keeps
+    beating through its grace period, while it hands its shard over."""
+    proc = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__)], stdin=subprocess.PIPE,
+                            start_new_session=True)
+    config = {"host": host, "port": port, "token": token.hex(), "actor_id": actor_id, "every_s": every_s}
+    proc.stdin.write(json.dumps(config).encode() + b"\n")
+    proc.stdin.flush()
+    return proc
+
+
+def _beat_process() -> None:
+    """start_beat_process's side: a beat every `every_s` until its stdin ends (the worker is gone)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    config = json.loads(sys.stdin.buffer.readline() or b"null")
+    if not config:  # the worker went before it said where to beat
+        return
+    sender = HeartbeatSender(config["host"], config["port"], bytes.fromhex(config["token"]))
+    actor_id, every_s, stdin = config["actor_id"], config["every_s"], sys.stdin.fileno()
+    next_beat = time.monotonic()
+    while True:
+        sender.beat(actor_id)
+        next_beat = max(next_beat + every_s, time.monotonic())  # late (stopped, starved): on from now
+        readable, _, _ = select.select([stdin], [], [], max(0.0, next_beat - time.monotonic()))
+        if readable and not os.read(stdin, 4096):  # EOF: the worker's process is gone
+            return
+
+
+if __name__ == "__main__":  # start_beat_process's child
+    _beat_process()

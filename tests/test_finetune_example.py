@@ -61,11 +61,16 @@ def test_the_fine_tune_example_runs_end_to_end_through_a_kill_and_a_notice(tmp_p
     report = json.load(open(out / "report.json"))
 
     full, lora = report["finetuned-full"], report["finetuned-lora"]
-    for summary in (full, lora):
+    for stage, summary in (("full", full), ("lora", lora)):
         losses = [loss for _, loss in summary["eval_curve"]]
         assert summary["eval_curve"][0][0] == 0 and losses[-1] < losses[0] - 0.01, summary["eval_curve"]
         assert summary["duplicate_samples"] == 0 and summary["skipped_samples"] == 0
-        assert [r["cause"] for r in summary["recoveries"]] == ["lost w1"] and summary["recoveries"][0]["lost_steps"] == 0
+        # the kill's recovery, as in test_demo.py: a loaded machine may add one, which loses no step
+        recoveries = summary["recoveries"]
+        why = recoveries, [e for e in map(json.loads, open(out / stage / "events.jsonl"))
+                           if e["event"] in ("worker_lost", "generation_end") or e.get("on") == "Silence"]
+        assert [r["cause"] for r in recoveries if r["step"] == 4] == ["lost w1"], why
+        assert all(r["lost_steps"] == 0 for r in recoveries), why
     assert any(c["cause"] == "leave" for c in full["reconfigurations"]), full["reconfigurations"]  # the notice
 
     checked = report["check"]

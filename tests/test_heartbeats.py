@@ -1,11 +1,16 @@
 """Heartbeats as datagrams (heartbeats.py): real UDP sockets on loopback."""
 
 import multiprocessing
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from elastic_zero.heartbeats import DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, HeartbeatListener, HeartbeatSender, drain_wait_s
+from elastic_zero.heartbeats import (DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, HeartbeatListener, HeartbeatSender, beat_token,
+                                     drain_wait_s)
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +30,7 @@ def test_a_beat_is_stamped_with_the_start_of_the_drain_that_read_it():
     listener = HeartbeatListener("127.0.0.1", b"s" * 32)
     try:
         before = time.monotonic()
-        HeartbeatSender("127.0.0.1", listener.port, b"s" * 32).beat("w7")
+        HeartbeatSender("127.0.0.1", listener.port, beat_token(b"s" * 32)).beat("w7")
         after = time.monotonic()
         assert _until(lambda: "w7" in listener.heard)
         assert before - DRAIN_EVERY_S <= listener.heard["w7"] <= after + DRAIN_EVERY_S + listener.longest_pause_s
@@ -63,7 +68,7 @@ def test_a_thousand_workers_beating_ten_times_a_second_are_never_silent():
 
 
 def _beat_for(port: int, workers: int, seconds: float) -> None:
-    sender = HeartbeatSender("127.0.0.1", port, b"s" * 32)
+    sender = HeartbeatSender("127.0.0.1", port, beat_token(b"s" * 32))
     ids = [f"w{i}" for i in range(workers)]
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -76,7 +81,7 @@ def _beat_for(port: int, workers: int, seconds: float) -> None:
 def test_later_beats_move_the_stamp_on():
     listener = HeartbeatListener("127.0.0.1", b"s" * 32)
     try:
-        sender = HeartbeatSender("127.0.0.1", listener.port, b"s" * 32)
+        sender = HeartbeatSender("127.0.0.1", listener.port, beat_token(b"s" * 32))
         sender.beat("w1")
         assert _until(lambda: "w1" in listener.heard)
         first = listener.heard["w1"]
@@ -90,8 +95,8 @@ def test_later_beats_move_the_stamp_on():
 def test_a_beat_without_the_jobs_token_is_dropped():
     listener = HeartbeatListener("127.0.0.1", b"s" * 32)
     try:
-        HeartbeatSender("127.0.0.1", listener.port, b"x" * 32).beat("intruder")
-        HeartbeatSender("127.0.0.1", listener.port, b"s" * 32).beat("w0")  # datagrams on loopback keep their order
+        HeartbeatSender("127.0.0.1", listener.port, beat_token(b"x" * 32)).beat("intruder")
+        HeartbeatSender("127.0.0.1", listener.port, beat_token(b"s" * 32)).beat("w0")  # datagrams on loopback keep their order
         assert _until(lambda: "w0" in listener.heard)
         assert "intruder" not in listener.heard
     finally:
@@ -102,7 +107,7 @@ def test_a_thousand_workers_beating_at_once_are_all_heard():
     """A burst of 1,024 beats, as from a cluster's workers in one interval: the socket's buffer holds them."""
     listener = HeartbeatListener("127.0.0.1", b"s" * 32)
     try:
-        sender = HeartbeatSender("127.0.0.1", listener.port, b"s" * 32)
+        sender = HeartbeatSender("127.0.0.1", listener.port, beat_token(b"s" * 32))
         for i in range(1024):
             sender.beat(f"w{i}")
         assert _until(lambda: len(listener.heard) == 1024)
@@ -113,4 +118,93 @@ def test_a_thousand_workers_beating_at_once_are_all_heard():
 def test_a_beat_to_a_closed_listener_is_lost_quietly():
     listener = HeartbeatListener("127.0.0.1", b"s" * 32)
     listener.close()
-    HeartbeatSender("127.0.0.1", listener.port, b"s" * 32).beat("w0")  # no error: the next beat counts
+    HeartbeatSender("127.0.0.1", listener.port, beat_token(b"s" * 32)).beat("w0")  # no error: the next beat counts
+
+
+# a worker's process that beats both ways, then holds its GIL for 2 s (as a long unpickling or a
+# garbage collection does): the main thread keeps it while the switch interval is longer than the stall
+_STALLING_WORKER = """
+import sys, threading, time
+from elastic_zero.heartbeats import HeartbeatSender, start_beat_process
+port, token = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
+beats = start_beat_process("127.0.0.1", port, token, "process", 0.1)
+sender = HeartbeatSender("127.0.0.1", port, token)
+def beat():
+    while True:
+        sender.beat("thread")
+        time.sleep(0.1)
+threading.Thread(target=beat, daemon=True).start()
+print(beats.pid, flush=True)
+sys.stdin.readline()  # the test heard both: stall
+sys.setswitchinterval(30.0)
+end = time.monotonic() + 2.0
+while time.monotonic() < end:
+    pass
+sys.setswitchinterval(0.005)
+time.sleep(1.0)
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _spawn_worker(listener: HeartbeatListener) -> tuple[subprocess.Popen, int]:
+    worker = subprocess.Popen([sys.executable, "-c", _STALLING_WORKER, str(listener.port), beat_token(b"s" * 32).hex()],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return worker, int(worker.stdout.readline())
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_worker_whose_process_holds_the_gil_for_two_seconds_is_still_heard():
+    """The beat process beats on while its worker holds the GIL; a thread of the worker (how workers
+    beat before: CI saw a live worker declared lost) falls silent as long: the oracle that the stall
+    happened."""
+    listener = HeartbeatListener("127.0.0.1", b"s" * 32)
+    worker, beat_pid = _spawn_worker(listener)
+    try:
+        assert _until(lambda: {"thread", "process"} <= set(listener.heard), 20)
+        worker.stdin.write("stall\n")
+        worker.stdin.flush()
+        longest = {"thread": 0.0, "process": 0.0}
+        deadline = time.monotonic() + 20
+        while not _until(lambda: False, 0.02) and time.monotonic() < deadline:
+            now = time.monotonic()
+            for actor_id in longest:
+                longest[actor_id] = max(longest[actor_id], now - listener.heard[actor_id])
+            if longest["thread"] > 1.5 and now - listener.heard["thread"] < 0.5:
+                break  # the stall is over
+        assert longest["thread"] > 1.5, longest
+        assert longest["process"] < 1.0, longest  # the job's default heartbeat timeout
+        worker.stdin.write("end\n")
+        worker.stdin.flush()
+        assert worker.wait(10) == 0
+        assert _until(lambda: _ended(beat_pid))  # it ends with its worker
+    finally:
+        worker.kill()
+        listener.close()
+
+
+def test_the_beat_process_beats_through_a_sigterm_and_ends_with_its_worker_killed():
+    """SIGTERM is a worker's notice to go at a safe point, its grace period ahead: it must stay heard
+    meanwhile. SIGKILL of the worker (no clean-up in it) still ends the beats."""
+    listener = HeartbeatListener("127.0.0.1", b"s" * 32)
+    worker, beat_pid = _spawn_worker(listener)
+    try:
+        assert _until(lambda: "process" in listener.heard, 20)
+        os.kill(beat_pid, signal.SIGTERM)
+        termed = time.monotonic()
+        assert _until(lambda: listener.heard["process"] > termed + 0.2) and not _ended(beat_pid)
+        worker.kill()
+        worker.wait()
+        assert _until(lambda: _ended(beat_pid))
+        stopped = time.monotonic()
+        time.sleep(0.3)
+        assert listener.heard["process"] < stopped
+    finally:
+        worker.kill()
+        listener.close()

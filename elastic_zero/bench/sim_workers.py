@@ -333,11 +333,11 @@ class SimulatedHost:
 def _beat_process(conn, host: str, port: int, secret: bytes, longest_gap) -> None:
     """Each live simulated worker's heartbeat, one datagram each, as worker/node_duties.py sends it:
     from a process of its own, so that the host's threads (hundreds of simulated workers) never delay
-    it, as a real worker's training never delays its own beats. Ends when the host goes."""
-    from elastic_zero.heartbeats import HeartbeatSender
+    it, as a real worker's training never delays its own beats (heartbeats.start_beat_process). Ends when the host goes."""
+    from elastic_zero.heartbeats import HeartbeatSender, beat_token
     from elastic_zero.job.spec import HEARTBEAT_EVERY_S
 
-    sender, beating, last = HeartbeatSender(host, port, secret), [], time.monotonic()
+    sender, beating, last = HeartbeatSender(host, port, beat_token(secret)), [], time.monotonic()
     while True:
         try:
             while conn.poll(HEARTBEAT_EVERY_S if not beating else 0):

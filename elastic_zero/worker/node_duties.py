@@ -1,16 +1,17 @@
 """What a worker does for the job beyond its shard: it beats (a heartbeat datagram to the coordinator
-every HEARTBEAT_EVERY_S, on a thread of its own, whatever training is doing: a node that vanishes goes
-silent, see heartbeats.py and plan/liveness.py), it takes SIGTERM as a notice that it goes, and one
+every HEARTBEAT_EVERY_S, from a process of its own, whatever training is doing: a node that vanishes
+goes silent, see heartbeats.py and plan/liveness.py), it takes SIGTERM as a notice that it goes, and one
 worker per node watches the node's cloud metadata server when the coordinator asks it to. Mixed into
 the worker actor; the coordinator is reached by its name."""
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 
-from elastic_zero.heartbeats import HeartbeatSender
+from elastic_zero.heartbeats import HeartbeatSender, beat_token, start_beat_process
 from elastic_zero.preemption.cloud_watcher import CloudWatcher
 from elastic_zero.preemption.sigterm import catch_sigterm, termination_grace_s
 from elastic_zero.job.spec import HEARTBEAT_EVERY_S
@@ -25,11 +26,19 @@ def coordinator_handle(name: str, namespace: str):
 
 class NodeDuties:
     _cloud_watcher: CloudWatcher | None = None
+    _beats = None  # the beat process (it ends with this worker's process)
 
     def _start_node_duties(self, coordinator_host: str, heartbeat_port: int | None, secret: bytes) -> None:
         if self.spec.elastic.heartbeat_timeout_s and heartbeat_port:
-            sender = HeartbeatSender(coordinator_host, heartbeat_port, secret)
-            threading.Thread(target=self._beat, args=(sender,), daemon=True, name="heartbeat").start()
+            token = beat_token(secret)
+            try:
+                self._beats = start_beat_process(coordinator_host, heartbeat_port, token, self.actor_id,
+                                                 HEARTBEAT_EVERY_S)
+            except OSError as exc:  # no process to spare (EAGAIN, ENOMEM): a thread beats, stalls and all
+                print(f"elastic_zero: {self.actor_id} beats from a thread: its beat process could not start "
+                      f"({exc})", file=sys.stderr)
+                sender = HeartbeatSender(coordinator_host, heartbeat_port, token)
+                threading.Thread(target=self._beat, args=(sender,), daemon=True, name="heartbeat").start()
         if "sigterm" in self.spec.preemption.watch:
             catch_sigterm(self._on_sigterm, termination_grace_s(self.spec.preemption.sigterm_grace_s))
 
