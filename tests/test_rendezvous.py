@@ -1,4 +1,4 @@
-"""The job's rendezvous store: on loopback only, reached through a relay that admits holders of
+"""The job's rendezvous store, served by the coordinator's relay to holders of
 the job's secret. Oracle: what a client with and without the secret can do."""
 
 import datetime
@@ -56,48 +56,6 @@ def test_the_store_itself_listens_on_loopback_only():
     with pytest.raises(OSError):
         socket.create_connection((address, store.port), timeout=2).close()
     socket.create_connection(("127.0.0.1", store.port), timeout=2).close()
-
-
-def test_a_client_that_comes_before_the_store_opens_waits_for_it(monkeypatch):
-    """The coordinator spawns its workers before its store is open (rendezvous.py): a worker that
-    connects first is held at the relay, then served."""
-    import threading
-
-    import elastic_zero.rendezvous as rendezvous
-
-    may_open = threading.Event()
-    real = rendezvous.loopback_store
-
-    def late_store(timeout_s):
-        assert may_open.wait(10)
-        return real(timeout_s)
-
-    monkeypatch.setattr(rendezvous, "loopback_store", late_store)
-    secret = new_secret()
-    server = RendezvousServer("127.0.0.1", secret, 10)
-    clients = []
-    connecting = threading.Thread(target=lambda: clients.append(connect("127.0.0.1", server.port, secret, 10)))
-    connecting.start()
-    connecting.join(0.5)
-    assert connecting.is_alive() and not clients  # held: there is no store yet
-    may_open.set()
-    connecting.join(10)
-    clients[0].set("k", "v")
-    assert server.store.get("k") == b"v"
-    server.close()
-
-
-def test_a_store_that_cannot_open_is_said_by_whoever_asks_for_it(monkeypatch):
-    import elastic_zero.rendezvous as rendezvous
-
-    def broken(timeout_s):
-        raise OSError("no ports left")
-
-    monkeypatch.setattr(rendezvous, "loopback_store", broken)
-    server = RendezvousServer("127.0.0.1", new_secret(), 10)
-    with pytest.raises(RuntimeError, match="could not be opened: OSError"):
-        server.store
-    server.close()
 
 
 def test_hundreds_of_relayed_connections_share_one_copying_thread():

@@ -1,8 +1,8 @@
 """Start-up: the driver and the coordinator import no torch (a second of a two-core machine each,
 measured by `elastic-zero bench startup`). The driver checks and sends the job without it, its
-checkpoint store probed through the torch-free catalog; the coordinator probes that store too and
-spawns its workers first, and opens its rendezvous store (torch's) while they start. Oracle:
-sys.modules of a fresh interpreter after what each process does before its first step."""
+checkpoint store probed through the torch-free catalog; the coordinator probes that store too, and
+its rendezvous store is served by its relay in Python (store_server.py), which it uses as the job
+runs. Oracle: sys.modules of a fresh interpreter after what each process does."""
 
 import subprocess
 import sys
@@ -36,6 +36,11 @@ assert list_checkpoints(*open_store(root)) == [] and restore_candidates(*open_st
 from elastic_zero.worker.actor import TrainingWorker
 from elastic_zero.models import PRESETS
 from elastic_zero.data import DataError
+from elastic_zero.rendezvous import RendezvousServer, new_secret
+server = RendezvousServer("127.0.0.1", new_secret(), 10)  # the job's store, served by its relay
+server.store.set("g0/over", "abort")
+assert server.store.compare_set("g0/over", "", "ended") == b"abort" and server.store.check(["g0/over"])
+server.close()
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """
 

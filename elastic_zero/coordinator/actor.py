@@ -13,8 +13,8 @@ sees of it (status, progress, stop) is in face.py; its side of nodes that go (no
 node_watch.py; spawning and retiring workers in spawner.py; the final weights (a checkpoint the
 workers write) in final_save.py.
 
-It imports no torch: its workers are spawned first, and its store (torch's) opens on a thread of
-its own while they start (rendezvous.py).
+It imports no torch: its rendezvous store is served by its relay's process in Python, with torch's
+protocol (rendezvous.py, store_server.py).
 """
 
 from __future__ import annotations
