@@ -40,7 +40,8 @@ class StoreClient:
             return self._value(U8) == READY
 
     def get(self, key: str) -> bytes:
-        """The key's value, once set (as torch's get: it waits, up to the client's timeout)."""
+        """The key's value, once set (as torch's get: it waits, up to the client's timeout, after which
+        this connection is out of step and unusable: the coordinator gets only keys it checked)."""
         with self._lock:
             self._sock.sendall(U8.pack(WAIT) + U64.pack(1) + _key(key) + U8.pack(GET) + _key(key))
             if self._value(U8) != STOP_WAITING:

@@ -311,7 +311,7 @@ class StoreServer:
             return
         connection.inbox += chunk
         try:
-            while True:
+            while connection.sock.fileno() >= 0:  # (a failed send closes it)
                 parsed = parse_command(connection.inbox)
                 if parsed is None:
                     break

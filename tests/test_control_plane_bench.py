@@ -29,9 +29,11 @@ def test_the_coordinator_carries_64_simulated_workers_through_every_scenario(tmp
     assert row["generations"] >= 5
     # a safe point is asked of one member (the step's all-reduce tells the others), not of all 64-128
     assert 1 <= row["safe_point_requests"] < row["generations"]
-    # where the CPU went: the relay (a process of the coordinator's own) and the simulated workers worked
+    # where the CPU went: the relay (a process of the coordinator's own; at 64 it may spend less than
+    # a 10 ms clock tick in a recovery) and the simulated workers worked
     for window in (row["recovery_window"], row["scale_up_window"]):
-        assert window["wall_s"] > 0 and window["relay_cpu_s"] > 0 and window["simulated_workers_cpu_s"] > 0, window
+        assert window["wall_s"] > 0 and window["relay_processes"] == 1 and window["relay_cpu_s"] >= 0, window
+        assert window["simulated_workers_cpu_s"] > 0, window
 
 
 def test_bad_arguments_are_one_line_each_before_anything_starts(tmp_path):

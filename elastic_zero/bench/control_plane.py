@@ -304,6 +304,7 @@ class _CpuWindow:
         return {"wall_s": round(wall_s, 3),
                 "coordinator_cpu_s": round(max(0.0, spent[self.pid] - self.steady_cpu * wall_s), 3),
                 "relay_cpu_s": round(sum(spent[p] for p in self.relay_pids), 3),
+                "relay_processes": len(self.relay_pids),
                 "simulated_workers_cpu_s": round(sum(spent[p] for p in self.host_pids), 3)}
 
 
