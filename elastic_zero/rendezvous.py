@@ -104,9 +104,7 @@ class RendezvousServer:
 
         with self._store_lock:
             if self._store is None:
-                sock = socket.create_connection((self.host, self.port), timeout=self._timeout_s)
-                nonce = _read_exactly(sock, NONCE_BYTES)
-                sock.sendall(hmac.new(self._secret, nonce, hashlib.sha256).digest())
+                sock = admitted_connection(self.host, self.port, self._secret, self._timeout_s)
                 self._store = StoreClient(sock, self._timeout_s)
             return self._store
 
@@ -201,11 +199,22 @@ def connect(host: str, port: int, secret: bytes, timeout_s: float) -> dist.TCPSt
     return LocalRelay(host, port, secret).client(timeout_s)
 
 
+def admitted_connection(host: str, port: int, secret: bytes, timeout_s: float) -> socket.socket:
+    """A connection to the coordinator's relay at (host, port) that answered its challenge with
+    `secret` (its timeout left at `timeout_s`); OSError if the relay is unreachable or hangs up."""
+    sock = socket.create_connection((host, port), timeout=timeout_s)
+    try:
+        nonce = _read_exactly(sock, NONCE_BYTES)
+        sock.sendall(hmac.new(secret, nonce, hashlib.sha256).digest())
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def _answer_and_splice(conn: socket.socket, host: str, port: int, secret: bytes) -> None:
     try:
-        upstream = socket.create_connection((host, port), timeout=10.0)
-        nonce = _read_exactly(upstream, NONCE_BYTES)
-        upstream.sendall(hmac.new(secret, nonce, hashlib.sha256).digest())
+        upstream = admitted_connection(host, port, secret, 10.0)
         upstream.settimeout(None)
     except OSError:  # the coordinator is unreachable: the store client sees a closed connection
         conn.close()

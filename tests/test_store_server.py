@@ -4,14 +4,13 @@ torch's server's source for what no torch client of ours sends (queues, barriers
 
 import datetime
 import random
-import socket
 import threading
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from elastic_zero.rendezvous import RendezvousServer, connect, loopback_store, new_secret
+from elastic_zero.rendezvous import RendezvousServer, admitted_connection, connect, loopback_store, new_secret
 from elastic_zero.store_server import (NOT_READY, READY, STOP_WAITING, WAIT_CANCELED, KeyValueState, parse_command,
                                        vector)
 
@@ -121,18 +120,6 @@ def test_the_coordinators_client_and_torchs_clients_name_the_same_keys():
         server.close()
 
 
-def _admitted(server: RendezvousServer, secret: bytes) -> socket.socket:
-    import hashlib
-    import hmac
-
-    sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-    nonce = b""
-    while len(nonce) < 16:
-        nonce += sock.recv(16 - len(nonce))
-    sock.sendall(hmac.new(secret, nonce, hashlib.sha256).digest())
-    return sock
-
-
 @pytest.mark.parametrize("first", [bytes([1]) + vector(b"/k") + vector(b"v"),  # no validation first
                                    bytes([0]) + (0x3C85F7CE).to_bytes(4, "little") + bytes([200])])  # unknown
 def test_a_client_that_breaks_the_protocol_is_dropped_alone(first):
@@ -140,7 +127,7 @@ def test_a_client_that_breaks_the_protocol_is_dropped_alone(first):
     server = RendezvousServer("127.0.0.1", secret, 10)
     try:
         good = connect("127.0.0.1", server.port, secret, 10)
-        bad = _admitted(server, secret)
+        bad = admitted_connection("127.0.0.1", server.port, secret, 5)
         bad.sendall(first)
         assert bad.recv(16) == b""  # closed
         good.set("still", "served")
