@@ -17,7 +17,8 @@ from elastic_zero.protocol import GenerationPlan
 from elastic_zero.worker.handover import hand_over
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine
 from elastic_zero.zero.abortable import GroupAborted
-from elastic_zero.zero.host_memory import host_empty, release_free_memory
+from elastic_zero.zero.host_memory import (host_empty, large_allocations_to_the_system, release_free_memory,
+                                           step_allocations_in_the_heap)
 
 
 class _PhaseClock:
@@ -38,6 +39,16 @@ def committed_key(plan: GenerationPlan) -> str:
 
 class GenerationEntry:
     def _enter(self, plan: GenerationPlan, report: dict) -> int | None:
+        """Join generation `plan.number` (_enter_by_source) under the memory rule of each phase: the
+        entry's restores, handovers and engines make and drop large transients, which go back to the
+        system; the steps after it reuse their own memory (host_memory.py)."""
+        large_allocations_to_the_system()
+        rank = self._enter_by_source(plan, report)
+        release_free_memory()
+        step_allocations_in_the_heap()
+        return rank
+
+    def _enter_by_source(self, plan: GenerationPlan, report: dict) -> int | None:
         """Join generation `plan.number` in one of three ways, by where its state comes from; return
         this worker's rank, or None for a leaver that has handed its shards over."""
         clock = _PhaseClock(report.setdefault("phases_s", {}))

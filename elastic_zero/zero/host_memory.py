@@ -21,6 +21,8 @@ import weakref
 
 import torch
 
+from elastic_zero.zero.host_pool import POOL
+
 CHECK_TRAFFIC_ENV = "ELASTIC_ZERO_CHECK_TRAFFIC"
 
 _known: set[int] = set()  # addresses of the live host buffers' storages
@@ -37,8 +39,12 @@ def checking_traffic() -> bool:
 
 
 def host_empty(numel: int, dtype: torch.dtype, pinned: bool = False) -> torch.Tensor:
-    """A new 1-D host buffer (pinned when `pinned` and CUDA is there)."""
-    t = torch.empty(numel, dtype=dtype, pin_memory=pinned and torch.cuda.is_available())
+    """A new 1-D host buffer (pinned when `pinned` and CUDA is there; else, when large, over a
+    block of host_pool's, reused once the buffer died)."""
+    if pinned and torch.cuda.is_available():
+        t = torch.empty(numel, dtype=dtype, pin_memory=True)
+    else:
+        t = POOL.empty(numel, dtype)
     if checking_traffic() and numel:  # an empty tensor has no storage address of its own
         storage = t.untyped_storage()
         with _lock:
@@ -61,22 +67,41 @@ def is_host_buffer(t: torch.Tensor) -> bool:
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 LARGE_ALLOCATION = 1 << 20
+# glibc's own adaptive limits (its threshold rises to 32 MB at most, trimming at twice that)
+STEP_MMAP_THRESHOLD, STEP_TRIM_THRESHOLD = 32 << 20, 64 << 20
 
 
 def large_allocations_to_the_system() -> None:
     """Make glibc's malloc serve every allocation of LARGE_ALLOCATION bytes or more by its own
     mmap, given back to the system when freed (elsewhere: nothing). By default the threshold rises
     with each large block freed, up to 32 MB, and blocks below it stay in the heap, resident after
-    they are freed: a worker that built a model, then its engine, then ran steps whose activations
-    come and go, would hold gigabytes it does not use, counted by Ray's memory monitor."""
+    they are freed: a worker that built a model, then its engine, would hold gigabytes it does not
+    use, counted by Ray's memory monitor. For building and restoring; the steps then reuse their
+    memory (step_allocations_in_the_heap)."""
     libc = _libc()
     if libc is not None:
         libc.mallopt(_M_MMAP_THRESHOLD, LARGE_ALLOCATION)
         libc.mallopt(_M_TRIM_THRESHOLD, LARGE_ALLOCATION)
 
 
+def step_allocations_in_the_heap() -> None:
+    """Make glibc's malloc keep freed blocks below 32 MB in its heap for the next ones (elsewhere:
+    nothing). For the steps: each step allocates and frees the same activations and gradients, and
+    with large_allocations_to_the_system each came back as fresh pages, a fault and a zeroed page
+    per 4 KiB: gpt-small on 2 ranks at ZeRO-2 took 70,000 faults and 0.44 s a step that way, 2,300
+    and 0.34 s this way. The steps' working set stays resident between steps: GPT-2 medium's shape at
+    ZeRO-3 on 2 workers peaked at 4.38 GiB a worker, 4.15 GiB before. Call it once the transients of
+    building and restoring are gone (release_free_memory), so that the heap holds the steps' only."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, STEP_MMAP_THRESHOLD)
+        libc.mallopt(_M_TRIM_THRESHOLD, STEP_TRIM_THRESHOLD)
+
+
 def release_free_memory() -> None:
-    """Hand the C heap's free pages back to the system now (glibc's malloc_trim; elsewhere nothing)."""
+    """Hand the free host blocks and the C heap's free pages back to the system now (glibc's
+    malloc_trim; elsewhere the blocks only)."""
+    POOL.trim()
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
