@@ -71,6 +71,29 @@ def test_a_buffer_dying_on_another_thread_comes_back_and_trim_forgets_it():
     assert pool.empty(LARGE, torch.float32) is not None and pool.fresh == 2
 
 
+def test_a_buffer_dying_while_its_thread_holds_the_pools_lock_does_not_deadlock():
+    """A garbage collection may run inside the pool's locked region and free a pooled tensor in a
+    reference cycle: its finalizer runs there, on the thread that holds the lock."""
+    pool = HostBlockPool()
+
+    def collect_under_the_lock():
+        with pool._lock:
+            gc.collect()
+
+    gc.disable()  # so that the cycle is collected under the lock, not before
+    try:
+        cycle = [pool.empty(LARGE, torch.float32)]
+        cycle.append(cycle)
+        del cycle
+        collector = threading.Thread(target=collect_under_the_lock, daemon=True)
+        collector.start()
+        collector.join(timeout=10)
+    finally:
+        gc.enable()
+    assert not collector.is_alive()
+    assert pool.free_bytes() == LARGE * 4  # and the block came back
+
+
 def test_small_buffers_and_other_dtypes_are_plain_host_buffers():
     pool = HostBlockPool()
     small = pool.empty(10, torch.float32)

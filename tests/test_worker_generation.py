@@ -171,5 +171,5 @@ def test_entering_a_generation_gives_its_transients_back_and_then_steps_in_the_h
     worker = _bare_worker()
     worker._enter_by_source = lambda plan, report: calls.append("enter") or 0
     assert worker._enter(_Plan(3), {}) == 0
-    assert calls == ["large_allocations_to_the_system", "enter", "release_free_memory",
+    assert calls == ["large_allocations_to_the_system", "release_free_memory", "enter", "release_free_memory",
                      "step_allocations_in_the_heap"]

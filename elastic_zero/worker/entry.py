@@ -43,6 +43,7 @@ class GenerationEntry:
         entry's restores, handovers and engines make and drop large transients, which go back to the
         system; the steps after it reuse their own memory (host_memory.py)."""
         large_allocations_to_the_system()
+        release_free_memory()  # what the last steps left in the heap, before the entry's own peak
         rank = self._enter_by_source(plan, report)
         release_free_memory()
         step_allocations_in_the_heap()

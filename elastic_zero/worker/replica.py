@@ -15,6 +15,7 @@ import torch
 
 from elastic_zero.zero.comm import Comm
 from elastic_zero.zero.host_memory import host_empty
+from elastic_zero.zero.host_pool import POOL
 from elastic_zero.zero.shard import ShardState
 
 
@@ -79,7 +80,9 @@ class LayoutReplicas:
         """Every rank has committed the latest step of the current layout (a collective that all of
         them entered after their commit completed): the earlier layout and the older steps go, so
         that at rest a rank holds one snapshot of its own and one of its ward's."""
-        self.earlier = None
+        if self.earlier is not None:
+            self.earlier = None
+            POOL.trim()  # its blocks are of sizes no longer asked for
         self.current.keep_latest()
 
     def report(self) -> dict:

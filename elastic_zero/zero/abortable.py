@@ -6,7 +6,8 @@ group was aborted returned only when that rank's process exited). So every wait 
 work goes through `wait`, which returns as soon as the work completes or `abort()` is called:
 collectives signal completion through their future; send and receive, which have none, are
 waited for by one helper thread per group. An abandoned operation is left to finish or time out
-inside the backend, on buffers nobody reuses (a generation's successor allocates its own).
+inside the backend, on buffers nobody reuses while it holds them (a generation's successor allocates
+its own, and host_pool.py lends a host buffer's memory again only once its last holder let go).
 
 Destroying a gloo group waits until its queued work is done, which for abandoned work means its
 timeout; so an aborted group is kept alive until its timeout has passed and then let go on a

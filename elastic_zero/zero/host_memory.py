@@ -49,7 +49,7 @@ def host_empty(numel: int, dtype: torch.dtype, pinned: bool = False) -> torch.Te
         storage = t.untyped_storage()
         with _lock:
             _known.add(storage.data_ptr())
-        weakref.finalize(storage, _forget, storage.data_ptr())
+        weakref.finalize(storage, _forget, storage.data_ptr()).atexit = False
     return t
 
 

@@ -21,6 +21,7 @@ Pinned buffers (CUDA) are not made here: torch's caching host allocator already 
 
 from __future__ import annotations
 
+import collections
 import mmap
 import threading
 import weakref
@@ -71,7 +72,11 @@ class FreeBlocks:
 class HostBlockPool:
     def __init__(self, per_size: int = FREE_PER_SIZE) -> None:
         self._books = FreeBlocks(per_size)
-        self._lock = threading.Lock()  # a storage may die on any thread (a collective's, a writer's)
+        self._lock = threading.Lock()
+        # A storage may die on any thread (a collective's, a writer's), and within the locked region
+        # too (a garbage collection there), so a dying one only appends its block here, which needs no
+        # lock (deque.append is atomic); the next call that takes the lock enters it in the books.
+        self._returned: collections.deque = collections.deque()
         self.fresh = 0  # blocks mapped anew, for tests and benchmarks
         self.reused = 0
 
@@ -81,6 +86,7 @@ class HostBlockPool:
         if nbytes < MIN_POOLED_BYTES:
             return torch.empty(numel, dtype=dtype)
         with self._lock:
+            self._enter_returned()
             block = self._books.take(nbytes)
             if block is None:
                 self.fresh += 1
@@ -89,21 +95,27 @@ class HostBlockPool:
         if block is None:
             block = mmap.mmap(-1, nbytes, flags=_PRIVATE)
         t = torch.frombuffer(block, dtype=dtype, count=numel)
-        # the storage holds the block while it lives; then the finalizer hands it back
-        weakref.finalize(t.untyped_storage(), self._returned, nbytes, block)
+        # the storage holds the block while it lives; then the finalizer hands it back (never at the
+        # interpreter's exit, when finalizers run early and a daemon thread may still use the tensor)
+        weakref.finalize(t.untyped_storage(), self._returned.append, (nbytes, block)).atexit = False
         return t
 
-    def _returned(self, nbytes: int, block) -> None:
-        with self._lock:
-            self._books.give(nbytes, block)  # a block not kept is unmapped when its last reference goes
+    def _enter_returned(self) -> None:
+        """(Under the lock.) The blocks whose storages died since, into the books; a block not kept
+        there is unmapped when its last reference goes."""
+        while self._returned:
+            nbytes, block = self._returned.popleft()
+            self._books.give(nbytes, block)
 
     def trim(self) -> None:
         """Forget every free block (their memory goes back to the system)."""
         with self._lock:
+            self._enter_returned()
             self._books.clear()
 
     def free_bytes(self) -> int:
         with self._lock:
+            self._enter_returned()
             return self._books.free_bytes()
 
 
