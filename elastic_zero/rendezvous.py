@@ -133,7 +133,7 @@ def _relay_process(listen_fd: int) -> None:
         try:
             conn.settimeout(10.0)
             conn.sendall(nonce)
-            answer = _read_exactly(conn, _DIGEST_BYTES)
+            answer = read_exactly(conn, _DIGEST_BYTES)
         except OSError:  # the client went away during the challenge
             conn.close()
             return
@@ -204,7 +204,7 @@ def admitted_connection(host: str, port: int, secret: bytes, timeout_s: float) -
     `secret` (its timeout left at `timeout_s`); OSError if the relay is unreachable or hangs up."""
     sock = socket.create_connection((host, port), timeout=timeout_s)
     try:
-        nonce = _read_exactly(sock, NONCE_BYTES)
+        nonce = read_exactly(sock, NONCE_BYTES)
         sock.sendall(hmac.new(secret, nonce, hashlib.sha256).digest())
     except OSError:
         sock.close()
@@ -222,14 +222,16 @@ def _answer_and_splice(conn: socket.socket, host: str, port: int, secret: bytes)
     _splice(conn, upstream)
 
 
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
+def read_exactly(sock: socket.socket, n: int, closed: str = "closed during the rendezvous challenge") \
+        -> bytes:
+    """`n` bytes from a blocking `sock`; ConnectionError(`closed`) if it closes first."""
+    data = bytearray()
     while len(data) < n:
         chunk = sock.recv(n - len(data))
         if not chunk:
-            raise ConnectionError("closed during the rendezvous challenge")
+            raise ConnectionError(closed)
         data += chunk
-    return data
+    return bytes(data)
 
 
 class SpliceLoop:

@@ -7,6 +7,7 @@ import socket
 import struct
 import threading
 
+from elastic_zero.rendezvous import read_exactly
 from elastic_zero.store_server import (CHECK, COMPARE_SET, GET, PING, READY, SET, STOP_WAITING, U8, U32, U64,
                                        VALIDATE, VALIDATION_MAGIC, WAIT, vector)
 
@@ -58,13 +59,7 @@ class StoreClient:
         return self._exactly(self._value(U64))
 
     def _exactly(self, n: int) -> bytes:
-        data = bytearray()
-        while len(data) < n:
-            chunk = self._sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("the store closed the connection")
-            data += chunk
-        return bytes(data)
+        return read_exactly(self._sock, n, "the store closed the connection")
 
 
 def _key(key: str) -> bytes:

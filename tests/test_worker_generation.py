@@ -163,11 +163,11 @@ def test_an_abort_that_comes_before_train_entered_its_generation_aborts_it_on_en
 def test_entering_a_generation_gives_its_transients_back_and_then_steps_in_the_heap(monkeypatch):
     """Entering makes and drops large transients (restores, handovers, engines): they go back to
     the system; the steps after it keep their freed memory for the next step (host_memory.py)."""
-    import elastic_zero.worker.entry as entry_module
+    import elastic_zero.zero.host_memory as host_memory
 
     calls = []
     for name in ("large_allocations_to_the_system", "release_free_memory", "step_allocations_in_the_heap"):
-        monkeypatch.setattr(entry_module, name, lambda name=name: calls.append(name))
+        monkeypatch.setattr(host_memory, name, lambda name=name: calls.append(name))
     worker = _bare_worker()
     worker._enter_by_source = lambda plan, report: calls.append("enter") or 0
     assert worker._enter(_Plan(3), {}) == 0

@@ -23,8 +23,7 @@ import torch.distributed as dist
 
 from elastic_zero.worker.replication import Replicator
 from elastic_zero.zero.comm import TorchComm, new_process_group
-from elastic_zero.zero.host_memory import (large_allocations_to_the_system, release_free_memory,
-                                           step_allocations_in_the_heap)
+from elastic_zero.zero.host_memory import building
 
 from elastic_zero.bench.baselines import ADAMW, default_group, fsdp2
 from elastic_zero.data import MarkovTokens
@@ -100,17 +99,15 @@ class _Trainer:
 
 
 def _rank_main(ctx: LocalRank, variants, preset, micro_batch, warmup, steps, rounds, replicate_every=0):
-    # the worker's memory rules (worker/entry.py): the steps and the replicas cost here what they cost there
-    large_allocations_to_the_system()
     with default_group(ctx, "bench-default/"):
         cfg = PRESETS[preset]
         data = MarkovTokens(cfg.vocab_size, cfg.seq_len, seed=0)
         host = None
         if replicate_every:
             host = TorchComm(new_process_group(ctx.store, "bench-host/", ctx.rank, ctx.world_size), role="host")
-        trainers = {v: _Trainer(v, preset, ctx.process_group, host, replicate_every) for v in variants}
-        release_free_memory()
-        step_allocations_in_the_heap()
+        # the workers' memory rules (worker/entry.py): the steps and the replicas cost here what they cost there
+        with building():
+            trainers = {v: _Trainer(v, preset, ctx.process_group, host, replicate_every) for v in variants}
         times: dict[str, list[float]] = {v: [] for v in variants}
         blocked_from: dict[str, int] = {v: 0 for v in variants}
         blocked: dict[str, list[float]] = {v: [] for v in variants}

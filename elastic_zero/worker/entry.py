@@ -17,8 +17,7 @@ from elastic_zero.protocol import GenerationPlan
 from elastic_zero.worker.handover import hand_over
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine
 from elastic_zero.zero.abortable import GroupAborted
-from elastic_zero.zero.host_memory import (host_empty, large_allocations_to_the_system, release_free_memory,
-                                           step_allocations_in_the_heap)
+from elastic_zero.zero.host_memory import building, host_empty, release_free_memory
 
 
 class _PhaseClock:
@@ -42,12 +41,8 @@ class GenerationEntry:
         """Join generation `plan.number` (_enter_by_source) under the memory rule of each phase: the
         entry's restores, handovers and engines make and drop large transients, which go back to the
         system; the steps after it reuse their own memory (host_memory.py)."""
-        large_allocations_to_the_system()
-        release_free_memory()  # what the last steps left in the heap, before the entry's own peak
-        rank = self._enter_by_source(plan, report)
-        release_free_memory()
-        step_allocations_in_the_heap()
-        return rank
+        with building():
+            return self._enter_by_source(plan, report)
 
     def _enter_by_source(self, plan: GenerationPlan, report: dict) -> int | None:
         """Join generation `plan.number` in one of three ways, by where its state comes from; return

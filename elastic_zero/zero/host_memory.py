@@ -14,6 +14,7 @@ so a finalizer on that object says when the address stops being a host buffer.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -96,6 +97,18 @@ def step_allocations_in_the_heap() -> None:
     if libc is not None:
         libc.mallopt(_M_MMAP_THRESHOLD, STEP_MMAP_THRESHOLD)
         libc.mallopt(_M_TRIM_THRESHOLD, STEP_TRIM_THRESHOLD)
+
+
+@contextlib.contextmanager
+def building():
+    """The workers' memory rules around a phase that builds or restores (an engine, a generation's
+    entry) before steps: the large transients made inside go back to the system, and on leaving, the
+    heap is trimmed and the steps' rule set. (Left by an exception, the building rule stays.)"""
+    large_allocations_to_the_system()
+    release_free_memory()  # what earlier steps left in the heap, before this phase's own peak
+    yield
+    release_free_memory()
+    step_allocations_in_the_heap()
 
 
 def release_free_memory() -> None:

@@ -82,7 +82,7 @@ class HostBlockPool:
 
     def empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A new 1-D tensor of `numel` elements of `dtype`, over a reused block when there is one."""
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize
         if nbytes < MIN_POOLED_BYTES:
             return torch.empty(numel, dtype=dtype)
         with self._lock:
