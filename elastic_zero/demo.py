@@ -72,8 +72,10 @@ def demo_table(summary: dict, wall_s: float, png: str | None) -> str:
         after = history[i + 1] if by_order else c.get("to")
         workers = f"{before} -> {after}" if before is not None and after is not None else "-"
         recomputed = c.get("recomputed_steps", 0) if kind == "recovery" else 0
-        lost = f" ({c['lost_steps']} done steps lost)" if kind == "recovery" else ""
-        lines.append(f"  {c.get('step', '-'):>7}  {_what(c, kind):<52}{workers:>9}{c['stall_s']:>9.2f}  "
+        lost = f" ({c.get('lost_steps', '?')} done steps lost)" if kind == "recovery" else ""
+        # a change whose generation was lost whole has no measured stall (coordinator/books.py)
+        stall = "-" if c.get("stall_s") is None else f"{c['stall_s']:.2f}"
+        lines.append(f"  {c.get('step', '-'):>7}  {_what(c, kind):<52}{workers:>9}{stall:>9}  "
                      f"{recomputed} step(s){lost}")
     kills = [c for kind, c in changes if kind == "recovery" and c.get("to_next_step_done_s") is not None]
     if kills:

@@ -49,11 +49,11 @@ def read_run(run_dir: str) -> RunSeries:
     loss = tuple((int(s), float(v)) for s, v in summary.get("loss_curve", []))
     eval_loss = tuple((int(s), float(v)) for s, v in summary.get("eval_curve", []))
     rates = tuple((int(s), batch / t) for s, t in summary.get("step_time_curve", []) if t > 0)
-    marks = [Mark(r["step"], "recovery", f"{r.get('cause', 'failure')}: stall {r.get('stall_s', 0):.2f} s")
+    marks = [Mark(r["step"], "recovery", f"{r.get('cause', 'failure')}: {_stall(r)}")
              for r in summary.get("recoveries", []) if r.get("step") is not None]
     for r in summary.get("reconfigurations", []):
         kind = "preemption" if r.get("cause") == "leave" else "scale"  # workers leave on a preemption notice
-        marks.append(Mark(r["step"], kind, f"{r.get('from')}->{r.get('to')} workers: stall {r.get('stall_s', 0):.2f} s"))
+        marks.append(Mark(r["step"], kind, f"{r.get('from')}->{r.get('to')} workers: {_stall(r)}"))
     for e in events:
         found = _STEP_DIR.search(str(e.get("directory", ""))) if e.get("event") == "checkpoint_committed" else None
         if found:
@@ -125,3 +125,8 @@ def plot_run(run_dir: str, out: str | None = None) -> tuple[str, RunSeries]:
     fig.savefig(out, dpi=_DPI)
     plt.close(fig)
     return out, series
+
+
+def _stall(change: dict) -> str:
+    """A change whose generation was lost whole has no measured stall (coordinator/books.py)."""
+    return "stall unknown" if change.get("stall_s") is None else f"stall {change['stall_s']:.2f} s"

@@ -56,3 +56,38 @@ def test_a_recovery_with_no_step_left_is_closed_when_its_generation_finishes():
     assert recovery == {"step": 3, "cause": "lost w1", "lost_steps": 0, "recomputed_steps": 0, "failed_at": 15.0,
                         "stall_s": 5.0, "to_next_step_done_s": None}
     assert books.pending_change is None
+
+
+def _dead(actor_id):
+    return Report(Outcome(actor_id, "dead", error="lost"), ended_at=30.0)
+
+
+def test_a_change_whose_generation_is_lost_whole_is_kept_when_the_next_one_begins():
+    """A node lost, the survivors recover from memory at step 62, then their own node goes too
+    (nobody of that generation reports): the first recovery stays in the books with what the
+    coordinator saw, the second is measured as usual. Seen in the goodput bench under load."""
+    books = Books(global_batch=8, steps=1000, started_at=0.0)
+    books.begin_change("recovery", 19.0, 1, step=62, cause="lost w1, w3", reached=63)
+    books.world_size_history.append([62, 2])
+    books.generation_stepped(0, 19.2)  # an older generation's note: not this change's
+    books.generation_stepped(1, 19.7)
+    books.add_generation_results(1, [_dead("w0"), _dead("w2")])
+    books.begin_change("recovery", 64.0, 2, step=None, cause="lost w0, w2; restored from a checkpoint", reached=370)
+    books.world_size_history.append([-1, 1])  # the checkpoint's step is known once it is read
+    report = _report("w5", 0, [0.1], [0.0], first_step_at=66.0)
+    books.add_generation_results(2, [Report(**{**vars(report), "log": ((350, 0, 2800, 8),)})])
+    first, second = books.summary(None)["recoveries"]
+    assert first == {"step": 62, "cause": "lost w1, w3", "lost_steps": 1, "recomputed_steps": 2, "failed_at": 19.0,
+                     "stall_s": None, "to_next_step_done_s": 0.7}
+    assert second["step"] == 350 and second["lost_steps"] == 20 and second["stall_s"] == 2.0
+    assert books.summary(None)["world_size_history"] == [[62, 2], [350, 1]]
+
+
+def test_a_lost_generation_that_never_stepped_recomputed_nothing_and_has_no_next_step():
+    books = Books(global_batch=8, steps=100, started_at=0.0)
+    books.begin_change("reconfiguration", 5.0, 3, step=40, cause="scale", **{"from": 2, "to": 3})
+    books.add_generation_results(3, [_dead("w0")])
+    books.begin_change("recovery", 6.0, 4, step=40, cause="lost w0", reached=40)
+    (change,) = books.summary(None)["reconfigurations"]
+    assert change == {"step": 40, "cause": "scale", "from": 2, "to": 3, "failed_at": 5.0, "stall_s": None,
+                      "to_next_step_done_s": None}

@@ -52,6 +52,14 @@ def test_a_loss_the_demo_did_not_cause_is_not_called_a_kill():
 
 
 @pytest.mark.unit
+def test_a_recovery_whose_generation_was_lost_whole_shows_no_stall():
+    lost = {"step": KILL_STEP, "cause": "lost w1", "lost_steps": 0, "recomputed_steps": 1, "failed_at": 100.0,
+            "stall_s": None, "to_next_step_done_s": 0.4}
+    row = demo_table({**SUMMARY, "recoveries": [lost]}, wall_s=40.0, png=None).splitlines()[2]
+    assert "w1 killed, recovered from replicas" in row and "3 -> 2        -  1 step(s)" in row, row
+
+
+@pytest.mark.unit
 def test_the_restart_figure_is_the_one_the_benchmarks_page_documents():
     with open(os.path.join(ROOT, "docs", "benchmarks.md")) as fh:
         assert f"{RAY_TRAIN_RECOVERY_S:.1f} s" in fh.read()

@@ -197,3 +197,12 @@ def test_a_missing_torchft_is_named_with_its_extra_before_anything_starts(monkey
     monkeypatch.setattr(torchft_cluster, "torchft_installed", lambda: False)
     with pytest.raises(ValueError, match=r"bench goodput: torchft is not installed: pip install -e '\.\[anchors\]'"):
         goodput.run_goodput_bench(systems=("elastic_zero", "torchft"))
+
+
+@pytest.mark.parametrize("name", ["missing.py", "paced.txt"])
+def test_a_loss_file_that_is_no_python_file_is_refused_before_anything_starts(tmp_path, name):
+    from elastic_zero.bench.goodput import run_goodput_bench
+
+    (tmp_path / "paced.txt").write_text("def loss(model, batch): ...\n")
+    with pytest.raises(ValueError, match=f"loss_file must be an existing .py file, got '.*{name}'"):
+        run_goodput_bench(systems=("elastic_zero",), loss_file=str(tmp_path / name))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -129,12 +130,14 @@ def _elastic_zero_first_step(events_path: str) -> float | None:
     return None
 
 
-def _elastic_zero_spec(preset: str, checkpoint_uri: str, checkpoint_every: int) -> str:
+def _elastic_zero_spec(preset: str, checkpoint_uri: str, checkpoint_every: int, loss: str | None) -> str:
+    loss_line = f'loss = "{loss}"' if loss else ""
     return textwrap.dedent(f"""\
         name = "bench-goodput"
         [model]
         preset = "{preset}"
         [train]
+        {loss_line}
         steps = 1000000
         global_batch = {GLOBAL_BATCH}
         micro_batch = {MICRO_BATCH}
@@ -150,11 +153,15 @@ def _elastic_zero_spec(preset: str, checkpoint_uri: str, checkpoint_every: int) 
         """)
 
 
-def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str, clock: str) -> dict:
+def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str, clock: str,
+                  loss_file: str | None = None) -> dict:
+    if loss_file:  # uploaded with the job (its working directory), imported by name on every worker
+        shutil.copy(loss_file, work_dir)
+    loss = os.path.basename(loss_file)[:-len(".py")] + ":loss" if loss_file else None
     cluster = BenchCluster()
     try:
         with open(os.path.join(work_dir, "job.toml"), "w") as fh:
-            fh.write(_elastic_zero_spec(preset, "file://" + os.path.join(work_dir, "checkpoints"), checkpoint_every))
+            fh.write(_elastic_zero_spec(preset, f"file://{work_dir}/checkpoints", checkpoint_every, loss))
         launched_at = time.time()
         driver = cluster.head.run_job(work_dir, "job.toml", "goodput")
 
@@ -328,10 +335,12 @@ def goodput_systems(systems: str | None, against: str | None) -> tuple[str, ...]
 
 def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: int = 0, notice_s: float = 30.0,
                       checkpoint_every: int = 20, systems=DEFAULT_SYSTEMS, work_root: str | None = None,
-                      clock: str = "launch", torchft_stock_ddp_hook: bool = False) -> dict:
+                      clock: str = "launch", torchft_stock_ddp_hook: bool = False, loss_file: str | None = None) -> dict:
     """Each system's run keeps its outputs in a directory of its own (under `work_root` if given).
     `clock`: the schedule counts from each job's launch, or ("first_step") from its first step.
-    `torchft_stock_ddp_hook`: torchft with its DDP comm hook as released (see bench/torchft_job.py)."""
+    `torchft_stock_ddp_hook`: torchft with its DDP comm hook as released (see bench/torchft_job.py).
+    `loss_file`: a Python file whose `loss(model, batch)` elastic_zero's job trains with (the short
+    test's paces its steps, so that the job leaves the CPU to the tests beside it)."""
     from elastic_zero.models import PRESETS
 
     if preset not in PRESETS:
@@ -340,6 +349,8 @@ def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: 
         raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
     if clock not in ("launch", "first_step"):
         raise ValueError(f"clock must be 'launch' or 'first_step', got {clock!r}")
+    if loss_file is not None and not (loss_file.endswith(".py") and os.path.isfile(loss_file)):
+        raise ValueError(f"loss_file must be an existing .py file, got {loss_file!r}")
     unknown = set(systems) - set(SYSTEMS)
     if unknown or not systems:
         raise ValueError(f"unknown system(s) {sorted(unknown)}; allowed: {', '.join(SYSTEMS)}")
@@ -350,13 +361,13 @@ def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: 
             raise ValueError(f"bench goodput: {MISSING}")
     schedule = goodput_schedule(window_s, seed, notice_s)
     report: dict = {"preset": preset, "window_s": window_s, "seed": seed, "notice_s": notice_s, "clock": clock,
-                    "checkpoint_every": checkpoint_every,
+                    "checkpoint_every": checkpoint_every, "loss_file": loss_file,
                     "schedule": [{"at_s": e.at_s, "action": e.action, "node": e.replaced_by or e.node} for e in schedule]}
     runners = {"elastic_zero": _elastic_zero, "ray_train": _ray_train, "torchft": _torchft}
     for name in systems:
         work_dir = tempfile.mkdtemp(prefix=f"ez-goodput-{name}-", dir=work_root)
-        extra = {"stock_ddp_hook": torchft_stock_ddp_hook} if name == "torchft" else {}
-        report[name] = runners[name](preset, schedule, checkpoint_every, work_dir, clock, **extra)
+        extra = {"torchft": {"stock_ddp_hook": torchft_stock_ddp_hook}, "elastic_zero": {"loss_file": loss_file}}
+        report[name] = runners[name](preset, schedule, checkpoint_every, work_dir, clock, **extra.get(name, {}))
         report[name]["work_dir"] = work_dir
     return report
 

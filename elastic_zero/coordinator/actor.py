@@ -8,9 +8,8 @@ and rank 0 sends fire-and-forget notes of its progress.
 Its loop runs on a thread of its own from the start, so the job goes on whoever waits for it (or
 nobody: on a cluster it is a detached actor, and its driver may die). Its driver starts it again if
 its process dies (driver.py says why not Ray); the new one resumes from the latest checkpoint (its
-workers died with it). What the outside
-sees of it (status, progress, stop) is in face.py; its side of nodes that go (notices, silence) in
-node_watch.py; spawning and retiring workers in spawner.py; the final weights (a checkpoint the
+workers died with it). What the outside sees of it (status, progress, stop) is in face.py; its side
+of nodes that go (notices, silence) in node_watch.py; spawning and retiring workers in spawner.py; the final weights (a checkpoint the
 workers write) in final_save.py.
 
 It imports no torch: its rendezvous store is served by its relay's process in Python, with torch's
@@ -30,7 +29,7 @@ import ray
 
 from elastic_zero.coordinator.books import Books
 from elastic_zero.coordinator.completions import Completions
-from elastic_zero.coordinator.events import NodeNotice
+from elastic_zero.coordinator.events import GenerationStepped, NodeNotice
 from elastic_zero.coordinator.face import CoordinatorFace
 from elastic_zero.coordinator.death_causes import is_memory_kill, memory_kill
 from elastic_zero.coordinator.final_save import FinalSave, directory_uri
@@ -265,6 +264,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             self.state, commands, reason = decide(self.state, event, time.monotonic())
         if not isinstance(event, Tick) or commands:
             self._log("decision", on=type(event).__name__, reason=reason)
+        if isinstance(event, GenerationStepped):  # kept for a change whose generation may yet be lost whole
+            self.books.generation_stepped(event.number, event.at)
         for command in commands:
             self._carry_out(command)
 
@@ -304,11 +305,11 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             lost = sorted(a + (f" ({r.outcome.error})" if is_memory_kill(r.outcome.error) else "")
                           for a, r in last.items() if r.outcome.kind == "dead")
             cause = f"lost {', '.join(lost)}" + ("; restored from a checkpoint" if plan.checkpoints else "")
-            self.books.begin_change("recovery", failed_at, step=plan.step if plan.step >= 0 else None,
+            self.books.begin_change("recovery", failed_at, plan.number, step=plan.step if plan.step >= 0 else None,
                                     cause=cause, reached=reached)
         elif plan.source == "live":
             since = max((r.ended_at for r in last.values()), default=now)
-            self.books.begin_change("reconfiguration", since, step=plan.step, **{
+            self.books.begin_change("reconfiguration", since, plan.number, step=plan.step, **{
                 "from": plan.previous.world_size, "to": plan.generation.world_size}, cause=plan.cause)
         self.books.world_size_history.append([plan.step, plan.generation.world_size])
         resume = {"resume": self.spec.checkpoint.resume} if plan.source == "init" and self.spec.checkpoint.resume else {}

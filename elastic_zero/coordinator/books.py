@@ -32,6 +32,8 @@ class Books:
     step_ends: dict = field(default_factory=dict)  # step -> the epoch time it was done, on rank 0, the same way
     start: dict = field(default_factory=dict)  # how the first generation entered: its phases, the bytes it read
     pending_change: dict | None = None  # a change whose stall is measured when the next generation reports
+    pending_generation: int | None = None  # the generation that began with the pending change
+    pending_stepped_at: float | None = None  # when rank 0 said that generation's first step was done
     checkpoint_stalls: list = field(default_factory=list)
     checkpoint_errors: list = field(default_factory=list)
     warnings: list = field(default_factory=list)  # what the job could not do as asked, e.g. place buddies by node
@@ -52,6 +54,8 @@ class Books:
                 if change.get("step") is None:  # from a checkpoint: the first step the workers ran
                     change["step"] = min(step for r in results for step, *_ in r.log) \
                         if any(r.log for r in results) else None
+                    if change["step"] is not None and self.world_size_history[-1][0] < 0:
+                        self.world_size_history[-1][0] = change["step"]  # known now that it was read
                 if change["step"] is not None:
                     change["lost_steps"] = max(0, reached - change["step"])
                     change["recomputed_steps"] = change["lost_steps"] + 1
@@ -118,8 +122,31 @@ class Books:
         elif generation == gen:
             entries.setdefault(rank, (start, count))
 
-    def begin_change(self, kind: str, since: float, **fields) -> None:
+    def begin_change(self, kind: str, since: float, generation: int | None = None, **fields) -> None:
+        if self.pending_change is not None:  # its generation was lost whole: none of its members reported
+            self._close_change_of_a_lost_generation()
         self.pending_change = {"_kind": kind, "_since": since, **fields}
+        self.pending_generation, self.pending_stepped_at = generation, None
+
+    def generation_stepped(self, generation: int, at: float) -> None:
+        """Rank 0's note that `generation`'s first step is done, heard at `at` (epoch seconds)."""
+        if self.pending_change is not None and generation == self.pending_generation:
+            self.pending_stepped_at = at
+
+    def _close_change_of_a_lost_generation(self) -> None:
+        """A change whose generation lost every member before reporting (a second node lost, say):
+        it is kept with what the coordinator saw itself, the step it restarted from and when rank 0
+        said its first step was done; when that step began is not known."""
+        change, stepped_at = self.pending_change, self.pending_stepped_at
+        since, reached = change.pop("_since"), change.pop("reached", None)
+        if "lost_steps" not in change and reached is not None and change.get("step") is not None:
+            change["lost_steps"] = max(0, reached - change["step"])
+            change["recomputed_steps"] = change["lost_steps"] + (1 if stepped_at is not None else 0)
+        change["failed_at"] = round(since, 4)
+        change["stall_s"] = None
+        change["to_next_step_done_s"] = None if stepped_at is None else round(stepped_at - since, 4)
+        (self.recoveries if change.pop("_kind") == "recovery" else self.reconfigurations).append(change)
+        self.pending_change = None
 
     def summary(self, param_count: int | None, end_step: int | None = None, memory: dict | None = None) -> dict:
         """`end_step`: the job ended there (stopped on request) rather than at `steps`. `memory`: rank

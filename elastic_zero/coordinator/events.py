@@ -66,9 +66,11 @@ class GenerationEnded:
 
 @dataclass(frozen=True)
 class GenerationStepped:
-    """The generation completed its first step (rank 0 reports it once per generation)."""
+    """The generation completed its first step (rank 0 reports it once per generation), heard at `at`
+    (epoch seconds)."""
 
     number: int
+    at: float = 0.0
 
 
 @dataclass(frozen=True)

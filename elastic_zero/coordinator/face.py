@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import ray
 
@@ -79,7 +80,7 @@ class CoordinatorFace:
     # ---- notes from rank 0 -----------------------------------------------------------------------
 
     def generation_stepped(self, number: int) -> None:
-        self._inbox.put(GenerationStepped(number))
+        self._inbox.put(GenerationStepped(number, time.time()))
 
     def progress_note(self, generation: int, step: int, loss: float | None, step_seconds: float, at: float,
                       checkpoint: str | None = None, losses: tuple = ()) -> None:
