@@ -21,6 +21,7 @@ import time
 
 from elastic_zero.observe.progress import ProgressView
 from elastic_zero.observe.ray_noise import quiet_worker_deaths
+from elastic_zero.job.sealed import sealed_tables
 from elastic_zero.job.spec import JobSpec, SpecError
 
 HEAD_RESOURCE = "node:__internal_head__"
@@ -83,8 +84,8 @@ def _start_coordinator(job: JobSpec, job_id: str, run_dir: str, started_at: floa
     deadline = time.monotonic() + 10
     while True:
         try:
-            return ray.remote(Coordinator).options(**options).remote(job.to_dict(), job_id, run_dir, started_at,
-                                                                     restarted)
+            return ray.remote(Coordinator).options(**options).remote(sealed_tables(job.to_dict()), job_id, run_dir,
+                                                                     started_at, restarted)
         except ValueError:  # the name of a coordinator just killed is released a moment later
             if time.monotonic() > deadline:
                 raise SpecError(f"a job with id {job_id!r} is already running on this Ray cluster") from None

@@ -83,11 +83,14 @@ def test_a_change_whose_generation_is_lost_whole_is_kept_when_the_next_one_begin
     assert books.summary(None)["world_size_history"] == [[62, 2], [350, 1]]
 
 
-def test_a_lost_generation_that_never_stepped_recomputed_nothing_and_has_no_next_step():
+def test_a_change_whose_generation_never_stepped_is_replaced_by_the_next_one():
+    """A recovery whose generation failed before its first step (a second kill noticed late): the
+    next recovery stands for both, as one stall."""
     books = Books(global_batch=8, steps=100, started_at=0.0)
-    books.begin_change("reconfiguration", 5.0, 3, step=40, cause="scale", **{"from": 2, "to": 3})
-    books.add_generation_results(3, [_dead("w0")])
-    books.begin_change("recovery", 6.0, 4, step=40, cause="lost w0", reached=40)
-    (change,) = books.summary(None)["reconfigurations"]
-    assert change == {"step": 40, "cause": "scale", "from": 2, "to": 3, "failed_at": 5.0, "stall_s": None,
-                      "to_next_step_done_s": None}
+    books.begin_change("recovery", 5.0, 3, step=12, cause="lost w0", reached=12)
+    books.add_generation_results(3, [Report(Outcome("w2", "failed", 12), ended_at=5.5)])
+    books.begin_change("recovery", 5.6, 4, step=10, cause="lost w1; restored from a checkpoint", reached=12)
+    report = _report("w2", 0, [0.1], [0.0], first_step_at=7.0)
+    books.add_generation_results(4, [Report(**{**vars(report), "log": ((10, 0, 80, 8),)})])
+    (change,) = books.summary(None)["recoveries"]
+    assert change["cause"] == "lost w1; restored from a checkpoint" and change["lost_steps"] == 2

@@ -123,7 +123,9 @@ class Books:
             entries.setdefault(rank, (start, count))
 
     def begin_change(self, kind: str, since: float, generation: int | None = None, **fields) -> None:
-        if self.pending_change is not None:  # its generation was lost whole: none of its members reported
+        """A change whose generation did not report is replaced by this one, which stands for both,
+        unless that generation stepped before all its members were lost: then it is kept."""
+        if self.pending_change is not None and self.pending_stepped_at is not None:
             self._close_change_of_a_lost_generation()
         self.pending_change = {"_kind": kind, "_since": since, **fields}
         self.pending_generation, self.pending_stepped_at = generation, None
@@ -134,17 +136,17 @@ class Books:
             self.pending_stepped_at = at
 
     def _close_change_of_a_lost_generation(self) -> None:
-        """A change whose generation lost every member before reporting (a second node lost, say):
-        it is kept with what the coordinator saw itself, the step it restarted from and when rank 0
-        said its first step was done; when that step began is not known."""
-        change, stepped_at = self.pending_change, self.pending_stepped_at
+        """A change whose generation trained, then lost every member before reporting (a second node
+        lost, say): it is kept with what the coordinator saw itself, the step it restarted from and
+        when rank 0 said its first step was done; when that step began is not known."""
+        change = self.pending_change
         since, reached = change.pop("_since"), change.pop("reached", None)
-        if "lost_steps" not in change and reached is not None and change.get("step") is not None:
+        if reached is not None and change.get("step") is not None:
             change["lost_steps"] = max(0, reached - change["step"])
-            change["recomputed_steps"] = change["lost_steps"] + (1 if stepped_at is not None else 0)
+            change["recomputed_steps"] = change["lost_steps"] + 1
         change["failed_at"] = round(since, 4)
         change["stall_s"] = None
-        change["to_next_step_done_s"] = None if stepped_at is None else round(stepped_at - since, 4)
+        change["to_next_step_done_s"] = round(self.pending_stepped_at - since, 4)
         (self.recoveries if change.pop("_kind") == "recovery" else self.reconfigurations).append(change)
         self.pending_change = None
 

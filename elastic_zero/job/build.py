@@ -7,6 +7,7 @@ from torch import nn
 
 from elastic_zero.losses import next_token_loss
 from elastic_zero.models import build_preset
+from elastic_zero.job.sealed import opened
 from elastic_zero.job.spec import DEFAULT_PRESET, JobSpec
 from elastic_zero.job.user_code import UserCodeError, resolve
 from elastic_zero.zero import SGD, AdamW, Constant, WarmupCosine
@@ -18,12 +19,13 @@ def build_model(spec: JobSpec) -> nn.Module:
     """The model with its initial weights, a function of the seed only (init_from is loaded by the
     worker that builds it)."""
     m = spec.model
+    kwargs = opened("model.kwargs", m.kwargs)
     if m.factory is None:
-        return build_preset(m.preset or DEFAULT_PRESET, seed=spec.train.seed, **m.kwargs)
+        return build_preset(m.preset or DEFAULT_PRESET, seed=spec.train.seed, **kwargs)
     factory = resolve("model.factory", m.factory)
     torch.manual_seed(spec.train.seed)
     try:
-        model = factory(**m.kwargs)
+        model = factory(**kwargs)
     except Exception as exc:
         raise UserCodeError(f"model.factory: raised {type(exc).__name__}: {exc}") from None
     if not isinstance(model, nn.Module):

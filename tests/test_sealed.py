@@ -1,0 +1,85 @@
+"""The user's values in a spec are sealed by the driver and opened only on the workers (job/sealed.py).
+Oracles: the values themselves after a round trip; a value that records, where it is unpickled,
+which actor did it: the workers, never the coordinator."""
+
+import pickle
+
+import pytest
+
+import elastic_zero as ez
+from elastic_zero.job.sealed import Sealed, opened, seal, sealed_tables
+from elastic_zero.job.user_code import UserCodeError, resolve
+
+
+def _double(x):
+    return 2 * x
+
+
+class _Config:
+    def __init__(self, width):
+        self.width = width
+
+
+@pytest.mark.unit
+def test_callables_and_objects_are_sealed_and_plain_data_is_not():
+    spec = ez.Job(name="s", model={"factory": _double, "kwargs": {"width": 8, "config": _Config(4), "dims": [1, 2]}},
+                  train={"loss": _double}).to_dict()
+    tables = sealed_tables(spec)
+    assert isinstance(tables["model"]["factory"], Sealed) and isinstance(tables["train"]["loss"], Sealed)
+    kwargs = tables["model"]["kwargs"]
+    assert kwargs["width"] == 8 and kwargs["dims"] == [1, 2] and isinstance(kwargs["config"], Sealed)
+    assert tables["optimizer"] == spec["optimizer"] and tables["name"] == "s"
+    assert repr(tables["model"]["factory"]) == "test_sealed:_double"
+    assert repr(kwargs["config"]) == "a _Config (test_sealed)"
+    assert sealed_tables(tables) == tables  # sealing twice seals nothing more
+    # the coordinator builds its spec from the sealed tables: a sealed function passes as a function
+    ez.spec.spec_from_dict(tables)
+
+
+@pytest.mark.unit
+def test_a_sealed_value_travels_unopened_and_opens_where_it_is_used():
+    sealed = pickle.loads(pickle.dumps(seal(_double)))
+    assert not hasattr(sealed, "_value")  # unpickled, not loaded
+    assert resolve("train.loss", sealed)(21) == 42 and sealed(4) == 8
+    assert opened("model.kwargs", {"config": seal(_Config(3)), "width": 2})["config"].width == 3
+
+
+@pytest.mark.unit
+def test_a_sealed_value_that_cannot_be_loaded_is_one_line_naming_the_field():
+    broken = Sealed(b"not a pickle", "mymodels:build")
+    with pytest.raises(UserCodeError, match=r"^model.factory: cannot load mymodels:build here \(UnpicklingError: "):
+        resolve("model.factory", broken)
+
+
+def _unpickled_in(path):
+    import ray
+
+    with open(path, "a") as fh:  # the unpickling actor's name: '' for a worker, the job's for the coordinator
+        fh.write(ray.get_runtime_context().get_actor_name() + "\n")
+    return _Loud(path)
+
+
+class _Loud:
+    """Says, in the file it names, which actor unpickled it."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return _unpickled_in, (self.path,)
+
+
+def _factory(tag):
+    from elastic_zero.models import build_preset
+
+    return build_preset("gpt-tiny", seed=0)
+
+
+@pytest.mark.runtime
+def test_the_coordinator_never_unpickles_the_users_values(tmp_path, local_ray):
+    marks = tmp_path / "marks.txt"
+    job = ez.Job(name="loud", model={"factory": _factory, "kwargs": {"tag": _Loud(str(marks))}},
+                 train={"steps": 2, "global_batch": 4}, elastic={"workers": 2, "max_workers": 2})
+    result = ez.run(job, ez.RunConfig(run_dir=str(tmp_path / "run"), progress=False))
+    assert result.ok, result.error
+    assert marks.read_text().splitlines() == ["", ""]  # each worker, and nobody else
