@@ -223,9 +223,10 @@ def test_job_on_a_token_auth_head(auth_head, workdir):
 
 def test_job_on_an_open_head_outlives_its_driver(open_head, workdir):
     head, cwd = open_head, workdir
-    # long enough that the driver is still there to be killed after the logs are read, on a loaded machine
-    steps = 800
-    (cwd / "job.toml").write_text(_spec(steps) + '[[faults]]\nat_step = 5\naction = "kill"\nrank = 1\n')
+    # paced (10 s at least): the driver is still there to be killed after the logs are read, on a loaded
+    # machine, and the job leaves the CPU to the tests beside it
+    steps = 200
+    (cwd / "job.toml").write_text(_spec(steps, paced=True) + '[[faults]]\nat_step = 5\naction = "kill"\nrank = 1\n')
     run_dir = str(cwd / "out")
     submit = (f"import elastic_zero as ez; print(ez.Client({head.address!r}).submit(ez.spec.load_spec('job.toml'), "
               f"run_dir={run_dir!r}))")
