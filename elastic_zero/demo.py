@@ -44,7 +44,9 @@ def demo_spec(data_dir: str) -> JobSpec:
 def _what(change: dict, kind: str) -> str:
     if kind == "recovery":  # the demo kills one worker at KILL_STEP; any other loss is the machine's
         how = "killed" if change.get("step") == KILL_STEP else "lost"
-        return f"{change.get('cause', 'a failure').replace('lost ', 'worker ', 1)} {how}, recovered from replicas"
+        cause = change.get("cause", "a failure")
+        source = "a checkpoint" if cause.endswith("restored from a checkpoint") else "replicas"
+        return f"{cause.split(';')[0].replace('lost ', 'worker ', 1)} {how}, recovered from {source}"
     if change.get("cause") == "leave":
         return "preemption notice: workers handed over and left"
     if change["to"] > change["from"]:
@@ -75,7 +77,8 @@ def demo_table(summary: dict, wall_s: float, png: str | None) -> str:
         lost = f" ({c.get('lost_steps', '?')} done steps lost)" if kind == "recovery" else ""
         # a change whose generation was lost whole has no measured stall (coordinator/books.py)
         stall = "-" if c.get("stall_s") is None else f"{c['stall_s']:.2f}"
-        lines.append(f"  {c.get('step', '-'):>7}  {_what(c, kind):<52}{workers:>9}{stall:>9}  "
+        step = "-" if c.get("step") is None else c["step"]
+        lines.append(f"  {step:>7}  {_what(c, kind):<52}{workers:>9}{stall:>9}  "
                      f"{recomputed} step(s){lost}")
     kills = [c for kind, c in changes if kind == "recovery" and c.get("to_next_step_done_s") is not None]
     if kills:

@@ -81,11 +81,11 @@ def _start_coordinator(job: JobSpec, job_id: str, run_dir: str, started_at: floa
     options["resources"] = {HEAD_RESOURCE: 0.001}
     if detached:
         options["lifetime"] = "detached"
+    tables = sealed_tables(job.to_dict())
     deadline = time.monotonic() + 10
     while True:
         try:
-            return ray.remote(Coordinator).options(**options).remote(sealed_tables(job.to_dict()), job_id, run_dir,
-                                                                     started_at, restarted)
+            return ray.remote(Coordinator).options(**options).remote(tables, job_id, run_dir, started_at, restarted)
         except ValueError:  # the name of a coordinator just killed is released a moment later
             if time.monotonic() > deadline:
                 raise SpecError(f"a job with id {job_id!r} is already running on this Ray cluster") from None

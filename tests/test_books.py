@@ -62,7 +62,7 @@ def _dead(actor_id):
     return Report(Outcome(actor_id, "dead", error="lost"), ended_at=30.0)
 
 
-def test_a_change_whose_generation_is_lost_whole_is_kept_when_the_next_one_begins():
+def test_a_change_whose_generation_stepped_then_was_lost_whole_is_kept():
     """A node lost, the survivors recover from memory at step 62, then their own node goes too
     (nobody of that generation reports): the first recovery stays in the books with what the
     coordinator saw, the second is measured as usual. Seen in the goodput bench under load."""
@@ -72,6 +72,7 @@ def test_a_change_whose_generation_is_lost_whole_is_kept_when_the_next_one_begin
     books.generation_stepped(0, 19.2)  # an older generation's note: not this change's
     books.generation_stepped(1, 19.7)
     books.add_generation_results(1, [_dead("w0"), _dead("w2")])
+    assert len(books.summary(None)["recoveries"]) == 1  # kept when its generation ends: a job may end there
     books.begin_change("recovery", 64.0, 2, step=None, cause="lost w0, w2; restored from a checkpoint", reached=370)
     books.world_size_history.append([-1, 1])  # the checkpoint's step is known once it is read
     report = _report("w5", 0, [0.1], [0.0], first_step_at=66.0)

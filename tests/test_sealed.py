@@ -2,7 +2,10 @@
 Oracles: the values themselves after a round trip; a value that records, where it is unpickled,
 which actor did it: the workers, never the coordinator."""
 
+import collections
+import enum
 import pickle
+import threading
 
 import pytest
 
@@ -34,6 +37,21 @@ def test_callables_and_objects_are_sealed_and_plain_data_is_not():
     assert sealed_tables(tables) == tables  # sealing twice seals nothing more
     # the coordinator builds its spec from the sealed tables: a sealed function passes as a function
     ez.spec.spec_from_dict(tables)
+
+
+class _Act(str, enum.Enum):
+    GELU = "gelu"
+
+
+@pytest.mark.unit
+def test_subclasses_of_plain_types_are_sealed_and_what_cannot_be_pickled_is_named():
+    """A str Enum, a namedtuple or an OrderedDict would import their module where unpickled."""
+    point = collections.namedtuple("Point", "x y")
+    kwargs = {"act": _Act.GELU, "at": point(1, 2), "order": collections.OrderedDict(a=1), "plain": "gelu"}
+    tables = sealed_tables(ez.Job(name="s", model={"factory": _double, "kwargs": kwargs}).to_dict())
+    assert [k for k, v in tables["model"]["kwargs"].items() if isinstance(v, Sealed)] == ["act", "at", "order"]
+    with pytest.raises(ez.SpecError, match=r"^model.kwargs.lock: cannot be sent to the workers \(TypeError: "):
+        sealed_tables(ez.Job(name="s", model={"factory": _double, "kwargs": {"lock": threading.Lock()}}).to_dict())
 
 
 @pytest.mark.unit

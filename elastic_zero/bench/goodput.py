@@ -155,7 +155,7 @@ def _elastic_zero_spec(preset: str, checkpoint_uri: str, checkpoint_every: int, 
 
 def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str, clock: str,
                   loss_file: str | None = None) -> dict:
-    if loss_file:  # uploaded with the job (its working directory), imported by name on every worker
+    if loss_file:  # beside job.toml, in the driver's directory, which Ray puts on the workers' sys.path
         shutil.copy(loss_file, work_dir)
     loss = os.path.basename(loss_file)[:-len(".py")] + ":loss" if loss_file else None
     cluster = BenchCluster()

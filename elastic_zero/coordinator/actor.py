@@ -9,8 +9,8 @@ Its loop runs on a thread of its own from the start, so the job goes on whoever 
 nobody: on a cluster it is a detached actor, and its driver may die). Its driver starts it again if
 its process dies (driver.py says why not Ray); the new one resumes from the latest checkpoint (its
 workers died with it). What the outside sees of it (status, progress, stop) is in face.py; its side
-of nodes that go (notices, silence) in node_watch.py; spawning and retiring workers in spawner.py; the final weights (a checkpoint the
-workers write) in final_save.py.
+of nodes that go (notices, silence) in node_watch.py; spawning and retiring workers in spawner.py;
+the final weights (a checkpoint the workers write) in final_save.py.
 
 It imports no torch: its rendezvous store is served by its relay's process in Python, with torch's
 protocol (rendezvous.py, store_server.py).

@@ -46,6 +46,8 @@ class Books:
         if not firsts and self.pending_change is not None and results and \
                 all(r.outcome.kind == "finished" for r in results):
             self._close_change_without_a_step(results)
+        elif not firsts and self.pending_change is not None and self.pending_stepped_at is not None:
+            self._close_change_of_a_lost_generation()
         if firsts and self.pending_change is not None:
             change = self.pending_change
             since = change.pop("_since")
@@ -123,10 +125,8 @@ class Books:
             entries.setdefault(rank, (start, count))
 
     def begin_change(self, kind: str, since: float, generation: int | None = None, **fields) -> None:
-        """A change whose generation did not report is replaced by this one, which stands for both,
-        unless that generation stepped before all its members were lost: then it is kept."""
-        if self.pending_change is not None and self.pending_stepped_at is not None:
-            self._close_change_of_a_lost_generation()
+        """A change still pending (its generation ended before its first step) is replaced by this
+        one, which stands for both."""
         self.pending_change = {"_kind": kind, "_since": since, **fields}
         self.pending_generation, self.pending_stepped_at = generation, None
 

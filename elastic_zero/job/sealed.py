@@ -50,11 +50,13 @@ class Sealed:
 
 
 def _plain(value) -> bool:
-    if isinstance(value, _PLAIN):
+    """Data the coordinator may unpickle: these exact types (a str Enum, a namedtuple or an
+    OrderedDict would import the module that defines it)."""
+    if type(value) in _PLAIN:
         return True
-    if isinstance(value, (list, tuple)):
+    if type(value) in (list, tuple):
         return all(_plain(v) for v in value)
-    return isinstance(value, dict) and all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return type(value) is dict and all(type(k) is str and _plain(v) for k, v in value.items())
 
 
 def _name(value) -> str:
@@ -71,15 +73,24 @@ def seal(value) -> Sealed:
 
 def sealed_tables(spec: dict) -> dict:
     """The spec's tables (JobSpec.to_dict) with every value that is not plain data sealed: a field's
-    own, or one in a table a field holds (a factory's kwargs)."""
-    def field_value(value):
+    own, or one in a table a field holds (a factory's kwargs). SpecError names a value that cannot
+    be pickled."""
+    def sealed(where: str, value):
         if _plain(value) or isinstance(value, Sealed):
             return value
-        if isinstance(value, dict):
-            return {k: v if _plain(v) or isinstance(v, Sealed) else seal(v) for k, v in value.items()}
-        return seal(value)
+        try:
+            return seal(value)
+        except Exception as exc:  # noqa: BLE001 - a lock, a socket, an open file: the user's to see
+            from elastic_zero.job.spec import SpecError
 
-    return {section: {k: field_value(v) for k, v in table.items()} if isinstance(table, dict) else table
+            raise SpecError(f"{where}: cannot be sent to the workers ({type(exc).__name__}: {exc})") from None
+
+    def field_value(where: str, value):
+        if type(value) is dict and not _plain(value):
+            return {k: sealed(f"{where}.{k}", v) for k, v in value.items()}
+        return sealed(where, value)
+
+    return {section: {k: field_value(f"{section}.{k}", v) for k, v in table.items()} if type(table) is dict else table
             for section, table in spec.items()}
 
 
