@@ -133,9 +133,10 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
         if not resumed.ok:
             raise RuntimeError(f"bench state-size: the resumed job failed: {resumed.error}")
         first_done = resumed.metrics["step_end_curve"][0][1]  # (sorted by step)
+        resumed_samples = resumed_sampler.of_those_alive_at(first_done)
         start = resumed.metrics["start"]
         rows.append(rate_row(f"resume at {resume_workers} workers", None, first_done - started,
-                             start_up_extra(resumed_sampler.samples, first_done), shard_bytes,
+                             start_up_extra(resumed_samples, first_done), shard_bytes,
                              start.get("received_bytes"), start["phases_s"].get("resume"), "memory", links))
         export = export_peak(resumed.final_checkpoint, os.path.join(work, "weights.safetensors"))
         rows.append(rate_row("export (its own process)", None, export["seconds"],
@@ -151,7 +152,7 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
                 "links_gb_per_s": {k: round(v / 1e9, 2) for k, v in links.items()},
                 "step_time_s_median": summary.get("step_time_s_median"),
                 "processes": processes + [dict(p, kind=f"{p['kind']} (resumed)")
-                                          for p in peaks(resumed_sampler.samples, first_done)],
+                                          for p in peaks(resumed_samples, first_done)],
                 "events": rows}
     finally:
         if workdir is None:  # gigabytes of checkpoints
