@@ -72,8 +72,7 @@ class Books:
             entered = [r.entered_at for r in results if r.entered_at]
             if entered:  # from the failure (or the safe point) until the last participant began the next generation
                 change["phases_s"]["to_enter"] = round(max(entered) - since, 4)
-            (self.recoveries if change.pop("_kind") == "recovery" else self.reconfigurations).append(change)
-            self.pending_change = None
+            self._file_pending()
         for r in results:
             # a rank's committed steps, reported by itself and (if it was lost) by its buddy
             for step, rank, start, count in list(r.log) + list(r.ward_log):
@@ -107,6 +106,11 @@ class Books:
         change["failed_at"] = round(since, 4)
         change["stall_s"] = round(max(r.ended_at for r in results) - since, 4)
         change["to_next_step_done_s"] = None  # there is no next step
+        self._file_pending()
+
+    def _file_pending(self) -> None:
+        """The pending change, closed, goes to the recoveries or the reconfigurations."""
+        change = self.pending_change
         (self.recoveries if change.pop("_kind") == "recovery" else self.reconfigurations).append(change)
         self.pending_change = None
 
@@ -147,8 +151,7 @@ class Books:
         change["failed_at"] = round(since, 4)
         change["stall_s"] = None
         change["to_next_step_done_s"] = round(self.pending_stepped_at - since, 4)
-        (self.recoveries if change.pop("_kind") == "recovery" else self.reconfigurations).append(change)
-        self.pending_change = None
+        self._file_pending()
 
     def summary(self, param_count: int | None, end_step: int | None = None, memory: dict | None = None) -> dict:
         """`end_step`: the job ended there (stopped on request) rather than at `steps`. `memory`: rank

@@ -15,6 +15,8 @@ import sys
 import sysconfig
 from typing import Callable
 
+from elastic_zero.job.sealed import Sealed
+
 
 class UserCodeError(ValueError):
     pass
@@ -22,8 +24,6 @@ class UserCodeError(ValueError):
 
 def resolve(where: str, ref) -> Callable:
     """The callable a spec field names; UserCodeError (one line naming the field) if it cannot be had."""
-    from elastic_zero.job.sealed import Sealed
-
     if isinstance(ref, Sealed):  # shipped from the driver, past the coordinator (job/sealed.py)
         ref = ref.open(where)
     if callable(ref):
