@@ -36,6 +36,8 @@ def drive(job: JobSpec, job_id: str, run_dir: str, run_config, started_at: float
 
     from elastic_zero.coordinator.actor import NAMESPACE
 
+    # before Ray starts: a value that cannot be pickled is the user's SpecError, with nothing started
+    tables = sealed_tables(job.to_dict())
     if not run_config.worker_logs:
         quiet_worker_deaths()
     own_ray = not ray.is_initialized()
@@ -53,9 +55,9 @@ def drive(job: JobSpec, job_id: str, run_dir: str, run_config, started_at: float
 
         check_cluster(job, ray.cluster_resources())
         detached = bool(run_config.address)
-        followed = [_start_coordinator(job, job_id, run_dir, started_at, detached)]
+        followed = [_start_coordinator(tables, job_id, run_dir, started_at, detached)]
         try:
-            return _follow(followed, view, lambda: _start_coordinator(job, job_id, run_dir, started_at, detached,
+            return _follow(followed, view, lambda: _start_coordinator(tables, job_id, run_dir, started_at, detached,
                                                                       restarted=True))
         finally:  # collected, or this driver was stopped: either way the coordinator goes
             ray.kill(followed[0], no_restart=True)
@@ -67,8 +69,9 @@ def drive(job: JobSpec, job_id: str, run_dir: str, run_config, started_at: float
             ray.shutdown()
 
 
-def _start_coordinator(job: JobSpec, job_id: str, run_dir: str, started_at: float, detached: bool,
+def _start_coordinator(tables: dict, job_id: str, run_dir: str, started_at: float, detached: bool,
                        restarted: bool = False):
+    """`tables`: the job's spec, its user values sealed (sealed.py)."""
     import ray
 
     from elastic_zero.coordinator.actor import NAMESPACE, Coordinator, coordinator_name
@@ -81,7 +84,6 @@ def _start_coordinator(job: JobSpec, job_id: str, run_dir: str, started_at: floa
     options["resources"] = {HEAD_RESOURCE: 0.001}
     if detached:
         options["lifetime"] = "detached"
-    tables = sealed_tables(job.to_dict())
     deadline = time.monotonic() + 10
     while True:
         try:

@@ -5,6 +5,8 @@ which actor did it: the workers, never the coordinator."""
 import collections
 import enum
 import pickle
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -52,6 +54,24 @@ def test_subclasses_of_plain_types_are_sealed_and_what_cannot_be_pickled_is_name
     assert [k for k, v in tables["model"]["kwargs"].items() if isinstance(v, Sealed)] == ["act", "at", "order"]
     with pytest.raises(ez.SpecError, match=r"^model.kwargs.lock: cannot be sent to the workers \(TypeError: "):
         sealed_tables(ez.Job(name="s", model={"factory": _double, "kwargs": {"lock": threading.Lock()}}).to_dict())
+
+
+@pytest.mark.unit
+def test_a_value_that_cannot_be_pickled_ends_the_run_before_ray_starts(tmp_path):
+    """In a process of its own: the suite's test processes may have a Ray up already."""
+    script = ("import threading, ray, elastic_zero as ez\n"
+              "start = ray.init\n"
+              "ray.init = lambda *args, **kwargs: print('ray started') or start(*args, **kwargs)\n"
+              "job = ez.Job(name='s', model={'preset': 'gpt-tiny', 'kwargs': {'lock': threading.Lock()}})\n"
+              "try:\n"
+              f"    ez.run(job, ez.RunConfig(run_dir={str(tmp_path / 'runs')!r}))\n"
+              "except ez.SpecError as exc:\n"
+              "    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("model.kwargs.lock: cannot be sent to the workers (TypeError: "), lines
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.unit

@@ -62,7 +62,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         """`restarted`: a driver started it again after the job's coordinator died. `workforce`: where
         its workers come from (workforce.py; None: a Ray actor each)."""
         self.job_id, self.run_dir, self.started_at = job_id, run_dir, started_at
-        self.restarted = restarted or ray.get_runtime_context().was_current_actor_reconstructed
+        self.restarted = restarted  # never Ray (max_restarts=0, driver.py): only its driver starts it again
         self.spec = spec_from_dict(spec)
         if self.restarted and self.spec.checkpoint.uri and self.spec.checkpoint.every:
             # the workers died with the previous coordinator: resume from the latest checkpoint
