@@ -364,9 +364,9 @@ def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: 
                     "checkpoint_every": checkpoint_every, "loss_file": loss_file,
                     "schedule": [{"at_s": e.at_s, "action": e.action, "node": e.replaced_by or e.node} for e in schedule]}
     runners = {"elastic_zero": _elastic_zero, "ray_train": _ray_train, "torchft": _torchft}
+    extra = {"torchft": {"stock_ddp_hook": torchft_stock_ddp_hook}, "elastic_zero": {"loss_file": loss_file}}
     for name in systems:
         work_dir = tempfile.mkdtemp(prefix=f"ez-goodput-{name}-", dir=work_root)
-        extra = {"torchft": {"stock_ddp_hook": torchft_stock_ddp_hook}, "elastic_zero": {"loss_file": loss_file}}
         report[name] = runners[name](preset, schedule, checkpoint_every, work_dir, clock, **extra.get(name, {}))
         report[name]["work_dir"] = work_dir
     return report

@@ -58,9 +58,7 @@ class Books:
                         if any(r.log for r in results) else None
                     if change["step"] is not None and self.world_size_history[-1][0] < 0:
                         self.world_size_history[-1][0] = change["step"]  # known now that it was read
-                if change["step"] is not None:
-                    change["lost_steps"] = max(0, reached - change["step"])
-                    change["recomputed_steps"] = change["lost_steps"] + 1
+                _count_lost_steps(change, reached)
             change["failed_at"] = round(since, 4)  # the failure (or the safe point), epoch seconds
             change["stall_s"] = round(min(firsts) - since, 4)  # to the next step starting
             done = [r.step_ends[0] for r in results if r.step_ends]  # an evaluation before it included
@@ -144,10 +142,8 @@ class Books:
         lost, say): it is kept with what the coordinator saw itself, the step it restarted from and
         when rank 0 said its first step was done; when that step began is not known."""
         change = self.pending_change
-        since, reached = change.pop("_since"), change.pop("reached", None)
-        if reached is not None and change.get("step") is not None:
-            change["lost_steps"] = max(0, reached - change["step"])
-            change["recomputed_steps"] = change["lost_steps"] + 1
+        since = change.pop("_since")
+        _count_lost_steps(change, change.pop("reached", None))
         change["failed_at"] = round(since, 4)
         change["stall_s"] = None
         change["to_next_step_done_s"] = round(self.pending_stepped_at - since, 4)
@@ -194,6 +190,14 @@ class Books:
             "engine_bytes_per_rank": sum(memory.get(k, 0) for k in ("params", "grads", "optimizer")) if memory else None,
             "time_to_first_step_s": None if self.first_step_at is None else round(self.first_step_at - self.started_at, 3),
         }
+
+
+def _count_lost_steps(change: dict, reached: int | None) -> None:
+    """A recovery that restarted from a known step: the done steps it lost (the workers had reached
+    `reached`) and the steps it ran again, those and the one in flight."""
+    if reached is not None and change.get("step") is not None:
+        change["lost_steps"] = max(0, reached - change["step"])
+        change["recomputed_steps"] = change["lost_steps"] + 1
 
 
 def _slowest_phases(results: list[Report]) -> dict:
