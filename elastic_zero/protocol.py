@@ -22,6 +22,7 @@ class Hello:
 
     member: Member
     warning: str = ""  # e.g. the node could not be identified, so buddies may share a machine
+    pid: int = 0  # its process on its node: for py-spy and the benches' memory sampling (0: not a process)
 
 
 @dataclass(frozen=True)

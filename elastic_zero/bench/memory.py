@@ -97,12 +97,13 @@ class Sampler:
         self._stop.set()
         self._thread.join()
 
-    def of_those_alive_at(self, t: float) -> list[tuple[float, dict]]:
-        """The samples of only the processes alive at `t` (the job's first step done): a worker of an
-        earlier job on the same Ray that Ray started after all (its spawn cancelled by that job's end,
-        seen in CI) is not this job's."""
-        alive = next((set(procs) for at, procs in self.samples if at >= t), set())
-        return [(at, {pid: v for pid, v in procs.items() if pid in alive}) for at, procs in self.samples]
+    def of_job(self, worker_pids: set[int]) -> list[tuple[float, dict]]:
+        """The samples with only this job's workers, those its events name (`worker_ready`): a worker
+        of an earlier job on the same Ray that Ray started after all (its spawn cancelled by that
+        job's end, seen in CI) is not this job's. A job may end within one sampling period of its
+        first step, so being alive then does not tell them apart (seen in CI too)."""
+        return [(at, {pid: v for pid, v in procs.items() if v[0] != "worker" or pid in worker_pids})
+                for at, procs in self.samples]
 
 
 def run_memory_bench(d_model: int = 1024, layers: int = 24, heads: int = 16, vocab: int = 50257, seq_len: int = 64,

@@ -69,6 +69,12 @@ def _directory_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
+def _worker_pids(run_path: str) -> set[int]:
+    """The processes of a job's workers, as its events name them."""
+    records = (json.loads(line) for line in open(os.path.join(run_path, "events.jsonl")))
+    return {e["pid"] for e in records if e.get("event") == "worker_ready"}
+
+
 def _world_at(history: list, step: int) -> int:
     """The world size that ran `step`, from a summary's [step, size] history."""
     return [size for first, size in history if first <= step][-1]
@@ -133,7 +139,7 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
         if not resumed.ok:
             raise RuntimeError(f"bench state-size: the resumed job failed: {resumed.error}")
         first_done = resumed.metrics["step_end_curve"][0][1]  # (sorted by step)
-        resumed_samples = resumed_sampler.of_those_alive_at(first_done)
+        resumed_samples = resumed_sampler.of_job(_worker_pids(resumed.path))
         start = resumed.metrics["start"]
         rows.append(rate_row(f"resume at {resume_workers} workers", None, first_done - started,
                              start_up_extra(resumed_samples, first_done), shard_bytes,

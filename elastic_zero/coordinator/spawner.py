@@ -65,7 +65,7 @@ class WorkerSpawner:
             self._log("worker_start_failed", actor_id=actor_id, error=error)
             self._apply(WorkerStartFailed(actor_id, error, lost=lost_while_starting(exc)))
             return
-        self._log("worker_ready", actor_id=actor_id, node=hello.member.node)
+        self._log("worker_ready", actor_id=actor_id, node=hello.member.node, pid=hello.pid)
         if hello.member.node in self._nodes_that_go():  # placed there before Ray or we knew: another is asked for
             self._retire((actor_id,), "it started on a node that goes")
             self._apply(WorkerStartFailed(actor_id, "it started on a node that goes", lost=True))

@@ -142,7 +142,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             node, problem = ray_node_id()
             if node is None:  # buddies may then share this machine: said, not hidden
                 node, warning = f"unknown-{self.actor_id}", f"the Ray node of {self.actor_id} is unknown ({problem})"
-        return Hello(Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")), warning)
+        return Hello(Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")), warning,
+                     os.getpid())
 
     def request_safe_point(self, number: int) -> None:
         """Stop at the next safe point of generation `number` (a request may arrive before train()
