@@ -45,7 +45,7 @@ def _what(change: dict, kind: str) -> str:
     if kind == "recovery":  # the demo kills one worker at KILL_STEP; any other loss is the machine's
         how = "killed" if change.get("step") == KILL_STEP else "lost"
         cause = change.get("cause", "a failure")
-        source = "a checkpoint" if cause.endswith("restored from a checkpoint") else "replicas"
+        source = "a checkpoint" if change.get("source") == "checkpoint" else "replicas"
         return f"{cause.split(';')[0].replace('lost ', 'worker ', 1)} {how}, recovered from {source}"
     if change.get("cause") == "leave":
         return "preemption notice: workers handed over and left"

@@ -57,7 +57,8 @@ def test_a_recovery_whose_generation_was_lost_whole_shows_no_stall():
             "stall_s": None, "to_next_step_done_s": 0.4}
     row = demo_table({**SUMMARY, "recoveries": [lost]}, wall_s=40.0, png=None).splitlines()[2]
     assert "w1 killed, recovered from replicas" in row and "3 -> 2        -  1 step(s)" in row, row
-    unknown_step = {**lost, "step": None, "cause": "lost w1; restored from a checkpoint"}  # from a checkpoint, unread
+    unknown_step = {**lost, "step": None, "cause": "lost w1; restored from a checkpoint",  # from a checkpoint, unread
+                    "source": "checkpoint"}
     row = demo_table({**SUMMARY, "recoveries": [unknown_step]}, wall_s=40.0, png=None).splitlines()[2]
     assert row.split()[0] == "-" and "worker w1 lost, recovered from a checkpoint" in row, row
 

@@ -19,6 +19,7 @@ def test_a_killed_worker_leaves_the_survivors_running(tmp_path):
     assert summary["world_size_history"][:2] == [[0, 3], [10, 2]]
     (recovery,) = summary["recoveries"]
     assert recovery["step"] == 10 and recovery["lost_steps"] == 0 and recovery["cause"] == "lost w1"
+    assert recovery["source"] == "snapshot"  # from the replicas in memory
     _exactly_once(summary)
     starts = [e for e in events if e["event"] == "generation_start"]
     assert starts[0]["workers"] == ["w0", "w1", "w2"] and starts[1]["workers"][:2] == ["w0", "w2"]
@@ -115,7 +116,7 @@ def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_p
     # written two steps later (seen on a loaded machine). Read from the storage, not from the event log:
     # a commit is logged when a rank's report names it, and the ranks that would have were killed (seen
     # here: step 10 restored, its commit never logged)
-    assert recovery["cause"].endswith("restored from a checkpoint") and recovery["step"] in (5, 10)
+    assert recovery["source"] == "checkpoint" and recovery["step"] in (5, 10)
     assert recovery["lost_steps"] == 12 - recovery["step"]
     assert starts[1]["source"] == "checkpoint" and starts[1]["checkpoint"].endswith(f"step-{recovery['step']:010d}")
     _exactly_once(summary)
@@ -137,7 +138,7 @@ def test_without_replicas_a_loss_falls_back_to_the_checkpoint_and_handovers_stil
     # one worker lost, whose buddy lives: with replicas it would go on from memory at step 25; the
     # checkpoint of step 25 is written in the background, and may not have committed yet
     (recovery,) = summary["recoveries"]
-    assert recovery["cause"].endswith("restored from a checkpoint") and recovery["step"] in (20, 25)
+    assert recovery["source"] == "checkpoint" and recovery["step"] in (20, 25)
     assert recovery["lost_steps"] == 25 - recovery["step"]
     _exactly_once(summary)
     assert _relative(reference, weights) <= 1e-4

@@ -70,7 +70,7 @@ def test_a_checkpoint_keeps_the_sample_records_of_steps_not_yet_replicated(tmp_p
                                          elastic={"workers": 3, "max_workers": 3, "replicate_every": 3})
     assert code == 0, summary.get("error")
     (recovery,) = summary["recoveries"]
-    assert recovery["cause"].endswith("restored from a checkpoint") and recovery["step"] == 5
+    assert recovery["source"] == "checkpoint" and recovery["step"] == 5
     exactly_once(summary)
     assert relative(reference, weights) <= 1e-4
 

@@ -306,7 +306,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
                           for a, r in last.items() if r.outcome.kind == "dead")
             cause = f"lost {', '.join(lost)}" + ("; restored from a checkpoint" if plan.checkpoints else "")
             self.books.begin_change("recovery", failed_at, plan.number, step=plan.step if plan.step >= 0 else None,
-                                    cause=cause, reached=reached)
+                                    cause=cause, reached=reached, source=plan.source)
         elif plan.source == "live":
             since = max((r.ended_at for r in last.values()), default=now)
             self.books.begin_change("reconfiguration", since, plan.number, step=plan.step, **{
