@@ -54,6 +54,10 @@ def _what(change: dict, kind: str) -> str:
     return "scale-down at a safe point"
 
 
+def _known(count: int | None) -> int | str:
+    return "?" if count is None else count  # a restart from a checkpoint no member read
+
+
 def demo_table(summary: dict, wall_s: float, png: str | None) -> str:
     """The demo's closing table, from the run's summary (pure)."""
     losses = summary.get("loss_curve") or []
@@ -73,8 +77,8 @@ def demo_table(summary: dict, wall_s: float, png: str | None) -> str:
         before = history[i] if by_order else c.get("from")
         after = history[i + 1] if by_order else c.get("to")
         workers = f"{before} -> {after}" if before is not None and after is not None else "-"
-        recomputed = c.get("recomputed_steps", 0) if kind == "recovery" else 0
-        lost = f" ({c.get('lost_steps', '?')} done steps lost)" if kind == "recovery" else ""
+        recomputed = _known(c.get("recomputed_steps")) if kind == "recovery" else 0
+        lost = f" ({_known(c.get('lost_steps'))} done steps lost)" if kind == "recovery" else ""
         # a change whose generation was lost whole has no measured stall (coordinator/books.py)
         stall = "-" if c.get("stall_s") is None else f"{c['stall_s']:.2f}"
         step = "-" if c.get("step") is None else c["step"]

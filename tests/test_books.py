@@ -58,6 +58,18 @@ def test_a_recovery_with_no_step_left_is_closed_when_its_generation_finishes():
     assert books.pending_change is None
 
 
+def test_a_recovery_from_a_checkpoint_no_member_read_has_its_counts_unknown_on_every_path():
+    """The step a checkpoint recovery restarts from is known once a member read it. A generation that
+    trained but logged no step, and one lost in the final save, both close the recovery without it:
+    its lost and recomputed steps are None (unknown), on both paths alike, never a made-up 0."""
+    for report in (_report("w0", 0, [0.5], [0.0], first_step_at=13.0), _report("w0", 0, [], [], first_step_at=None)):
+        books = Books(global_batch=8, steps=4, started_at=0.0)
+        books.begin_change("recovery", 12.0, 1, step=None, cause="lost w1; restored from a checkpoint", reached=3)
+        books.add_generation_results(1, [report])
+        (recovery,) = books.summary(None)["recoveries"]
+        assert recovery["lost_steps"] is None and recovery["recomputed_steps"] is None, recovery
+
+
 def _dead(actor_id):
     return Report(Outcome(actor_id, "dead", error="lost"), ended_at=30.0)
 

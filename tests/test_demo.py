@@ -61,6 +61,9 @@ def test_a_recovery_whose_generation_was_lost_whole_shows_no_stall():
                     "source": "checkpoint"}
     row = demo_table({**SUMMARY, "recoveries": [unknown_step]}, wall_s=40.0, png=None).splitlines()[2]
     assert row.split()[0] == "-" and "worker w1 lost, recovered from a checkpoint" in row, row
+    unknown_counts = {**unknown_step, "lost_steps": None, "recomputed_steps": None}
+    row = demo_table({**SUMMARY, "recoveries": [unknown_counts]}, wall_s=40.0, png=None).splitlines()[2]
+    assert row.endswith("? step(s) (? done steps lost)"), row
 
 
 @pytest.mark.unit

@@ -62,9 +62,8 @@ class Books:
             change["failed_at"] = round(since, 4)  # the failure (or the safe point), epoch seconds
             change["stall_s"] = round(min(firsts) - since, 4)  # to the next step starting
             done = [r.step_ends[0] for r in results if r.step_ends]  # an evaluation before it included
-            if done:
-                change["to_next_step_done_s"] = round(max(done) - since, 4)
-                change["first_step_s"] = round(max(r.step_times[0] for r in results if r.step_times), 4)
+            change["to_next_step_done_s"] = round(max(done) - since, 4) if done else None
+            change["first_step_s"] = round(max(r.step_times[0] for r in results if r.step_times), 4) if done else None
             change["phases_s"] = _slowest_phases(results)
             change["received_bytes"] = max(r.received_bytes for r in results)  # the busiest receiver's
             entered = [r.entered_at for r in results if r.entered_at]
@@ -99,8 +98,8 @@ class Books:
         until the recovered generation ended, and nothing was recomputed."""
         change = self.pending_change
         since, reached = change.pop("_since"), change.pop("reached", None)
-        change["lost_steps"] = max(0, reached - change["step"]) if reached is not None and change.get("step") is not None else 0
-        change["recomputed_steps"] = change["lost_steps"]
+        _count_lost_steps(change, reached)
+        change["recomputed_steps"] = change["lost_steps"]  # no step was in flight
         change["failed_at"] = round(since, 4)
         change["stall_s"] = round(max(r.ended_at for r in results) - since, 4)
         change["to_next_step_done_s"] = None  # there is no next step
@@ -193,11 +192,12 @@ class Books:
 
 
 def _count_lost_steps(change: dict, reached: int | None) -> None:
-    """A recovery that restarted from a known step: the done steps it lost (the workers had reached
-    `reached`) and the steps it ran again, those and the one in flight."""
-    if reached is not None and change.get("step") is not None:
-        change["lost_steps"] = max(0, reached - change["step"])
-        change["recomputed_steps"] = change["lost_steps"] + 1
+    """A recovery's done steps lost (the workers had reached `reached`) and the steps it ran again,
+    those and the one in flight; None where the step it restarted from is not known (a checkpoint
+    no member read)."""
+    known = reached is not None and change.get("step") is not None
+    change["lost_steps"] = max(0, reached - change["step"]) if known else None
+    change["recomputed_steps"] = change["lost_steps"] + 1 if known else None
 
 
 def _slowest_phases(results: list[Report]) -> dict:
