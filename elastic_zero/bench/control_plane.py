@@ -128,9 +128,9 @@ def _one_size(n: int, per_node: int, steady_s: float, step_s: float) -> dict:
         referee = ray.remote(StepReferee).options(num_cpus=0).remote()
         hosts = [ray.remote(SimulatedHost).options(num_cpus=0, max_concurrency=4 * MEMBERS_PER_HOST + 64)
                  .remote(step_s, referee) for _ in range(hosts_n)]
-        ray.get([h.ping.remote() for h in hosts] + [referee.know_hosts.remote(hosts)])
+        *host_pids, _ = ray.get([h.ping.remote() for h in hosts] + [referee.know_hosts.remote(hosts)])
         try:
-            return _scenario(n, per_node, steady_s, hosts, spec, run_dir)
+            return _scenario(n, per_node, steady_s, hosts, host_pids, spec, run_dir)
         except Exception as exc:
             # a starved simulation fakes lost nodes: say how long its heartbeats paused
             gap = max(s["longest_beat_gap_s"] for s in _seen(hosts))
@@ -140,8 +140,9 @@ def _one_size(n: int, per_node: int, steady_s: float, step_s: float) -> dict:
         ray.shutdown()
 
 
-def _scenario(n: int, per_node: int, steady_s: float, hosts: list, spec, run_dir: str) -> dict:
-    """The scenarios in turn, on a fresh coordinator; the row of figures."""
+def _scenario(n: int, per_node: int, steady_s: float, hosts: list, host_pids: list[int], spec, run_dir: str) -> dict:
+    """The scenarios in turn, on a fresh coordinator; the row of figures. `host_pids`: the simulated
+    hosts' processes, whose CPU is measured."""
     import ray
 
     from elastic_zero.bench.sim_workforce import SimulatedWorkforce
@@ -161,7 +162,6 @@ def _scenario(n: int, per_node: int, steady_s: float, hosts: list, spec, run_dir
     row["start_s"] = round(gen0["t"] - launched, 3)
 
     # the steady state: the coordinator's own CPU per wall second (and the simulated workers', all together)
-    host_pids = ray.get([h.ping.remote() for h in hosts])
     cpu0, hosts0, t0 = _process_cpu_s(pid), sum(map(_process_cpu_s, host_pids)), time.monotonic()
     time.sleep(steady_s)
     row["steady_cpu"] = round((_process_cpu_s(pid) - cpu0) / (time.monotonic() - t0), 4)
