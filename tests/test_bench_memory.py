@@ -158,3 +158,21 @@ def test_only_the_workers_a_job_names_are_the_jobs():
                                    (10.2, {9: coordinator}), (10.3, {})]
     assert sampler.of_job(set()) == [(10.0, {9: coordinator}), (10.1, {9: coordinator}), (10.2, {9: coordinator}),
                                      (10.3, {})]
+
+
+@pytest.mark.unit
+def test_the_state_size_table_keeps_its_columns_under_a_long_event_name():
+    from elastic_zero.bench.state_size import format_state_size
+
+    def event(name, at):
+        return {"event": name, "at_s": at, "seconds": 0.5, "extra_peak_gib": 0.01, "of_a_shard": 1.0, "moved_gib": 0.02,
+                "moving_s": 0.03, "gb_per_s": 0.7, "link": "loopback", "of_link": 0.1}
+
+    report = {"config": {"d_model": 64, "layers": 2, "vocab": 256, "workers": 12, "replicate_every": 1}, "params": 1,
+              "adamw_state_gib": 0.0, "shard_gib": 0.0, "links_gb_per_s": {"memory": 20.0, "loopback": 5.0},
+              "step_time_s_median": 0.1, "steady_worker_peak_gib": 0.5, "processes": [],
+              "events": [event("kill and recovery", 7.9), event("scale-down hand-over (12 -> 11)", 11.4)]}
+    lines = format_state_size(report).splitlines()
+    header = next(line for line in lines if line.startswith("event"))
+    rows = [line for line in lines if line.startswith(("kill", "scale"))]
+    assert [row.index(at) + len(at) for row, at in zip(rows, ("7.9", "11.4"))] == [header.index("at (s)") + 6] * 2, lines

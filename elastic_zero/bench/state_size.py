@@ -177,11 +177,12 @@ def format_state_size(report: dict) -> str:
              f"{'process':<22} {'start-up':>9} {'training':>9} {'peak':>7}   (GiB of RSS)"]
     for p in report["processes"]:
         lines.append(f"{p['kind']:<22} {p['start_up_gib']:>9.2f} {p['training_gib']:>9.2f} {p['peak_gib']:>7.2f}")
-    lines.append(f"{'event':<26} {'at (s)':>7} {'lasted':>7} {'extra peak':>10} {'shards':>6} {'moved':>7} "
+    width = max([26] + [len(e["event"]) for e in report["events"]])  # "scale-down hand-over (12 -> 11)"
+    lines.append(f"{'event':<{width}} {'at (s)':>7} {'lasted':>7} {'extra peak':>10} {'shards':>6} {'moved':>7} "
                  f"{'in (s)':>7} {'GB/s':>6} {'link':>8} {'of link':>7}")
     dash = "-"
     for e in report["events"]:
-        lines.append(f"{e['event']:<26} {e['at_s'] if e['at_s'] is not None else dash:>7} {e['seconds']:>7} "
+        lines.append(f"{e['event']:<{width}} {e['at_s'] if e['at_s'] is not None else dash:>7} {e['seconds']:>7} "
                      f"{e['extra_peak_gib']:>10.3f} {e['of_a_shard']:>6} "
                      f"{e['moved_gib'] if e['moved_gib'] is not None else dash:>7} "
                      f"{e['moving_s'] if e['moving_s'] is not None else dash:>7} "
