@@ -23,6 +23,13 @@ def test_a_run_without_a_recovery_is_one_line_naming_its_directory():
         first_recovery({"recoveries": []}, "/runs/x")
 
 
+def test_a_recovery_that_trained_no_step_before_the_end_is_one_line_not_a_type_error():
+    ended = {**KILL, "to_next_step_done_s": None, "stall_s": 0.4}  # lost in the final save
+    with pytest.raises(RuntimeError, match=r"^the elastic_zero run's recovery at step 10 completed no step after it "
+                                           r"\(the job ended first: give the bench more steps\); see /runs/x$"):
+        first_recovery({"recoveries": [ended]}, "/runs/x")
+
+
 def test_the_report_says_when_the_run_recovered_more_than_once():
     report = {"preset": "gpt-tiny", "workers": 3, "kill_step": 10, "against": "ray-train", "elastic_zero_recovery_s": 0.9,
               "elastic_zero_recomputed_steps": 1, "elastic_zero_lost_steps": 0, "ray_train_recovery_s": 9.0,

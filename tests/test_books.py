@@ -54,17 +54,21 @@ def test_a_recovery_with_no_step_left_is_closed_when_its_generation_finishes():
                                      _report("w2", 1, [], [], first_step_at=None)])
     (recovery,) = books.summary(None)["recoveries"]
     assert recovery == {"step": 3, "cause": "lost w1", "lost_steps": 0, "recomputed_steps": 0, "failed_at": 15.0,
-                        "stall_s": 5.0, "to_next_step_done_s": None}
+                        "stall_s": 5.0, "to_next_step_done_s": None, "first_step_s": None}
     assert books.pending_change is None
 
 
 def test_a_recovery_from_a_checkpoint_no_member_read_has_its_counts_unknown_on_every_path():
-    """The step a checkpoint recovery restarts from is known once a member read it. A generation that
-    trained but logged no step, and one lost in the final save, both close the recovery without it:
-    its lost and recomputed steps are None (unknown), on both paths alike, never a made-up 0."""
-    for report in (_report("w0", 0, [0.5], [0.0], first_step_at=13.0), _report("w0", 0, [], [], first_step_at=None)):
+    """The step a checkpoint recovery restarts from is known once a member logged it. A generation
+    that trained but logged no step, one that finished in the final save without a step, and one lost
+    whole after its first step all close the recovery without it: its lost and recomputed steps are
+    None (unknown) on every path, never a made-up 0."""
+    dead = Report(Outcome("w0", "dead", error="lost"), ended_at=30.0)
+    for report in (_report("w0", 0, [0.5], [0.0], first_step_at=13.0), _report("w0", 0, [], [], first_step_at=None),
+                   dead):
         books = Books(global_batch=8, steps=4, started_at=0.0)
         books.begin_change("recovery", 12.0, 1, step=None, cause="lost w1; restored from a checkpoint", reached=3)
+        books.generation_stepped(1, 14.0)
         books.add_generation_results(1, [report])
         (recovery,) = books.summary(None)["recoveries"]
         assert recovery["lost_steps"] is None and recovery["recomputed_steps"] is None, recovery
@@ -91,7 +95,7 @@ def test_a_change_whose_generation_stepped_then_was_lost_whole_is_kept():
     books.add_generation_results(2, [Report(**{**vars(report), "log": ((350, 0, 2800, 8),)})])
     first, second = books.summary(None)["recoveries"]
     assert first == {"step": 62, "cause": "lost w1, w3", "lost_steps": 1, "recomputed_steps": 2, "failed_at": 19.0,
-                     "stall_s": None, "to_next_step_done_s": 0.7}
+                     "stall_s": None, "to_next_step_done_s": 0.7, "first_step_s": None}
     assert second["step"] == 350 and second["lost_steps"] == 20 and second["stall_s"] == 2.0
     assert books.summary(None)["world_size_history"] == [[62, 2], [350, 1]]
 

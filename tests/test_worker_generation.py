@@ -2,6 +2,7 @@
 the start of a generation. Oracle: the generation each message names."""
 
 import datetime
+import os
 import threading
 import time
 
@@ -141,6 +142,7 @@ def test_a_worker_whose_node_is_unknown_says_so(monkeypatch):
     hello = worker.hello()
     assert hello.member.node == "unknown-w3"  # its own failure domain, not one shared by every such worker
     assert hello.warning == "the Ray node of w3 is unknown (RuntimeError: no runtime context)"
+    assert hello.pid == os.getpid()  # the worker's process, which the coordinator logs in worker_ready
 
 
 def test_an_abort_that_comes_before_train_entered_its_generation_aborts_it_on_entry():

@@ -51,7 +51,11 @@ def first_recovery(summary: dict, run_dir: str) -> dict:
     on a loaded machine, say) is the run's to report as a count, not to measure."""
     if not summary["recoveries"]:
         raise RuntimeError(f"the elastic_zero run recorded no recovery; see {run_dir}")
-    return min(summary["recoveries"], key=lambda r: r["failed_at"])
+    first = min(summary["recoveries"], key=lambda r: r["failed_at"])
+    if first.get("to_next_step_done_s") is None:  # the job ended before it trained again
+        raise RuntimeError(f"the elastic_zero run's recovery at step {first.get('step')} completed no step after it "
+                           f"(the job ended first: give the bench more steps); see {run_dir}")
+    return first
 
 
 def _ray_train(preset, workers, steps, kill_step, micro_batch, checkpoint_every, work_dir) -> dict:

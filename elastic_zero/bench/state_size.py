@@ -71,8 +71,9 @@ def _directory_bytes(path: str) -> int:
 
 def _worker_pids(run_path: str) -> set[int]:
     """The processes of a job's workers, as its events name them."""
-    records = (json.loads(line) for line in open(os.path.join(run_path, "events.jsonl")))
-    return {e["pid"] for e in records if e.get("event") == "worker_ready"}
+    with open(os.path.join(run_path, "events.jsonl")) as fh:
+        records = [json.loads(line) for line in fh]
+    return {e["pid"] for e in records if e.get("event") == "worker_ready" and e.get("pid")}
 
 
 def _world_at(history: list, step: int) -> int:

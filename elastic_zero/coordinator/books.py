@@ -102,7 +102,7 @@ class Books:
         change["recomputed_steps"] = change["lost_steps"]  # no step was in flight
         change["failed_at"] = round(since, 4)
         change["stall_s"] = round(max(r.ended_at for r in results) - since, 4)
-        change["to_next_step_done_s"] = None  # there is no next step
+        change["to_next_step_done_s"] = change["first_step_s"] = None  # there is no next step
         self._file_pending()
 
     def _file_pending(self) -> None:
@@ -146,6 +146,7 @@ class Books:
         change["failed_at"] = round(since, 4)
         change["stall_s"] = None
         change["to_next_step_done_s"] = round(self.pending_stepped_at - since, 4)
+        change["first_step_s"] = None  # its start is not known
         self._file_pending()
 
     def summary(self, param_count: int | None, end_step: int | None = None, memory: dict | None = None) -> dict:
