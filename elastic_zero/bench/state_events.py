@@ -106,20 +106,23 @@ def steady_peaks(samples: list[tuple[float, dict]], steps: list[tuple[float, flo
     return peaks
 
 
-def extra_peaks(samples: list[tuple[float, dict]], steady: dict[int, int], windows: list[EventWindow]) -> list[int]:
-    """Each window's largest rise of a worker's RSS over its steady peak (bytes, never below 0)."""
+def extra_peaks(samples: list[tuple[float, dict]], steady: dict[int, int],
+                windows: list[EventWindow]) -> list[int | None]:
+    """Each window's largest rise of a worker's RSS over its steady peak (bytes, never below 0); None
+    for a window shorter than the sampling period that caught no sample (not measured, not 0)."""
     fallback = min(steady.values(), default=0)
     out = []
     for w in windows:
         rises = [rss - steady.get(pid, fallback) for t, procs in samples if w.start <= t <= w.end
                  for pid, (kind, rss) in procs.items() if kind == "worker"]
-        out.append(max(0, max(rises, default=0)))
+        out.append(max(0, max(rises)) if rises else None)
     return out
 
 
-def start_up_extra(samples: list[tuple[float, dict]], first_step_done: float) -> int:
+def start_up_extra(samples: list[tuple[float, dict]], first_step_done: float) -> int | None:
     """A resumed job: how far its workers' peak before the first step was done (reading the
-    checkpoint, cutting it to this world size) rose over their peak while training after it (bytes)."""
+    checkpoint, cutting it to this world size) rose over their peak while training after it (bytes);
+    None where no worker was sampled on both sides (a job that ended within a sampling period)."""
     before: dict[int, int] = {}
     after: dict[int, int] = {}
     for t, procs in samples:
@@ -127,16 +130,18 @@ def start_up_extra(samples: list[tuple[float, dict]], first_step_done: float) ->
             if kind == "worker":
                 side = before if t <= first_step_done else after
                 side[pid] = max(side.get(pid, 0), rss)
-    return max(0, max((before[p] - after[p] for p in before if p in after), default=0))
+    rises = [before[p] - after[p] for p in before if p in after]
+    return max(0, max(rises)) if rises else None
 
 
-def rate_row(name: str, at_s: float | None, seconds: float | None, extra: int, shard_bytes: int,
+def rate_row(name: str, at_s: float | None, seconds: float | None, extra: int | None, shard_bytes: int,
              moved: int | None, moving_s: float | None, link: str | None, links: dict[str, float]) -> dict:
     """One row of the table: the extra peak against a shard, the bytes per second against the link's."""
     rate = moved / moving_s if moved and moving_s else None
     return {"event": name, "at_s": None if at_s is None else round(at_s, 1),
             "seconds": None if seconds is None else round(seconds, 2),
-            "extra_peak_gib": round(extra / GIB, 3), "of_a_shard": round(extra / shard_bytes, 2),
+            "extra_peak_gib": None if extra is None else round(extra / GIB, 3),
+            "of_a_shard": None if extra is None else round(extra / shard_bytes, 2),
             "moved_gib": None if moved is None else round(moved / GIB, 3),
             "moving_s": None if moving_s is None else round(moving_s, 3),
             "gb_per_s": None if rate is None else round(rate / 1e9, 3), "link": link,

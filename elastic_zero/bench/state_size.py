@@ -166,6 +166,10 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
             shutil.rmtree(work, ignore_errors=True)
 
 
+def _or_dash(value, spec: str = "") -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def format_state_size(report: dict) -> str:
     c = report["config"]
     links = report["links_gb_per_s"]
@@ -181,15 +185,12 @@ def format_state_size(report: dict) -> str:
     width = max([26] + [len(e["event"]) for e in report["events"]])  # "scale-down hand-over (12 -> 11)"
     lines.append(f"{'event':<{width}} {'at (s)':>7} {'lasted':>7} {'extra peak':>10} {'shards':>6} {'moved':>7} "
                  f"{'in (s)':>7} {'GB/s':>6} {'link':>8} {'of link':>7}")
-    dash = "-"
     for e in report["events"]:
-        lines.append(f"{e['event']:<{width}} {e['at_s'] if e['at_s'] is not None else dash:>7} {e['seconds']:>7} "
-                     f"{e['extra_peak_gib']:>10.3f} {e['of_a_shard']:>6} "
-                     f"{e['moved_gib'] if e['moved_gib'] is not None else dash:>7} "
-                     f"{e['moving_s'] if e['moving_s'] is not None else dash:>7} "
-                     f"{e['gb_per_s'] if e['gb_per_s'] is not None else dash:>6} {e['link'] or dash:>8} "
-                     f"{e['of_link'] if e['of_link'] is not None else dash:>7}")
-    lines.append("extra peak: GiB over the worker's steady peak; shards: that over a shard's replicated state at "
-                 "the starting size; moved: GiB the busiest worker took in (a save: wrote; a swap: sent), in the "
-                 "seconds after it (a swap: the seconds training waited for it)")
+        lines.append(f"{e['event']:<{width}} {_or_dash(e['at_s']):>7} {_or_dash(e['seconds']):>7} "
+                     f"{_or_dash(e['extra_peak_gib'], '.3f'):>10} {_or_dash(e['of_a_shard']):>6} "
+                     f"{_or_dash(e['moved_gib']):>7} {_or_dash(e['moving_s']):>7} {_or_dash(e['gb_per_s']):>6} "
+                     f"{e['link'] or '-':>8} {_or_dash(e['of_link']):>7}")
+    lines.append("extra peak: GiB over the worker's steady peak (-: no sample fell within the event); shards: that "
+                 "over a shard's replicated state at the starting size; moved: GiB the busiest worker took in (a "
+                 "save: wrote; a swap: sent), in the seconds after it (a swap: the seconds training waited for it)")
     return "\n".join(lines)
