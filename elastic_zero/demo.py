@@ -55,7 +55,7 @@ def _what(change: dict, kind: str) -> str:
 
 
 def _known(count: int | None) -> int | str:
-    return "?" if count is None else count  # a restart from a checkpoint no member read
+    return "?" if count is None else count  # a restart from a checkpoint whose step no member logged
 
 
 def demo_table(summary: dict, wall_s: float, png: str | None) -> str:

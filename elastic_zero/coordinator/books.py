@@ -195,7 +195,7 @@ class Books:
 def _count_lost_steps(change: dict, reached: int | None) -> None:
     """A recovery's done steps lost (the workers had reached `reached`) and the steps it ran again,
     those and the one in flight; None where the step it restarted from is not known (a checkpoint
-    no member read)."""
+    whose step no member logged)."""
     known = reached is not None and change.get("step") is not None
     change["lost_steps"] = max(0, reached - change["step"]) if known else None
     change["recomputed_steps"] = change["lost_steps"] + 1 if known else None
