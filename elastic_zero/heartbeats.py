@@ -133,13 +133,28 @@ def start_beat_process(host: str, port: int, token: bytes, actor_id: str, every_
     is found by the collective timeout, as before.
 
     It ignores SIGTERM and SIGINT, in a session of its own: a worker told to go by SIGTERM keeps
-    beating through its grace period, while it hands its shard over."""
+    beating through its grace period, while it hands its shard over.
+
+    Its first beat is sent before it says so on its stdout (beating_started): a worker's hello waits
+    for that, because the coordinator counts a member's silence from the generation it joins. A
+    worker ready last starts that generation at once, and its beat process, a Python started on a
+    busy machine, could take over a second to send its first beat: that worker was declared lost,
+    alive and well (seen in CI)."""
     proc = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__)], stdin=subprocess.PIPE,
-                            start_new_session=True)
+                            stdout=subprocess.PIPE, start_new_session=True)
     config = {"host": host, "port": port, "token": token.hex(), "actor_id": actor_id, "every_s": every_s}
     proc.stdin.write(json.dumps(config).encode() + b"\n")
     proc.stdin.flush()
     return proc
+
+
+def beating_started(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Whether the beat process sent its first beat within `timeout_s` (False: it did not, or ended)."""
+    readable, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    started = bool(readable) and proc.stdout.read(1) == b"+"
+    if readable:
+        proc.stdout.close()
+    return started
 
 
 def _beat_process() -> None:
@@ -152,12 +167,18 @@ def _beat_process() -> None:
     sender = HeartbeatSender(config["host"], config["port"], bytes.fromhex(config["token"]))
     actor_id, every_s, stdin = config["actor_id"], config["every_s"], sys.stdin.fileno()
     next_beat = time.monotonic()
+    sender.beat(actor_id)
+    try:
+        os.write(1, b"+")  # the first beat is out (beating_started)
+        os.close(1)
+    except OSError:  # the worker stopped listening: it goes, and this process with it (its stdin ends)
+        pass
     while True:
-        sender.beat(actor_id)
         next_beat = max(next_beat + every_s, time.monotonic())  # late (stopped, starved): on from now
         readable, _, _ = select.select([stdin], [], [], max(0.0, next_beat - time.monotonic()))
         if readable and not os.read(stdin, 4096):  # EOF: the worker's process is gone
             return
+        sender.beat(actor_id)
 
 
 if __name__ == "__main__":  # start_beat_process's child

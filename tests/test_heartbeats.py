@@ -10,7 +10,7 @@ import time
 import pytest
 
 from elastic_zero.heartbeats import (DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, HeartbeatListener, HeartbeatSender, beat_token,
-                                     drain_wait_s)
+                                     beating_started, drain_wait_s, start_beat_process)
 
 pytestmark = pytest.mark.unit
 
@@ -208,3 +208,26 @@ def test_the_beat_process_beats_through_a_sigterm_and_ends_with_its_worker_kille
     finally:
         worker.kill()
         listener.close()
+
+
+def test_a_beat_process_says_it_started_only_once_its_first_beat_is_out():
+    """A worker's hello waits for this: the coordinator counts a member's silence from the generation
+    it joins, which a worker ready last starts at once (CI saw one declared lost: its beat process,
+    started on a busy machine, had not beaten 1 s later). Oracle: the datagram is already there."""
+    import socket
+
+    coordinator = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    coordinator.bind(("127.0.0.1", 0))
+    token = beat_token(b"s" * 32)
+    beats = start_beat_process("127.0.0.1", coordinator.getsockname()[1], token, "w0", every_s=60.0)
+    try:
+        assert beating_started(beats, timeout_s=30.0)
+        coordinator.setblocking(False)
+        assert coordinator.recv(512) == token + b"w0"  # no wait: it was sent before it was said
+    finally:
+        beats.kill()
+        beats.wait()
+        coordinator.close()
+    ended = subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE)  # gone before any beat
+    assert not beating_started(ended, timeout_s=30.0)
+    ended.wait()

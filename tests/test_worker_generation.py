@@ -3,6 +3,7 @@ the start of a generation. Oracle: the generation each message names."""
 
 import datetime
 import os
+import socket
 import threading
 import time
 
@@ -143,6 +144,38 @@ def test_a_worker_whose_node_is_unknown_says_so(monkeypatch):
     assert hello.member.node == "unknown-w3"  # its own failure domain, not one shared by every such worker
     assert hello.warning == "the Ray node of w3 is unknown (RuntimeError: no runtime context)"
     assert hello.pid == os.getpid()  # the worker's process, which the coordinator logs in worker_ready
+
+
+def test_a_worker_is_ready_only_once_it_beats(monkeypatch):
+    """hello() returns after the worker's first heartbeat is out (its silence counts from the
+    generation its readiness may start at once); a beat process that never beats is said, not hidden."""
+    import subprocess
+    import sys
+
+    from elastic_zero.heartbeats import beat_token, start_beat_process
+    from elastic_zero.worker import node_duties
+
+    worker = _bare_worker()
+    worker.start_error, worker.actor_id = "", "w3"
+    monkeypatch.setenv("ELASTIC_ZERO_NODE", "n1")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as coordinator:
+        coordinator.bind(("127.0.0.1", 0))
+        worker._beats = start_beat_process("127.0.0.1", coordinator.getsockname()[1], beat_token(b"s" * 32), "w3", 60.0)
+        try:
+            assert worker.hello().warning == ""
+            coordinator.setblocking(False)
+            assert coordinator.recv(512).endswith(b"w3")
+            assert worker.hello().warning == ""  # asked again (a retried call): nothing left to wait for
+        finally:
+            worker._beats.kill()
+            worker._beats.wait()
+    monkeypatch.setattr(node_duties, "BEAT_START_TIMEOUT_S", 0.2)
+    worker._beats = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], stdout=subprocess.PIPE)
+    try:
+        assert worker.hello().warning == "the heartbeats of w3 had not started 0.2 s after its start"
+    finally:
+        worker._beats.kill()
+        worker._beats.wait()
 
 
 def test_an_abort_that_comes_before_train_entered_its_generation_aborts_it_on_entry():

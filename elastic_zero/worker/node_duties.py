@@ -11,10 +11,13 @@ import sys
 import threading
 import time
 
-from elastic_zero.heartbeats import HeartbeatSender, beat_token, start_beat_process
+from elastic_zero.heartbeats import HeartbeatSender, beat_token, beating_started, start_beat_process
 from elastic_zero.preemption.cloud_watcher import CloudWatcher
 from elastic_zero.preemption.sigterm import catch_sigterm, termination_grace_s
 from elastic_zero.job.spec import HEARTBEAT_EVERY_S
+
+
+BEAT_START_TIMEOUT_S = 30.0  # a Python process's start, on a machine as busy as CI's: well under this
 
 
 @functools.lru_cache(maxsize=4)
@@ -28,8 +31,10 @@ class NodeDuties:
     _cloud_watcher: CloudWatcher | None = None
     _beats = None  # the beat process (it ends with this worker's process)
 
-    def _start_node_duties(self, coordinator_host: str, heartbeat_port: int | None, secret: bytes) -> None:
-        if self.spec.elastic.heartbeat_timeout_s and heartbeat_port:
+    def _start_beating(self, coordinator: str | None, coordinator_host: str, heartbeat_port: int | None,
+                       secret: bytes) -> None:
+        """First thing in the worker's start: its beat process starts while the model is built."""
+        if coordinator and self.spec.elastic.heartbeat_timeout_s and heartbeat_port:
             token = beat_token(secret)
             try:
                 self._beats = start_beat_process(coordinator_host, heartbeat_port, token, self.actor_id,
@@ -39,6 +44,18 @@ class NodeDuties:
                       f"({exc})", file=sys.stderr)
                 sender = HeartbeatSender(coordinator_host, heartbeat_port, token)
                 threading.Thread(target=self._beat, args=(sender,), daemon=True, name="heartbeat").start()
+
+    def _beats_started(self) -> str:
+        """Wait until this worker's first heartbeat is out, before its hello says it is ready: the
+        coordinator counts its silence from the generation it joins (heartbeats.start_beat_process).
+        A warning if it is not, the worker still ready (its silence may then be taken for a loss)."""
+        if self._beats is None or self._beats.stdout.closed:
+            return ""
+        if beating_started(self._beats, BEAT_START_TIMEOUT_S):
+            return ""
+        return f"the heartbeats of {self.actor_id} had not started {BEAT_START_TIMEOUT_S:g} s after its start"
+
+    def _take_sigterm_as_notice(self) -> None:
         if "sigterm" in self.spec.preemption.watch:
             catch_sigterm(self._on_sigterm, termination_grace_s(self.spec.preemption.sigterm_grace_s))
 

@@ -61,6 +61,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         self.spec = spec_from_dict(spec)
         self.actor_id = actor_id
         self.use_gpu = self.spec.elastic.use_gpu
+        self._start_beating(coordinator, store_host, heartbeat_port, store_secret)
         self.backend = "nccl" if self.use_gpu else "gloo"
         # a start failure is kept and told by hello(), as one line naming the field: raised here,
         # it would reach the coordinator as an actor death with a traceback
@@ -128,7 +129,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         # the coordinator's word that a generation is over (or aborted)
         self._ends = GenerationEndWatch(self.store, self.abort_generation) if coordinator else None
         if coordinator:
-            self._start_node_duties(store_host, heartbeat_port, store_secret)
+            self._take_sigterm_as_notice()
             relay_warnings(lambda text: coordinator_handle(coordinator, namespace).worker_warning.remote(actor_id, text))
 
     # ---- control, called concurrently with train() ----------------------------------------
@@ -142,8 +143,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             node, problem = ray_node_id()
             if node is None:  # buddies may then share this machine: said, not hidden
                 node, warning = f"unknown-{self.actor_id}", f"the Ray node of {self.actor_id} is unknown ({problem})"
-        return Hello(Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")), warning,
-                     os.getpid())
+        return Hello(Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")),
+                     "; ".join(filter(None, (warning, self._beats_started()))), os.getpid())
 
     def request_safe_point(self, number: int) -> None:
         """Stop at the next safe point of generation `number` (a request may arrive before train()
