@@ -143,10 +143,16 @@ class RayHead:
                                      "--no-progress"], cwd=work_dir, env=self.client_env(), stdout=log,
                                     stderr=subprocess.STDOUT)
 
-    def job_status(self, job_id: str) -> dict | None:
-        """A job's `status --json` record through a direct connection, None while it has none."""
-        result = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "status", job_id, "--json", "--address",
-                                 self.gcs_address], env=self.client_env(), capture_output=True, text=True, timeout=120)
+    def job_status(self, job_id: str, timeout_s: float = 60.0) -> dict | None:
+        """A job's `status --json` record through a direct connection; None while it has none, or when
+        the call did not end within `timeout_s` (CI saw one hang for two minutes after its connection
+        to the GCS timed out, on a loaded machine): the caller polls again until its own deadline."""
+        try:
+            result = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "status", job_id, "--json", "--address",
+                                     self.gcs_address], env=self.client_env(), capture_output=True, text=True,
+                                    timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
         return json.loads(result.stdout) if result.returncode == 0 else None
 
     def alive_nodes(self) -> list[dict]:
