@@ -21,6 +21,7 @@ import tomllib
 import torch
 
 from elastic_zero.bench.chaos_schedule import chaos_faults
+from elastic_zero.observe.event_log import read_events
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "chaos.toml")
 
@@ -56,8 +57,7 @@ def _run(data: dict, run_dir: str) -> tuple[int, dict, list, dict | None]:
         code = run_job(spec_from_dict(data), RunConfig(run_dir=run_dir, progress=False), final_weights=weights)  # its "done" line is not the report
     with open(os.path.join(run_dir, "summary.json")) as fh:
         summary = json.load(fh)
-    with open(os.path.join(run_dir, "events.jsonl")) as fh:
-        events = [json.loads(line) for line in fh]
+    events = read_events(run_dir)
     return code, summary, events, (torch.load(weights, weights_only=True) if code == 0 else None)
 
 

@@ -27,6 +27,7 @@ from elastic_zero.bench.goodput_schedule import (
     START_NODES, ClusterEvent, elastic_zero_figures, goodput_schedule, ray_train_figures, torchft_figures,
 )
 from elastic_zero.bench.local_cluster import RayHead, RayNode
+from elastic_zero.observe.event_log import read_events
 
 WORKERS, CPUS_PER_NODE, GLOBAL_BATCH, MICRO_BATCH = 4, 2, 16, 4
 SYSTEMS = ("elastic_zero", "ray_train", "torchft")
@@ -188,7 +189,7 @@ def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str, c
     if not os.path.exists(summary_path):
         return {"rc": rc, "wall_s": round(wall, 1), "played": played, "error": f"no summary; see {work_dir}"}
     summary = json.load(open(summary_path))
-    events = [json.loads(line) for line in open(os.path.join(work_dir, "out", "events.jsonl"))]
+    events = read_events(os.path.join(work_dir, "out"))
     return {"rc": rc, "error": summary.get("error"), "wall_s": round(wall, 1), "played": played,
             **elastic_zero_figures(summary, events, launched_at, wall)}
 

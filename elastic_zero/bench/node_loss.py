@@ -22,6 +22,7 @@ import time
 
 from elastic_zero.bench.local_cluster import RayHead, RayNode
 from elastic_zero.bench.recovery import first_recovery
+from elastic_zero.observe.event_log import read_events
 
 
 def _spec(preset: str, steps: int, heartbeat_timeout_s: float, collective_timeout_s: float) -> str:
@@ -71,7 +72,7 @@ def _trial(preset: str, steps: int, heartbeat_timeout_s: float, collective_timeo
         finally:
             if driver.poll() is None:
                 driver.kill()
-        events = [json.loads(line) for line in open(os.path.join(run_dir, "events.jsonl"))]
+        events = read_events(run_dir)
         summary = json.load(open(os.path.join(run_dir, "summary.json")))
     finally:
         for node in nodes:

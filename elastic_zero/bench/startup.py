@@ -26,12 +26,9 @@ import statistics
 import tempfile
 import time
 
+from elastic_zero.observe.event_log import read_events
+
 PHASES = ("ray_init", "coordinator", "to_spawn", "workers_ready", "to_generation", "generation", "first_step")
-
-
-def _events(run_dir: str) -> list[dict]:
-    with open(os.path.join(run_dir, "events.jsonl")) as fh:
-        return [json.loads(line) for line in fh]
 
 
 def startup_phases(t0: float, ray_ready: float, events: list[dict], summary: dict) -> dict:
@@ -69,7 +66,7 @@ def _elastic_zero_round(preset: str, workers: int, work: str) -> dict:
         if not result.ok:
             raise RuntimeError(f"the startup run failed: {result.error}")
         summary = dict(result.metrics, started_at_epoch=t0)
-        ours = startup_phases(t0, ray_ready, _events(run_dir), summary)
+        ours = startup_phases(t0, ray_ready, read_events(run_dir), summary)
         theirs = _ray_train_to_first_step(preset, workers, work)
     finally:
         ray.shutdown()

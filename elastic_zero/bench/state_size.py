@@ -10,7 +10,6 @@ events from what the jobs wrote). Linux only (/proc).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -22,6 +21,7 @@ import time
 from elastic_zero.bench.memory import GIB, Sampler, export_peak, gpt_spec, peaks
 from elastic_zero.bench.state_events import (change_windows, drills, extra_peaks, quiet_steps, rate_row,
                                              save_windows, start_up_extra, steady_peaks, swap_windows)
+from elastic_zero.observe.event_log import read_events
 
 
 def memcpy_bandwidth(nbytes: int = 256 * 2**20, rounds: int = 5) -> float:
@@ -69,10 +69,8 @@ def _directory_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-def _worker_pids(run_path: str) -> set[int]:
+def _worker_pids(records: list[dict]) -> set[int]:
     """The processes of a job's workers, as its events name them."""
-    with open(os.path.join(run_path, "events.jsonl")) as fh:
-        records = [json.loads(line) for line in fh]
     return {e["pid"] for e in records if e.get("event") == "worker_ready" and e.get("pid")}
 
 
@@ -115,7 +113,7 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
             raise RuntimeError(f"bench state-size: the job failed: {result.error}")
         summary, params = result.metrics, result.metrics["param_count"]
         shard_bytes = 12 * params // workers  # master weights and AdamW's two moments of one worker's shard
-        records = [json.loads(line) for line in open(os.path.join(result.path, "events.jsonl"))]
+        records = read_events(result.path)
         committed = [e["directory"] for e in records if e.get("event") == "checkpoint_committed"]
         saved = {d: (step, _directory_bytes(d), _world_at(summary["world_size_history"], step - 1))
                  for d, step in ((d, step_of_directory(d)) for d in committed) if os.path.isdir(d)}
@@ -140,7 +138,7 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
         if not resumed.ok:
             raise RuntimeError(f"bench state-size: the resumed job failed: {resumed.error}")
         first_done = resumed.metrics["step_end_curve"][0][1]  # (sorted by step)
-        resumed_samples = resumed_sampler.of_job(_worker_pids(resumed.path))
+        resumed_samples = resumed_sampler.of_job(_worker_pids(read_events(resumed.path)))
         start = resumed.metrics["start"]
         rows.append(rate_row(f"resume at {resume_workers} workers", None, first_done - started,
                              start_up_extra(resumed_samples, first_done), shard_bytes,

@@ -10,6 +10,12 @@ import threading
 import time
 
 
+def read_events(run_dir: str) -> list[dict]:
+    """A run's events, as its EventLog wrote them to RUN_DIR/events.jsonl."""
+    with open(os.path.join(run_dir, "events.jsonl")) as fh:
+        return [json.loads(line) for line in fh]
+
+
 class EventLog:
     def __init__(self, run_dir: str, go_on: bool = False) -> None:
         """`go_on`: a restarted coordinator's log, which keeps its predecessor's records first."""
