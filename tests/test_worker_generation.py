@@ -10,7 +10,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-import elastic_zero.worker.trainer as trainer_module
+import elastic_zero.worker.node_duties as node_duties_module
 import elastic_zero.worker.groups as groups_module
 from elastic_zero.worker.trainer import Trainer
 from elastic_zero.zero.abortable import GroupAborted
@@ -139,7 +139,7 @@ def test_a_worker_whose_node_is_unknown_says_so(monkeypatch):
     worker = _bare_worker()
     worker.start_error, worker.actor_id = "", "w3"
     monkeypatch.delenv("ELASTIC_ZERO_NODE", raising=False)
-    monkeypatch.setattr(trainer_module, "ray_node_id", lambda: (None, "RuntimeError: no runtime context"))
+    monkeypatch.setattr(node_duties_module, "ray_node_id", lambda: (None, "RuntimeError: no runtime context"))
     hello = worker.hello()
     assert hello.member.node == "unknown-w3"  # its own failure domain, not one shared by every such worker
     assert hello.warning == "the Ray node of w3 is unknown (RuntimeError: no runtime context)"

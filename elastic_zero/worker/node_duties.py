@@ -1,4 +1,5 @@
-"""What a worker does for the job beyond its shard: it beats (a heartbeat datagram to the coordinator
+"""What a worker does for the job beyond its shard: it says where it runs (hello: its node, zone and
+process, once its heartbeats have started), it beats (a heartbeat datagram to the coordinator
 every HEARTBEAT_EVERY_S, from a process of its own, whatever training is doing: a node that vanishes
 goes silent, see heartbeats.py and plan/liveness.py), it takes SIGTERM as a notice that it goes, and one
 worker per node watches the node's cloud metadata server when the coordinator asks it to. Mixed into
@@ -7,14 +8,18 @@ the worker actor; the coordinator is reached by its name."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import time
 
 from elastic_zero.heartbeats import HeartbeatSender, beat_token, beating_started, start_beat_process
+from elastic_zero.plan.membership import Member
 from elastic_zero.preemption.cloud_watcher import CloudWatcher
 from elastic_zero.preemption.sigterm import catch_sigterm, termination_grace_s
 from elastic_zero.job.spec import HEARTBEAT_EVERY_S
+from elastic_zero.protocol import Hello
+from elastic_zero.worker.faults import WorkerStartError, ray_node_id
 
 
 BEAT_START_TIMEOUT_S = 30.0  # a Python process's start, on a machine as busy as CI's: well under this
@@ -30,6 +35,18 @@ def coordinator_handle(name: str, namespace: str):
 class NodeDuties:
     _cloud_watcher: CloudWatcher | None = None
     _beats = None  # the beat process (it ends with this worker's process)
+
+    def hello(self) -> Hello:
+        """Where this worker runs; raises WorkerStartError (one line) if it could not start."""
+        if self.start_error:
+            raise WorkerStartError(self.start_error)
+        node, warning = os.environ.get("ELASTIC_ZERO_NODE"), ""
+        if not node:
+            node, problem = ray_node_id()
+            if node is None:  # buddies may then share this machine: said, not hidden
+                node, warning = f"unknown-{self.actor_id}", f"the Ray node of {self.actor_id} is unknown ({problem})"
+        return Hello(Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")),
+                     "; ".join(filter(None, (warning, self._beats_started()))), os.getpid())
 
     def _start_beating(self, coordinator: str | None, coordinator_host: str, heartbeat_port: int | None,
                        secret: bytes) -> None:

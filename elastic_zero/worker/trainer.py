@@ -28,16 +28,14 @@ from elastic_zero.job.build import build_loss, build_model, build_optimizer, bui
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.evaluation import eval_due
-from elastic_zero.plan.membership import Member
-from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report
+from elastic_zero.protocol import GenerationPlan, Outcome, Report
 from elastic_zero.rendezvous import connect
 from elastic_zero.job.spec import KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.drills import due_drills
 from elastic_zero.worker.entry import GenerationEntry, committed_key
 from elastic_zero.worker.evaluation import Evaluator
 from elastic_zero.worker.device import worker_device
-from elastic_zero.worker.faults import (WorkerStartError, is_communication_failure, is_device_failure, named,
-                                        ray_node_id)
+from elastic_zero.worker.faults import is_communication_failure, is_device_failure, named
 from elastic_zero.worker.groups import GenerationGroups
 from elastic_zero.worker.node_duties import NodeDuties, coordinator_handle
 from elastic_zero.worker.replica import LayoutReplicas
@@ -133,18 +131,6 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             relay_warnings(lambda text: coordinator_handle(coordinator, namespace).worker_warning.remote(actor_id, text))
 
     # ---- control, called concurrently with train() ----------------------------------------
-
-    def hello(self) -> Hello:
-        """Where this worker runs; raises WorkerStartError (one line) if it could not start."""
-        if self.start_error:
-            raise WorkerStartError(self.start_error)
-        node, warning = os.environ.get("ELASTIC_ZERO_NODE"), ""
-        if not node:
-            node, problem = ray_node_id()
-            if node is None:  # buddies may then share this machine: said, not hidden
-                node, warning = f"unknown-{self.actor_id}", f"the Ray node of {self.actor_id} is unknown ({problem})"
-        return Hello(Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")),
-                     "; ".join(filter(None, (warning, self._beats_started()))), os.getpid())
 
     def request_safe_point(self, number: int) -> None:
         """Stop at the next safe point of generation `number` (a request may arrive before train()
