@@ -112,6 +112,9 @@ def run_job(spec: JobSpec, run_config: RunConfig, final_weights: str | None = No
             print(f"elastic-zero: --final-weights: {str(exc).splitlines()[0]}", file=sys.stderr)
             return EXIT_FAILED
     s = result.metrics
+    if s.get("note"):  # nothing was trained (a resume at or past the last step): the line says why
+        print(f"{s['note']}; outputs in {result.path}")
+        return EXIT_OK
     extra = "".join(f", {k} {v:.4g}" for k, v in (s.get("final_metrics") or {}).items())
     loss = "-" if s["final_loss"] is None else f"{s['final_loss']:.4f}"
     how = f"stopped at step {s['stopped_at_step']}" if "stopped_at_step" in s else "done"

@@ -32,6 +32,12 @@ def announce_end(store, number: int, aborted: bool) -> None:
         store.compare_set(over_key(number), "", ENDED)
 
 
+def was_aborted(store, number: int) -> bool:
+    """Whether generation `number` was said to be aborted (False: ended, or not over yet)."""
+    key = over_key(number)
+    return store.check([key]) and store.get(key) == ABORTED
+
+
 class GenerationEndWatch:
     """Waits, on a thread of its own, for the end of each generation given to watch() in turn, and
     calls abort(number) when it was aborted. `store` is cloned: its waits block the connection."""

@@ -1,7 +1,7 @@
 """The coordinator's state machine, driven by events alone: no Ray, no clock."""
 
 from elastic_zero.coordinator.state import (
-    CheckpointNow, CoordinatorState, Fail, FinalWeightsWritten, Finish, GenerationEnded, GenerationStepped, PreemptionNotice,
+    CheckpointCommitted, CheckpointNow, CoordinatorState, Fail, FinalWeightsWritten, Finish, GenerationEnded, GenerationStepped, PreemptionNotice,
     RequestSafePoint, Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, decide,
 )
 from elastic_zero.plan.membership import Member
@@ -115,14 +115,20 @@ def test_below_min_workers_waits_then_recovers_or_gives_up():
     assert p.source == "snapshot" and [m.actor_id for m in p.generation.members] == ["w0", "w5"]
 
 
-def test_losing_a_shard_and_its_replica_fails_clearly_and_finishing_retires_everyone():
+def test_losing_a_shard_and_its_replica_starts_over_or_restores_a_checkpoint_and_finishing_retires_everyone():
     s, plan = _started(4)
     buddy = plan.generation.members[plan.generation.buddies[0]].actor_id
-    _, cmds, _ = _end(s, plan, w0="dead", **{buddy: "dead"})
-    assert "replicas of their shards were lost together" in _cmd(cmds, Fail).message
+    _, cmds, reason = _end(s, plan, w0="dead", **{buddy: "dead"})
+    # nothing committed: the job starts over from its initial weights, saying what was lost
+    restart = _cmd(cmds, StartGeneration).plan
+    assert restart.source == "restart" and restart.step == 0 and restart.holder_of_old == () and _cmd(cmds, Fail) is None
+    assert len(restart.generation.members) == 2 and restart.number == plan.number + 1
+    assert "start over from the initial weights" in reason and "replicas of their shards were lost together" in reason
+    assert "lost together, and no checkpoint was committed; 2 replacement(s) after its first step" in reason
     from dataclasses import replace
 
-    with_checkpoints = replace(s, checkpoints=True)
+    with_checkpoints, _, why = decide(s, CheckpointCommitted(), 10.0)
+    assert with_checkpoints.committed and why == "a checkpoint was committed"
     _, cmds, _ = _end(with_checkpoints, plan, w0="dead", **{buddy: "dead"})
     p = _cmd(cmds, StartGeneration).plan
     assert p.source == "checkpoint" and p.holder_of_old == () and _cmd(cmds, Spawn) is None
@@ -207,10 +213,9 @@ def test_a_loss_during_a_handover_restores_the_layout_before_it_from_memory():
     assert _cmd(cmds, StartGeneration).plan.previous == handover.generation and Retire(("w2",)) in cmds
     # the leaver lost too: generation 0's ranks 1 and 2 cannot both be held by w0
     _, cmds, reason = decide(s, GenerationEnded((held("w0"),)), 10.0)
-    assert reason == "unrecoverable in memory" and _cmd(cmds, StartGeneration) is None
-    message = _cmd(cmds, Fail).message
-    assert "lost before generation 1 committed its layout" in message and "saves no checkpoints" in message
-    _, cmds, _ = decide(replace(s, checkpoints=True), GenerationEnded((held("w0"),)), 10.0)
+    assert _cmd(cmds, StartGeneration).plan.source == "restart" and _cmd(cmds, Fail) is None
+    assert "lost before generation 1 committed its layout" in reason and "start over from the initial weights" in reason
+    _, cmds, _ = decide(replace(s, committed=True), GenerationEnded((held("w0"),)), 10.0)
     from_checkpoint = _cmd(cmds, StartGeneration).plan
     assert from_checkpoint.source == "checkpoint" and from_checkpoint.holder_of_old == ()
     assert [m.actor_id for m in from_checkpoint.generation.members] == ["w0"]
@@ -457,15 +462,15 @@ def _ended_without_replicas(s, plan, **kinds):
     return decide(s, GenerationEnded(tuple(o for o in outs if o.kind != "dead")), 10.0)
 
 
-def test_without_replicas_a_loss_restores_the_checkpoint_or_fails_naming_the_setting():
+def test_without_replicas_a_loss_restores_the_checkpoint_or_starts_over_naming_the_setting():
     from dataclasses import replace
 
     s, plan = _started(3)
     s = replace(s, replicated=False)
-    _, cmds, _ = _ended_without_replicas(s, plan, w1="dead")
-    message = _cmd(cmds, Fail).message
-    assert "replication is off (elastic.replicate_every = 0)" in message and "saves no checkpoints" in message
-    _, cmds, _ = _ended_without_replicas(replace(s, checkpoints=True), plan, w1="dead")
+    _, cmds, reason = _ended_without_replicas(s, plan, w1="dead")
+    assert _cmd(cmds, StartGeneration).plan.source == "restart" and _cmd(cmds, Fail) is None
+    assert "replication is off (elastic.replicate_every = 0), and no checkpoint was committed" in reason
+    _, cmds, _ = _ended_without_replicas(replace(s, committed=True), plan, w1="dead")
     assert _cmd(cmds, StartGeneration).plan.source == "checkpoint"
 
 

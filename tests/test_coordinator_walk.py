@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elastic_zero.coordinator.state import (
-    CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, Retire,
+    CheckpointCommitted, CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, Retire,
     ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
 )
 from elastic_zero.plan.membership import Member
@@ -63,7 +63,8 @@ class _World:
             assert all(plan.participants[h] in old_ids for h in plan.holder_of_old)
         else:
             assert plan.holder_of_old == ()
-            assert plan.source == "init" or self.state.checkpoints, "a checkpoint restore in a job without checkpoints"
+            assert plan.source != "checkpoint" or self.state.committed, "a checkpoint restore with nothing committed"
+            assert plan.source != "restart" or (plan.step == 0 and not self.state.committed), "a restart past a commit"
         self.numbers.append(plan.number)
         self.plan = plan
 
@@ -104,12 +105,12 @@ def _outcomes(data, plan):
 def test_every_plan_from_a_random_walk_can_be_carried_out(data, min_workers, max_workers, checkpoints):
     target = data.draw(st.integers(min_workers, max_workers))
     world = _World(CoordinatorState(min_workers=min_workers, max_workers=max_workers, target=target,
-                                    min_wait_s=5.0, checkpoints=checkpoints))
+                                    min_wait_s=5.0))
     world.apply(Start())
     for _ in range(30):
         if world.state.done:
             break
-        choices = ["scale", "tick"]
+        choices = ["scale", "tick"] + (["commit"] if checkpoints else [])
         if world.pending_spawns:
             choices.append("ready")
         if world.plan is not None and world.state.running:
@@ -125,6 +126,8 @@ def test_every_plan_from_a_random_walk_can_be_carried_out(data, min_workers, max
             world.apply(ScaleRequested(data.draw(st.integers(0, max_workers + 1))))
         elif event == "preempt":
             world.apply(PreemptionNotice(data.draw(st.sampled_from(world.plan.participants))))
+        elif event == "commit":
+            world.apply(CheckpointCommitted())
         elif event == "stepped":
             world.apply(GenerationStepped(world.plan.number))
         elif event == "end":

@@ -87,3 +87,26 @@ def test_a_checkpoint_write_that_fails_is_reported_and_training_goes_on(tmp_path
     assert sorted(e["error"] for e in events if e["event"] == "checkpoint_failed") == sorted(errors)
     committed = [e["directory"] for e in events if e["event"] == "checkpoint_committed"]
     assert [d.rsplit("/", 1)[1] for d in committed] == ["step-0000000008"]
+
+
+def test_a_loss_with_no_replica_and_nothing_committed_starts_over_from_the_initial_weights(tmp_path, one_worker):
+    """No replicas (replicate_every = 0) and rank 1 killed at step 5, before the first checkpoint (every
+    10): no step can be restored from memory or a checkpoint. The job started over from its initial
+    weights (it failed before: "no step can be restored ... no committed checkpoint"), which loses
+    nothing it would not redo: the survivor rebuilds its model, a replacement joins, and the weights
+    are those of one uninterrupted worker."""
+    reference = one_worker(16)
+    code, summary, events, weights = job(tmp_path, "over", [{"at_step": 5, "action": "kill", "rank": 1}],
+                                         train={"steps": 16}, checkpoint={"uri": str(tmp_path / "ckpt"), "every": 10},
+                                         elastic={"workers": 2, "min_workers": 1, "replicate_every": 0})
+    assert code == 0, summary.get("error")
+    starts = [e for e in events if e["event"] == "generation_start"]
+    assert [(s["source"], s["step"]) for s in starts[:2]] == [("init", 0), ("restart", 0)]
+    (recovery,) = summary["recoveries"]
+    assert recovery["source"] == "restart" and recovery["step"] == 0 and recovery["cause"].endswith(
+        "; started over from the initial weights")
+    assert recovery["lost_steps"] == 5 and recovery["recomputed_steps"] == 6
+    (said,) = [e for e in events if e["event"] == "decision" and "start over from the initial weights" in e["reason"]]
+    assert "replication is off (elastic.replicate_every = 0), and no checkpoint was committed" in said["reason"]
+    exactly_once(summary)
+    assert relative(reference, weights) <= 1e-4

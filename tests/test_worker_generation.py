@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 import elastic_zero.worker.node_duties as node_duties_module
 import elastic_zero.worker.groups as groups_module
+from elastic_zero.worker.generation_gate import GenerationGate
 from elastic_zero.worker.trainer import Trainer
 from elastic_zero.zero.abortable import GroupAborted
 
@@ -34,6 +35,9 @@ class _Store:
     def clone(self):
         return self
 
+    def check(self, keys) -> bool:  # no generation's end was written
+        return False
+
 
 class _Plan:
     def __init__(self, number: int) -> None:
@@ -44,12 +48,9 @@ def _bare_worker():
     """The parts of a worker that the control calls touch (its constructor builds a model and
     connects to a store)."""
     worker = object.__new__(Trainer)
-    worker._generation_lock = threading.Lock()
-    worker._aborted = threading.Event()
+    worker._gate = GenerationGate()
     worker._safe_point_for = -1
-    worker._generation = -1
-    worker._aborted_upto = -1
-    worker._groups = {}
+    worker.store = _Store()
     worker.engine = None
     worker.writer = None
     worker._writer_reads_engine = False
@@ -71,8 +72,7 @@ def _worker_in_generation(number):
     worker = _bare_worker()
     worker.store, worker.backend = _Store(), "gloo"
     worker.spec = type("Spec", (), {"elastic": type("E", (), {"collective_timeout_s": 5.0})})()
-    worker._generation = number
-    worker._building = None
+    worker._gate.number = number
     return worker
 
 
@@ -81,7 +81,7 @@ def test_an_abort_that_comes_while_a_group_is_built_aborts_that_group(monkeypatc
     the generation's start and the group's creation aborted the previous group, and the new one
     waited for the collective timeout."""
     worker = _worker_in_generation(7)
-    old = worker._groups["train"] = _Group()
+    old = worker._gate.groups["train"] = _Group()
     built = _Group()
 
     def new_group(*args, **kwargs):
@@ -127,7 +127,8 @@ def test_a_group_given_up_does_not_hold_the_next_one_behind_it():
     threading.Timer(0.3, worker.abort_generation, args=(5,)).start()
     with pytest.raises(GroupAborted):
         worker._build_groups(_Plan(5), {"train": (1, 2, "gloo")})  # rank 0 never comes
-    worker._generation, worker._aborted = 6, threading.Event()
+    worker._gate.number = 6
+    worker._gate.aborted.clear()
     started = time.monotonic()
     groups = worker._build_groups(_Plan(6), {"train": (0, 1, "gloo"), "host": (0, 1, "gloo")})
     assert time.monotonic() - started < 5 and groups["train"].size() == 1 and groups["host"].size() == 1
@@ -185,11 +186,11 @@ def test_an_abort_that_comes_before_train_entered_its_generation_aborts_it_on_en
     from types import SimpleNamespace
 
     worker = _bare_worker()
-    worker._generation = 6
+    worker._gate.number = 6
     worker.abort_generation(7)
-    assert not worker._aborted.is_set()  # generation 6 goes on
+    assert not worker._gate.aborted.is_set()  # generation 6 goes on
     seen = {}
-    worker._start_fresh = lambda plan, report, clock: seen.setdefault(plan.number, worker._aborted.is_set())
+    worker._start_fresh = lambda plan, report, clock: seen.setdefault(plan.number, worker._gate.aborted.is_set())
     for number in (7, 8):
         worker._enter(SimpleNamespace(number=number, source="init"), {})
     assert seen == {7: True, 8: False}

@@ -10,7 +10,7 @@ nobody: on a cluster it is a detached actor, and its driver may die). Its driver
 its process dies (driver.py says why not Ray); the new one resumes from the latest checkpoint (its
 workers died with it). What the outside sees of it (status, progress, stop) is in face.py; its side
 of nodes that go (notices, silence) in node_watch.py; spawning and retiring workers in spawner.py;
-the final weights (a checkpoint the workers write) in final_save.py.
+the final weights (a checkpoint the workers write) and a stop's in final_save.py.
 
 It imports no torch: its rendezvous store is served by its relay's process in Python, with torch's
 protocol (rendezvous.py, store_server.py).
@@ -32,7 +32,8 @@ from elastic_zero.coordinator.completions import Completions
 from elastic_zero.coordinator.events import GenerationStepped, NodeNotice
 from elastic_zero.coordinator.face import CoordinatorFace
 from elastic_zero.coordinator.death_causes import is_memory_kill, memory_kill
-from elastic_zero.coordinator.final_save import FinalSave, directory_uri
+from elastic_zero.coordinator.final_save import FinalSave
+from elastic_zero.coordinator.resume import resume_point
 from elastic_zero.coordinator.node_watch import NodeWatch
 from elastic_zero.coordinator.spawner import WorkerSpawner
 from elastic_zero.coordinator.state import (
@@ -76,10 +77,9 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         # address that admits only holders of this job's secret
         self._secret = new_secret()
         self.rendezvous = RendezvousServer(self.host, self._secret, e.collective_timeout_s)
-        c = self.spec.checkpoint
         self.state = CoordinatorState(min_workers=e.min_workers, max_workers=e.max_workers, target=e.workers,
                                       min_wait_s=e.min_wait_s, join_window_s=e.join_window_s,
-                                      checkpoints=bool(c.uri and c.every), replicated=e.replicate_every > 0)
+                                      replicated=e.replicate_every > 0)
         self.books = Books(self.spec.train.global_batch, self.spec.train.steps, started_at)
         self.events = EventLog(run_dir, go_on=self.restarted)
         self.live = LiveProgress(self.spec.train.global_batch, self.spec.train.steps)
@@ -157,9 +157,16 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
 
             try:
                 probe_writable(c.uri)
+                resumed = resume_point(c.uri, c.resume)
             except ValueError as exc:
                 self._carry_out(Fail(str(exc)))
                 return
+            if resumed is not None and resumed[0] >= self.spec.train.steps:
+                self._finish_at_resume(*resumed)
+                return
+            # the checkpoint it resumes from is one to fall back to; without one, a loss that memory
+            # cannot restore starts the job over
+            self.state = dataclasses.replace(self.state, committed=resumed is not None)
         self._apply(Start())
         last_tick = next_listen = time.monotonic()
         while self._result is None:
@@ -299,12 +306,13 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
     def _start(self, plan) -> None:
         now = time.time()
         last = self._last_end
-        if plan.source in ("snapshot", "checkpoint"):
+        if plan.source in ("snapshot", "checkpoint", "restart"):
             failed_at = min(self._new_kill_times() + [r.ended_at for r in last.values()] or [now])
             reached = max((r.outcome.step for r in last.values()), default=plan.step)
             lost = sorted(a + (f" ({r.outcome.error})" if is_memory_kill(r.outcome.error) else "")
                           for a, r in last.items() if r.outcome.kind == "dead")
-            cause = f"lost {', '.join(lost)}" + ("; restored from a checkpoint" if plan.checkpoints else "")
+            cause = f"lost {', '.join(lost)}" + ("; restored from a checkpoint" if plan.checkpoints else "") + \
+                ("; started over from the initial weights" if plan.source == "restart" else "")
             self.books.begin_change("recovery", failed_at, plan.number, step=plan.step if plan.step >= 0 else None,
                                     cause=cause, reached=reached, source=plan.source)
         elif plan.source == "live":
@@ -357,36 +365,6 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
                 self._timed_faults.add(key)
                 times.append(float(store.get(key).decode()))
         return times
-
-    def _stop(self, command: Stop) -> None:
-        """A stop on request, at the safe point every member reached: a checkpoint there, which
-        holds the weights the job ends with (`stop --checkpoint` asks for the same checkpoint)."""
-        if command.step < 0:  # asked before training started, or while waiting for workers: nothing to save
-            self._log("job_stopped", step=None, checkpoint=False)
-            self._result = {"ok": True, "summary": {**self.books.summary(None, end_step=self._steps_done()),
-                                                    "stopped_at_step": None}}
-            return
-        members = [m.actor_id for m in self.state.generation.members]
-        plan = self._last_plan
-        # a save of that step in flight may commit; if none did, one now
-        failures = self._saves_reported(ray.get([self._workers[a].settle_saves.remote() for a in members]), plan.number)
-        if self._commit_of_step(command.step) is None:
-            shared = pack_plan(plan)
-            failures += self._saves_reported(ray.get([self._workers[a].checkpoint_now.remote(shared) for a in members]),
-                                             plan.number)
-        for error in failures:
-            self._log("checkpoint_failed", generation=plan.number, error=error)
-        written = self._commit_of_step(command.step)
-        if written is None:
-            why = failures[-1] if failures else "no commit was reported"
-            self._carry_out(Fail(f"stopped at step {command.step}, but its checkpoint (the final weights) could not "
-                                 f"be written to {self.spec.checkpoint.uri}: {why}"))
-            return
-        memory = ray.get(self._workers[members[0]].memory_report.remote())
-        final_checkpoint = directory_uri(self.spec.checkpoint.uri, written)
-        self._log("job_stopped", step=command.step, checkpoint=command.checkpoint, final_checkpoint=final_checkpoint)
-        summary = {**self.books.summary(memory.get("param_count"), command.step, memory), "stopped_at_step": command.step}
-        self._result = {"ok": True, "summary": summary, "final_checkpoint": final_checkpoint}
 
     def _log(self, kind: str, **fields) -> None:
         self.events.add(kind, **fields)

@@ -79,12 +79,17 @@ class FinalWeightsWritten:
 
 
 @dataclass(frozen=True)
+class CheckpointCommitted:
+    """A checkpoint of the job was committed: a loss that memory cannot restore restores it."""
+
+
+@dataclass(frozen=True)
 class Tick:
     pass
 
 
 Event = Union[Start, WorkersReady, WorkerStartFailed, ScaleRequested, PreemptionNotice, StopRequested, GenerationEnded,
-              GenerationStepped, FinalWeightsWritten, Tick]
+              GenerationStepped, FinalWeightsWritten, CheckpointCommitted, Tick]
 
 
 @dataclass(frozen=True)

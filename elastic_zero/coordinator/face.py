@@ -12,7 +12,8 @@ import time
 
 import ray
 
-from elastic_zero.coordinator.events import GenerationStepped, PreemptionNotice, ScaleRequested, StopRequested
+from elastic_zero.coordinator.events import (CheckpointCommitted, GenerationStepped, PreemptionNotice, ScaleRequested,
+                                             StopRequested)
 from elastic_zero.observe.live import final_status_key, last_events, status_record
 
 NAMESPACE_KV = "elastic_zero"
@@ -63,6 +64,8 @@ class CoordinatorFace:
             generation = self.state.generation.number
         self._log("checkpoint_committed", generation=generation, directory=directory)
         self.live.checkpoint = directory
+        if not self.state.committed:  # before any decision that follows: a loss may now restore it
+            self._apply(CheckpointCommitted())
 
     def worker_warning(self, actor_id: str, message: str) -> None:
         """A Python warning a worker showed (worker/warnings_relay.py): one `warning` event, a line in

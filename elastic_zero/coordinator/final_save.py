@@ -9,6 +9,9 @@ step left to run, and then write the final checkpoint again (a job without repli
 replicate_every = 0, restores its latest checkpoint and trains the steps after it again). A member lost in that save (its
 process, or its node: read from its silence as in training) is recovered the same way.
 
+A stop on request ends the same way, at the step it stopped at; and a job that resumes from a
+checkpoint at or past its last step ends at once, with that checkpoint as its final weights.
+
 A mixin of the coordinator actor: it uses the actor's workers, heartbeat books and state machine.
 """
 
@@ -21,7 +24,9 @@ import time
 
 import ray
 
-from elastic_zero.coordinator.state import Fail, FinalWeightsWritten, GenerationEnded
+from elastic_zero.coordinator.resume import past_the_end
+from elastic_zero.coordinator.state import Fail, FinalWeightsWritten, GenerationEnded, Stop
+from elastic_zero.generation_ends import announce_end
 from elastic_zero.plan.liveness import silent_members
 from elastic_zero.protocol import Outcome, Report, pack_plan
 
@@ -44,6 +49,16 @@ def directory_uri(root_uri: str, directory: str) -> str:
 
 
 class FinalSave:
+    def _finish_at_resume(self, step: int, directory: str) -> None:
+        """The checkpoint to resume from is at or past the last step: the job ends at once, and that
+        checkpoint is its final weights. No worker is started."""
+        line = past_the_end(step, directory, self.spec.train.steps)
+        self._log("job_finished", steps=self.spec.train.steps, final_checkpoint=directory_uri(self.spec.checkpoint.uri,
+                                                                                               directory), note=line)
+        summary = {**self.books.summary(None, end_step=step), "resumed_from_step": step, "note": line}
+        self._result = {"ok": True, "summary": summary,
+                        "final_checkpoint": directory_uri(self.spec.checkpoint.uri, directory)}
+
     def _commit_of_step(self, step: int) -> str | None:
         """The newest committed checkpoint of `step`, if any."""
         committed = [e["directory"] for e in self.events.records if e.get("event") == "checkpoint_committed"]
@@ -116,6 +131,9 @@ class FinalSave:
                     self._nodes_lost(silent, now)
             if (lost or errors) and broken_at is None:
                 broken_at = time.monotonic()
+                # its end key says so too (it said "ended" when training ended): a member that enters
+                # the next generation before the call below reaches it leaves this one's groups aborted
+                announce_end(self.rendezvous.store, plan.number, aborted=True)
                 for actor_id in refs.values():
                     self._workers[actor_id].abort_generation.remote(plan.number)
             if broken_at is not None and refs and time.monotonic() - broken_at > self.spec.elastic.collective_timeout_s:
@@ -136,3 +154,33 @@ class FinalSave:
         self._last_end = {a: Report(Outcome(a, "dead", error=lost[a][1]), ended_at=lost[a][0]) if a in lost
                           else dataclasses.replace(self._last_end[a], ended_at=now) for a in members}
         self._apply(GenerationEnded(tuple(r.outcome for r in self._last_end.values() if r.outcome.kind != "dead")))
+
+    def _stop(self, command: Stop) -> None:
+        """A stop on request, at the safe point every member reached: a checkpoint there, which
+        holds the weights the job ends with (`stop --checkpoint` asks for the same checkpoint)."""
+        if command.step < 0:  # asked before training started, or while waiting for workers: nothing to save
+            self._log("job_stopped", step=None, checkpoint=False)
+            self._result = {"ok": True, "summary": {**self.books.summary(None, end_step=self._steps_done()),
+                                                    "stopped_at_step": None}}
+            return
+        members = [m.actor_id for m in self.state.generation.members]
+        plan = self._last_plan
+        # a save of that step in flight may commit; if none did, one now
+        failures = self._saves_reported(ray.get([self._workers[a].settle_saves.remote() for a in members]), plan.number)
+        if self._commit_of_step(command.step) is None:
+            shared = pack_plan(plan)
+            failures += self._saves_reported(ray.get([self._workers[a].checkpoint_now.remote(shared) for a in members]),
+                                             plan.number)
+        for error in failures:
+            self._log("checkpoint_failed", generation=plan.number, error=error)
+        written = self._commit_of_step(command.step)
+        if written is None:
+            why = failures[-1] if failures else "no commit was reported"
+            self._carry_out(Fail(f"stopped at step {command.step}, but its checkpoint (the final weights) could not "
+                                 f"be written to {self.spec.checkpoint.uri}: {why}"))
+            return
+        memory = ray.get(self._workers[members[0]].memory_report.remote())
+        final_checkpoint = directory_uri(self.spec.checkpoint.uri, written)
+        self._log("job_stopped", step=command.step, checkpoint=command.checkpoint, final_checkpoint=final_checkpoint)
+        summary = {**self.books.summary(memory.get("param_count"), command.step, memory), "stopped_at_step": command.step}
+        self._result = {"ok": True, "summary": summary, "final_checkpoint": final_checkpoint}

@@ -10,7 +10,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from elastic_zero.coordinator.events import (  # noqa: F401 - the events and commands are part of this module's API
-    CheckpointNow, Event, Fail, FinalWeightsWritten, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint,
+    CheckpointCommitted, CheckpointNow, Event, Fail, FinalWeightsWritten, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint,
     Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, WorkerStartFailed,
 )
 from elastic_zero.coordinator.safe_points import ask_for_safe_point_if_needed
@@ -24,7 +24,9 @@ class _Recovery:
     old: Generation
     survivors: tuple[str, ...]
     step: int
-    holders: tuple[str, ...]  # actor per old rank; empty: restore from the latest checkpoint
+    holders: tuple[str, ...]  # actor per old rank; empty: from the latest checkpoint, or from the start
+    source: str  # "snapshot" (the holders' replicas), "checkpoint" (the latest commit), "restart" (the start)
+    why: str = ""  # for a restart: what was lost
 
 
 class Phase(Enum):
@@ -52,7 +54,9 @@ class CoordinatorState:
     target: int
     min_wait_s: float = 60.0
     join_window_s: float = 5.0  # how long a ready joiner waits for workers still starting (a safe point each costs a stall)
-    checkpoints: bool = False  # the job saves checkpoints it can fall back to
+    # a checkpoint is there to fall back to: the job committed one (CheckpointCommitted) or resumed from one;
+    # without it, a loss that memory cannot restore starts the job over from its initial weights
+    committed: bool = False
     replicated: bool = True  # the workers keep buddy replicas in memory (elastic.replicate_every > 0)
     first_generation: int = 0  # a restarted coordinator numbers on after its predecessor's generations
     generation: Generation | None = None
@@ -132,6 +136,8 @@ def _decide(state: CoordinatorState, event: Event, now: float):
         return _on_generation_end(state, event.outcomes, now)
     if isinstance(event, FinalWeightsWritten):  # only ever sent while finishing
         return state, (), "FinalWeightsWritten ignored: no final save was running"
+    if isinstance(event, CheckpointCommitted):
+        return replace(state, committed=True), (), "a checkpoint was committed"
     if isinstance(event, GenerationStepped):
         if event.number != state.top_up_after:
             return state, (), f"generation {event.number} stepped"
@@ -163,6 +169,8 @@ def _while_finishing(state, event, now):
         return replace(state, spawning=max(0, state.spawning - 1)), (), f"worker {event.actor_id} failed to start"
     if isinstance(event, Tick):
         return state, (), "nothing to do"
+    if isinstance(event, CheckpointCommitted):
+        return replace(state, committed=True), (), "a checkpoint was committed"
     return state, (), f"{type(event).__name__} ignored: training is over and the final weights are written"
 
 
@@ -318,17 +326,18 @@ def _on_failure(state, by_id, dead, dead_leavers, now):
     survivors += leavers  # they leave as soon as no handover needs them
     state = replace(state, leaving=state.leaving + leavers)
     lost = dead + dead_leavers
-    if point is None and not state.checkpoints:
+    if point is not None:
+        recovery = _Recovery(old, survivors, *point, "snapshot")
+    elif state.committed:
+        recovery = _Recovery(old, survivors, -1, (), "checkpoint")
+    else:  # nothing holds a trained step: the job starts over, which loses nothing it would not redo
         in_handover = any(by_id[a].snapshot_generation != gen.number for a in survivors)
         why = (f"a worker was lost before generation {gen.number} committed its layout, and neither that layout "
                f"nor the one before it is complete in memory" if in_handover else
                f"ranks {list(lost_ranks(gen, survivors))} and the replicas of their shards were lost together")
         if not state.replicated:
             why = f"ranks {list(lost_ranks(gen, survivors))} were lost and replication is off (elastic.replicate_every = 0)"
-        return replace(state, done=True), (Retire(survivors), Fail(
-            f"{why}; no step can be restored from memory and the job saves no checkpoints")), "unrecoverable in memory"
-    step, holders = point if point is not None else (-1, ())
-    recovery = _Recovery(old, survivors, step, holders)
+        recovery = _Recovery(old, survivors, 0, (), "restart", f"{why}, and no checkpoint was committed")
     missing = state.target - (len(survivors) - len(set(state.leaving) & set(survivors))
                               + len(state.ready) + state.spawning)
     commands = [Retire(lost)] if lost else []
@@ -368,9 +377,14 @@ def _try_recover(state, now):
     # numbered after the failed generation, whose store keys stay taken, even when built from an earlier layout
     gen = replace(next_generation(rec.old, staying + joiners), number=state.generation.number + 1)
     new_ids = tuple(m.actor_id for m in gen.members)
-    if not rec.holders:  # memory holds no complete step: every member reads the latest checkpoint
+    # a commit heard while it waited for workers is restored rather than starting over
+    if rec.source == "checkpoint" or (rec.source == "restart" and state.committed):
+        # memory holds no complete step: every member reads the latest checkpoint
         plan = GenerationPlan(gen, rec.old, new_ids, (), "checkpoint", -1, (), "failure")
         reason = f"generation {gen.number}: {gen.world_size} workers restore the latest checkpoint"
+    elif rec.source == "restart":
+        plan = GenerationPlan(gen, rec.old, new_ids, (), "restart", 0, (), "failure")
+        reason = f"generation {gen.number}: {gen.world_size} workers start over from the initial weights: {rec.why}"
     else:
         holding_leavers = tuple(dict.fromkeys(h for h in rec.holders if h not in new_ids))
         participants = new_ids + holding_leavers

@@ -30,6 +30,9 @@ def describe(record: dict) -> str | None:
             return f"recovery: generation {r['generation']} goes on from step {r['step']} on {workers} workers (from memory)"
         if r.get("source") == "checkpoint":
             return f"recovery: generation {r['generation']} restores {r.get('checkpoint')} on {workers} workers"
+        if r.get("source") == "restart":
+            return (f"recovery: generation {r['generation']} starts over from the initial weights on {workers} "
+                    f"workers (nothing in memory or in a checkpoint held a trained step)")
         leaving = f", {', '.join(r['leaving'])} leaving" if r.get("leaving") else ""
         return f"resize: generation {r['generation']} has {workers} workers at step {r['step']}{leaving}"
     if kind == "worker_start_failed":

@@ -15,6 +15,8 @@ from elastic_zero.plan.partition import partition_layout
 from elastic_zero.plan.reshard import plan_reshard, received_from_others
 from elastic_zero.protocol import GenerationPlan
 from elastic_zero.worker.handover import hand_over
+from elastic_zero.worker.initial_model import initial_model
+from elastic_zero.worker.replica import LayoutReplicas
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine
 from elastic_zero.zero.abortable import GroupAborted
 from elastic_zero.zero.host_memory import building, host_empty, release_free_memory
@@ -51,16 +53,8 @@ class GenerationEntry:
         if self._writer_reads_engine:  # a save of the engine's own tensors, abandoned or not
             self.writer.wait()
             self._writer_reads_engine = False
-        with self._generation_lock:
-            self._generation = plan.number
-            if plan.number <= self._aborted_upto:  # aborted before it was entered
-                self._aborted.set()
-            else:
-                self._aborted.clear()
-            self._groups = {}  # the last generation's are dropped (aborted already if it failed)
-            if self.engine is not None:
-                self.engine.clear_interrupt()
-        if plan.source == "init":
+        self._gate.enter(plan.number, self.store, self._settle_work_left)
+        if plan.source in ("init", "restart"):
             return self._start_fresh(plan, report, clock)
         if self.engine is None:
             self.engine = self._standalone_engine()
@@ -68,9 +62,22 @@ class GenerationEntry:
             return self._restore_checkpoint(plan, report, clock)
         return self._take_handover(plan, report, clock)  # "live" (a planned change) or "snapshot" (a recovery)
 
+    def _settle_work_left(self, stale: bool) -> None:
+        """Under the gate's lock, as a generation is entered: the engine forgets what it had in flight
+        on the groups of an aborted generation (its gathers after the last step: every path that
+        follows cuts its buffers anew from the shard), and any interrupt of the one left is over."""
+        if self.engine is not None:
+            if stale:
+                self.engine.forget_work_in_flight()
+            self.engine.clear_interrupt()
+
     def _start_fresh(self, plan: GenerationPlan, report: dict, clock: _PhaseClock) -> int:
-        """Generation 0: build the engine on its group, from the model or the checkpoint to resume."""
+        """Generation 0, or a restart (nothing held a trained step): build the engine on its group,
+        from the model as the job began or the checkpoint to resume."""
         rank = plan.generation.rank_of(self.actor_id)
+        if plan.source == "restart":
+            self._start_over()
+            clock.lap("model")
         self._build_groups(plan, self._member_groups(plan, rank))
         self.engine = self._new_engine(self._train_comm())
         clock.lap("engine")
@@ -83,6 +90,17 @@ class GenerationEntry:
         self._commit(plan)
         clock.lap("commit")
         return rank
+
+    def _start_over(self) -> None:
+        """Let go of everything trained (the engine, its replicas, the sample records) and build the
+        model as the job began: the old engine and model go first, never two at once."""
+        self.replicas = LayoutReplicas()
+        self._forget_log_from(0)
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = self.model = None
+        release_free_memory()
+        self._take_model(initial_model(self.spec, self.device))
 
     def _restore_checkpoint(self, plan: GenerationPlan, report: dict, clock: _PhaseClock) -> int:
         """Every member reads its shard of the newest checkpoint all of them can read."""
@@ -125,7 +143,7 @@ class GenerationEntry:
         # what moves is held apart from the engine (replicas, or a host copy): its state goes before the
         # new shard comes (in a recovery it is stale anyway)
         self.engine.release_state()
-        mine = hand_over(TorchComm(self._groups["handover"], role="host"), old, new, plan.holder_of_old,
+        mine = hand_over(TorchComm(self._gate.groups["handover"], role="host"), old, new, plan.holder_of_old,
                          list(range(world)), held, template)
         clock.lap("handover")
         if mine is None:
@@ -156,7 +174,7 @@ class GenerationEntry:
         """A leaver stays until every new rank has committed the new layout: until then its shard of
         the old one may be the last copy of that layout if a new member dies."""
         while not self.store.check([committed_key(plan)]):
-            if self._aborted.wait(0.01):
+            if self._gate.aborted.wait(0.01):
                 raise GroupAborted("the generation failed before it committed its layout")
 
     def _resume_candidates(self) -> list[str]:

@@ -56,18 +56,19 @@ class GenerationGroups:
             if late and not isinstance(result, Exception):
                 result.abort()  # built after all, for a generation that is over
 
-        with self._generation_lock:
-            self._building = finished
-            if self._aborted.is_set():
+        gate = self._gate
+        with gate.lock:
+            gate.building = finished
+            if gate.aborted.is_set():
                 finished.set()
         for role, (rank, size, backend) in wanted.items():
             threading.Thread(target=build, args=(role, rank, size, backend), daemon=True,
                              name=f"group-g{plan.number}-{role}").start()
         finished.wait()
-        with self._generation_lock:
-            self._building = None
+        with gate.lock:
+            gate.building = None
             with lock:
-                if self._aborted.is_set():
+                if gate.aborted.is_set():
                     given_up.append(True)
                 built = dict(outcome)
             errors = [e for e in built.values() if isinstance(e, Exception)]
@@ -78,20 +79,12 @@ class GenerationGroups:
                 if given_up:
                     raise GroupAborted(f"generation {plan.number} was aborted while its groups were being built")
                 raise errors[0]
-            self._groups.update(built)
+            gate.groups.update(built)
         return built
 
     def _train_comm(self) -> TorchComm:
-        return TorchComm(self._groups["train"], role="train")
+        return TorchComm(self._gate.groups["train"], role="train")
 
     def _host_comm(self) -> TorchComm:
-        return TorchComm(self._groups.get("host") or self._groups["handover"], role="host")
-
-    def _abort_groups(self) -> None:
-        """Break every group of the current generation: our waits on them return now, not when a
-        peer gives up or at the timeout."""
-        for pg in list(self._groups.values()):
-            try:
-                pg.abort()
-            except Exception:  # noqa: BLE001 - an already broken group may refuse the abort; it is dropped anyway
-                pass
+        groups = self._gate.groups
+        return TorchComm(groups.get("host") or groups["handover"], role="host")

@@ -18,13 +18,10 @@ import time
 
 import torch
 
-from elastic_zero.checkpoint import load_initial_weights, load_into
-from elastic_zero.checkpoint.interop import check_fits
-from elastic_zero.checkpoint.export import model_extra
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.data.source import read_ahead_for_step
 from elastic_zero.generation_ends import GenerationEndWatch
-from elastic_zero.job.build import build_loss, build_model, build_optimizer, build_source, unit_classes
+from elastic_zero.job.build import build_loss, build_optimizer, build_source
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.evaluation import eval_due
@@ -36,6 +33,8 @@ from elastic_zero.worker.entry import GenerationEntry, committed_key
 from elastic_zero.worker.evaluation import Evaluator
 from elastic_zero.worker.device import worker_device
 from elastic_zero.worker.faults import is_communication_failure, is_device_failure, named
+from elastic_zero.worker.generation_gate import GenerationGate, abort_all
+from elastic_zero.worker.initial_model import InitialModel, initial_model
 from elastic_zero.worker.groups import GenerationGroups
 from elastic_zero.worker.node_duties import NodeDuties, coordinator_handle
 from elastic_zero.worker.replica import LayoutReplicas
@@ -45,7 +44,6 @@ from elastic_zero.worker.saves import CheckpointSaves
 from elastic_zero.worker.warnings_relay import relay_warnings
 from elastic_zero.zero import TorchComm, ZeroEngine
 from elastic_zero.zero.host_memory import large_allocations_to_the_system, release_free_memory
-from elastic_zero.zero.meta import has_meta_parameters, placed
 
 PROGRESS_EVERY_S = 0.5  # how often rank 0 tells the coordinator its step and loss
 
@@ -66,29 +64,14 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         self.start_error = ""
         try:
             self.device = worker_device(self.use_gpu)
-            self.model = named("model", lambda: placed(build_model(self.spec), self.device))
-            self.wrap = unit_classes(self.spec, self.model)
+            self._take_model(initial_model(self.spec, self.device))
             self.source = named("data.source", lambda: build_source(self.spec, self.model))
             self.loss_fn = build_loss(self.spec)
             self.evaluator = named("eval.source", lambda: Evaluator(self.spec, self.model)) \
                 if self.spec.eval.source else None
             # float16 overflows are the loss scaler's to skip; elsewhere a non-finite loss is a bug
             self._finite_loss = self.spec.zero.compute_dtype != "float16"
-            self._init_values = None  # a meta model's weights to start from, until its engine takes them
-            if self.spec.model.init_from:  # every worker: the same buffers everywhere, a bad file a start error
-                weights = named("model.init_from", lambda: load_initial_weights(self.spec.model.init_from))
-                new_params = self.spec.model.new_params
-                if has_meta_parameters(self.model):  # the engine takes the parameters unit by unit
-                    if new_params:  # their values would need the model's own initialization, unit by unit
-                        raise ValueError("model.new_params: not supported for a meta model yet; build it on the CPU")
-                    named("model.init_from", lambda: check_fits(self.model, weights))
-                    buffers = {name for name, _ in self.model.named_buffers()}
-                    self.model.load_state_dict({k: weights[k] for k in buffers if k in weights}, strict=False)
-                    self._init_values = weights
-                else:
-                    named("model.init_from", lambda: load_into(self.model, weights, new_params=new_params))
             self.optimizer = build_optimizer(self.spec)
-            self._model_extra = model_extra(self.model)  # what export needs beyond the layout
             release_free_memory()  # a meta model's construction made and freed every parameter
         except Exception as exc:
             self.start_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -101,12 +84,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         self.replicas = LayoutReplicas()
         self.replicator = Replicator()
         self._safe_point_for = -1  # the latest generation a safe point was requested for
-        self._aborted = threading.Event()  # abort_generation() came for the current generation
-        self._groups: dict = {}  # the current generation's process groups, by role (groups.py)
-        self._generation = -1
-        self._aborted_upto = -1  # the latest generation an abort came for
-        self._generation_lock = threading.Lock()  # an abort for generation g never reaches g + 1
-        self._building: threading.Event | None = None  # set when the group being built is ready or given up
+        # the generation entered, its groups, whether it was aborted: an abort for g never reaches g + 1
+        self._gate = GenerationGate()
         self._unsaved_log: list[tuple] = []  # (generation, step, rank, start, count) not yet in a checkpoint
         self._saved_through = -1  # the index of the last step whose sample records went into a checkpoint
         self._coordinator, self._namespace = coordinator, namespace
@@ -130,35 +109,38 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             self._take_sigterm_as_notice()
             relay_warnings(lambda text: coordinator_handle(coordinator, namespace).worker_warning.remote(actor_id, text))
 
+    def _take_model(self, built: InitialModel) -> None:
+        self.model, self.wrap, self._model_extra = built.model, built.wrap, built.extra
+        self._init_values = built.init_values  # a meta model's weights to start from, until its engine takes them
+
     # ---- control, called concurrently with train() ----------------------------------------
 
     def request_safe_point(self, number: int) -> None:
         """Stop at the next safe point of generation `number` (a request may arrive before train()
         starts it; one for an older generation, arriving late, is ignored)."""
-        with self._generation_lock:
+        with self._gate.lock:
             self._safe_point_for = max(self._safe_point_for, number)
 
     def request_checkpoint(self, number: int) -> None:
         """Save a checkpoint at the next step of generation `number` (all ranks agree on the step
         through the step's closing all-reduce), then train on."""
-        with self._generation_lock:
+        with self._gate.lock:
             self._checkpoint_for = max(self._checkpoint_for, number)
 
     def abort_generation(self, number: int) -> None:
         """A peer of generation `number` is gone: break our group now, so the training thread's
-        next collective fails at once instead of when it reaches the dead peer or the timeout."""
-        with self._generation_lock:
-            # it may come before train() entered that generation: it comes once, so the entry must see it
-            self._aborted_upto = max(self._aborted_upto, number)
-            if self._generation == number:
-                self._aborted.set()
-                if self.engine is not None:
-                    self.engine.interrupt()
-                if self.writer is not None:  # a save waiting for the lost peer's part never commits
-                    self.writer.abandon()
-                self._abort_groups()
-                if self._building is not None:
-                    self._building.set()  # a group being built is given up at once
+        next collective fails at once instead of when it reaches the dead peer or the timeout. It
+        may come before train() entered that generation (kept for the entry) or after it left it
+        (dropped): generation_gate.py."""
+        self._gate.abort(number, self._interrupt_work)
+
+    def _interrupt_work(self) -> None:
+        """The current generation was aborted: the step in flight and the save waiting for a lost
+        peer's part are given up."""
+        if self.engine is not None:
+            self.engine.interrupt()
+        if self.writer is not None:  # a save waiting for the lost peer's part never commits
+            self.writer.abandon()
 
     # ---- a generation ------------------------------------------------------------------------
 
@@ -185,14 +167,14 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             ended = time.time()
             error = f"{type(exc).__name__}: {exc}"[:400]
             # the GPU failed, and its CUDA context with it: the process ends, recovered like a kill
-            if is_device_failure(exc) and not self._aborted.is_set():
+            if is_device_failure(exc) and not self._gate.aborted.is_set():
                 print(f"elastic_zero worker {self.actor_id}: device failure, exiting: {error}", flush=True)
                 os._exit(1)
-            bug = "" if is_communication_failure(exc, self._aborted.is_set()) else error
+            bug = "" if is_communication_failure(exc, self._gate.aborted.is_set()) else error
             if self.writer is not None:
                 self.writer.abandon()  # at once: a slow write must not make this survivor miss its deadline
                 self._take_checkpoint_news(report)
-            self._abort_groups()
+            abort_all(self._gate.groups)
             flight = self.replicator.settle()  # an exchange that completed before the failure still commits
             if flight is not None:
                 self._committed(plan, flight, report)
@@ -345,7 +327,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         except Exception as exc:
             # a lost peer shows here too (stage 3 gathers inside the forward), and a failing GPU: faults,
             # not the loss's bug
-            if is_communication_failure(exc, self._aborted.is_set()) or is_device_failure(exc):
+            if is_communication_failure(exc, self._gate.aborted.is_set()) or is_device_failure(exc):
                 raise
             text = str(exc).splitlines()[0][:300] if str(exc) else ""
             raise ValueError(f"{where}: raised {type(exc).__name__}: {text}") from exc

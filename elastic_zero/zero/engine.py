@@ -347,14 +347,21 @@ class ZeroEngine(ShardIO):
 
     def discard_partial_step(self) -> None:
         """After a failed collective: forget the work in flight and the gradients of the lost step."""
-        self._pending_reduces = []
+        self.forget_work_in_flight()
         self._interrupted = False
         if self._grad is not None:  # (None: its state was released for a recovery)
             self._grad.zero_()
         for unit in self.units:
-            unit.gather_handle = None
             unit.start_backward()
             unit.zero_grads(self.stage)
+
+    def forget_work_in_flight(self) -> None:
+        """Drop the handles of the collectives in flight, never to wait for them: their group was
+        aborted. A gather dropped leaves its unit's full buffer unknown (the shard is intact): only
+        reconfigure() or load_shard_state() makes the engine train again."""
+        self._pending_reduces = []
+        for unit in self.units:
+            unit.gather_handle = None
 
     def close(self) -> None:
         """Finish pending work, remove the hooks and let go of the process group, so that it can be

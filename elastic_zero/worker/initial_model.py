@@ -1,0 +1,47 @@
+"""A worker's model as the job begins: built from the spec (its initial weights a function of the
+seed), with `model.init_from`'s weights where given, and what the engine and export need of it. A
+worker builds it once at its start, and again when the job restarts from its initial weights
+(nothing in memory or in a checkpoint held a trained step)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from elastic_zero.checkpoint import load_initial_weights, load_into
+from elastic_zero.checkpoint.export import model_extra
+from elastic_zero.checkpoint.interop import check_fits
+from elastic_zero.job.build import build_model, unit_classes
+from elastic_zero.job.spec import JobSpec
+from elastic_zero.worker.faults import named
+from elastic_zero.zero.meta import has_meta_parameters, placed
+
+
+@dataclass
+class InitialModel:
+    model: nn.Module
+    wrap: list  # the module classes model.wrap names: the engine's units
+    init_values: dict | None  # a meta model's weights to start from (init_from), until its engine takes them
+    extra: dict  # what export needs beyond the layout
+
+
+def initial_model(spec: JobSpec, device: torch.device) -> InitialModel:
+    """Raises with the field to blame in its message (named()): a worker tells it as its start error."""
+    model = named("model", lambda: placed(build_model(spec), device))
+    wrap = unit_classes(spec, model)
+    init_values = None
+    if spec.model.init_from:  # every worker: the same buffers everywhere, a bad file a start error
+        weights = named("model.init_from", lambda: load_initial_weights(spec.model.init_from))
+        new_params = spec.model.new_params
+        if has_meta_parameters(model):  # the engine takes the parameters unit by unit
+            if new_params:  # their values would need the model's own initialization, unit by unit
+                raise ValueError("model.new_params: not supported for a meta model yet; build it on the CPU")
+            named("model.init_from", lambda: check_fits(model, weights))
+            buffers = {name for name, _ in model.named_buffers()}
+            model.load_state_dict({k: weights[k] for k in buffers if k in weights}, strict=False)
+            init_values = weights
+        else:
+            named("model.init_from", lambda: load_into(model, weights, new_params=new_params))
+    return InitialModel(model, wrap, init_values, model_extra(model))
