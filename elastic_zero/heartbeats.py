@@ -16,10 +16,17 @@ stall of the listener every beat it then reads looks fresh together, and no work
 beside others only because its beat was read later in the same drain (seen at 1,024 simulated
 workers: 238 declared lost in one go).
 
-A beat is the job's beat token and the worker's actor id. The token is derived from the job's
-rendezvous secret (which never leaves Ray), so a datagram from outside the job is dropped; it
-travels in the clear, and whoever reads it off the wire could keep a dead worker "heard". Then the
+A beat is the job's beat token, the worker's progress and its actor id. The token is derived from
+the job's rendezvous secret (which never leaves Ray), so a datagram from outside the job is dropped;
+it travels in the clear, and whoever reads it off the wire could keep a dead worker "heard". Then the
 collective timeout still ends the generation, as without heartbeats.
+
+The progress is what the worker's training thread marks on its ProgressBoard, a few bytes of shared
+memory the beat process reads at each beat (no lock the training thread waits on): the generation,
+the steps its engine has done, a count of marks (it moves whenever training does) and the phase.
+When the worker's process ends, its beat process sends one last beat, flagged, with the board as the
+worker left it: the coordinator learns how many steps a killed worker had done, exactly (a node that
+vanishes sends nothing: its last beat is then all that is known).
 """
 
 from __future__ import annotations
@@ -30,14 +37,22 @@ import json
 import os
 import select
 import signal
+import mmap
 import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 TOKEN_BYTES = 16
-MAX_DATAGRAM = 512  # a token and an actor id
+MAX_DATAGRAM = 512  # a token, the progress and an actor id
+PROGRESS = struct.Struct("<qqqBB")  # generation, steps done, marks, phase, flags: after the token
+LAST_WORD = 1  # flag: the worker's process has ended; this is the board as it left it
+# what a worker's training thread does now (the board's phase, by index)
+PHASES = ("starting", "entering", "data", "compute", "agree", "update", "commit", "save", "eval", "idle")
+_BOARD = struct.Struct("<Qqqqq")  # sequence (odd while written), generation, steps done, marks, phase
 DRAIN_EVERY_S = 0.05  # the longest wait between two drains of the listener's socket
 MIN_DRAIN_WAIT_S = 0.002
 BEAT_BUFFER_BYTES = 2048  # what a beat takes of the socket's buffer, generously (Linux: about 830)
@@ -74,6 +89,8 @@ class HeartbeatListener:
         self._sock.setblocking(False)
         self.port = self._sock.getsockname()[1]
         self.heard: dict[str, float] = {}
+        # actor id -> Progress of its latest beat (the last word of an ended worker's beat process)
+        self.progress: dict[str, Progress] = {}
         # the longest a drain came later than planned: a long one means this thread was starved
         self.longest_pause_s = 0.0
         self._closed = threading.Event()
@@ -81,11 +98,12 @@ class HeartbeatListener:
 
     def _listen(self) -> None:
         token, n, clock, recv = self._token, TOKEN_BYTES, time.monotonic, self._sock.recv
+        head, unpack = n + PROGRESS.size, PROGRESS.unpack_from
         wait, previous = DRAIN_EVERY_S, clock()
         while not self._closed.wait(wait):
             started = clock()
             self.longest_pause_s = max(self.longest_pause_s, started - previous - wait)
-            beats, ids = 0, set()
+            beats, said = 0, {}
             while True:
                 try:
                     datagram = recv(MAX_DATAGRAM)
@@ -94,15 +112,88 @@ class HeartbeatListener:
                 except OSError:  # closed: the job is over
                     return
                 beats += 1
-                if datagram[:n] == token:
-                    ids.add(datagram[n:])
-            # one update (atomic under the GIL): readers see all of this drain or none of it
-            self.heard.update({i.decode(errors="replace"): started for i in ids})
+                if datagram[:n] == token and len(datagram) > head:
+                    said[datagram[head:]] = datagram  # the latest of a drain is the one kept
+            # one update each (atomic under the GIL): readers see all of this drain or none of it
+            told = {i.decode(errors="replace"): Progress(*unpack(d, n)) for i, d in said.items()}
+            self.heard.update({a: started for a, p in told.items() if not p.last_word})  # a last word is no sign of life
+            self.progress.update(told)
             wait, previous = drain_wait_s(beats, started - previous, self.capacity), started
 
     def close(self) -> None:
         self._closed.set()
         self._sock.close()
+
+
+class Progress(tuple):
+    """What a beat says of its worker's training: (generation, steps, marks, phase, flags)."""
+
+    __slots__ = ()
+
+    def __new__(cls, generation: int = -1, steps: int = -1, marks: int = 0, phase: int = 0, flags: int = 0):
+        return tuple.__new__(cls, (generation, steps, marks, phase, flags))
+
+    generation = property(lambda self: self[0])
+    steps = property(lambda self: self[1])  # the steps its engine had done (-1: none yet)
+    marks = property(lambda self: self[2])
+    phase = property(lambda self: PHASES[self[3]] if self[3] < len(PHASES) else "?")
+    last_word = property(lambda self: bool(self[4] & LAST_WORD))
+
+
+class ProgressBoard:
+    """A worker's progress in shared memory: its training thread writes (mark), its beat process
+    reads (read). A sequence lock, no mutex: a write is three small copies, and a read that met
+    one is taken again."""
+
+    def __init__(self, path: str, writable: bool) -> None:
+        with open(path, "r+b" if writable else "rb") as f:
+            self._mm = mmap.mmap(f.fileno(), _BOARD.size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        self.path = path
+        self._seq, self._values = 0, [-1, -1, 0, 0]
+
+    @classmethod
+    def create(cls) -> "ProgressBoard":
+        """A new board in a file of its own (in memory where the system has /dev/shm); the worker
+        unlinks it once its beat process has mapped it (unlink())."""
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, path = tempfile.mkstemp(prefix="elastic-zero-progress-", dir=where)
+        os.write(fd, bytes(_BOARD.size))
+        os.close(fd)
+        board = cls(path, writable=True)
+        board.mark(phase="starting")
+        return board
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:  # gone already: nothing left to clean
+            pass
+
+    def mark(self, generation: int | None = None, steps: int | None = None, phase: str | None = None) -> None:
+        """The training thread's progress: each mark counts, whatever it changes."""
+        values = self._values
+        if generation is not None:
+            values[0] = generation
+        if steps is not None:
+            values[1] = steps
+        values[2] += 1
+        if phase is not None:
+            values[3] = PHASES.index(phase)
+        self._seq += 1
+        struct.pack_into("<Q", self._mm, 0, self._seq)  # odd: being written
+        _BOARD.pack_into(self._mm, 0, self._seq, *values)
+        self._seq += 1
+        struct.pack_into("<Q", self._mm, 0, self._seq)
+
+    def read(self) -> tuple[int, int, int, int]:
+        """(generation, steps, marks, phase index) as last marked whole. A writer killed inside a
+        mark leaves it half written for ever: then the last whole one read before."""
+        for _ in range(1000):
+            first = _BOARD.unpack_from(self._mm, 0)
+            if first[0] % 2 == 0 and struct.unpack_from("<Q", self._mm, 0)[0] == first[0]:
+                self._read = first[1:]
+                break
+        return getattr(self, "_read", (-1, -1, 0, 0))
 
 
 class HeartbeatSender:
@@ -113,14 +204,16 @@ class HeartbeatSender:
         self._token, self._target = token, (host, port)
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
 
-    def beat(self, actor_id: str) -> None:
+    def beat(self, actor_id: str, progress: tuple = (-1, -1, 0, 0), flags: int = 0) -> None:
+        """One beat; `progress`: (generation, steps, marks, phase index) from the worker's board."""
         try:
-            self._sock.sendto(self._token + actor_id.encode(), self._target)
+            self._sock.sendto(self._token + PROGRESS.pack(*progress, flags) + actor_id.encode(), self._target)
         except OSError:  # a beat lost (the network, the coordinator gone): the next one counts
             pass
 
 
-def start_beat_process(host: str, port: int, token: bytes, actor_id: str, every_s: float) -> subprocess.Popen:
+def start_beat_process(host: str, port: int, token: bytes, actor_id: str, every_s: float,
+                       board: str | None = None) -> subprocess.Popen:
     """A worker's beats, from a process of its own (this file run as a script, standard library only).
 
     Why not a thread of the worker: the worker's own work stalls its threads. A thread needs the GIL,
@@ -142,7 +235,8 @@ def start_beat_process(host: str, port: int, token: bytes, actor_id: str, every_
     alive and well (seen in CI)."""
     proc = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, start_new_session=True)
-    config = {"host": host, "port": port, "token": token.hex(), "actor_id": actor_id, "every_s": every_s}
+    config = {"host": host, "port": port, "token": token.hex(), "actor_id": actor_id, "every_s": every_s,
+              "board": board}
     proc.stdin.write(json.dumps(config).encode() + b"\n")
     proc.stdin.flush()
     return proc
@@ -166,8 +260,10 @@ def _beat_process() -> None:
         return
     sender = HeartbeatSender(config["host"], config["port"], bytes.fromhex(config["token"]))
     actor_id, every_s, stdin = config["actor_id"], config["every_s"], sys.stdin.fileno()
+    board = ProgressBoard(config["board"], writable=False) if config.get("board") else None
+    progress = board.read if board is not None else (lambda: (-1, -1, 0, 0))
     next_beat = time.monotonic()
-    sender.beat(actor_id)
+    sender.beat(actor_id, progress())
     try:
         os.write(1, b"+")  # the first beat is out (beating_started)
         os.close(1)
@@ -176,9 +272,10 @@ def _beat_process() -> None:
     while True:
         next_beat = max(next_beat + every_s, time.monotonic())  # late (stopped, starved): on from now
         readable, _, _ = select.select([stdin], [], [], max(0.0, next_beat - time.monotonic()))
-        if readable and not os.read(stdin, 4096):  # EOF: the worker's process is gone
+        if readable and not os.read(stdin, 4096):  # EOF: the worker's process is gone: its last word
+            sender.beat(actor_id, progress(), LAST_WORD)
             return
-        sender.beat(actor_id)
+        sender.beat(actor_id, progress())
 
 
 if __name__ == "__main__":  # start_beat_process's child

@@ -111,3 +111,25 @@ def test_a_change_whose_generation_never_stepped_is_replaced_by_the_next_one():
     books.add_generation_results(4, [Report(**{**vars(report), "log": ((10, 0, 80, 8),)})])
     (change,) = books.summary(None)["recoveries"]
     assert change["cause"] == "lost w1; restored from a checkpoint" and change["lost_steps"] == 2
+
+
+def test_the_steps_reached_are_what_members_said_and_unknown_when_nobody_did():
+    """Survivors report their step; a lost worker's beat process tells its last one as its process
+    ends (a node lost with it says nothing). Seen before: a dead member counted as step 0, so one
+    worker killed with 13 steps done and restored from 10 gave 'lost 0, recomputed 1'."""
+    from elastic_zero.coordinator.books import steps_reached
+
+    dead = Report(Outcome("w0", "dead"), ended_at=1.0)
+    alive = Report(Outcome("w1", "failed", 12), ended_at=1.0)
+    assert steps_reached([dead], {"w0": 13}) == 13
+    assert steps_reached([dead], {}) is None  # never a guess
+    assert steps_reached([dead, alive], {}) == 12
+    assert steps_reached([dead, alive], {"w0": 13}) == 13
+    books = Books(global_batch=8, steps=16, started_at=0.0)
+    books.begin_change("recovery", 12.0, 2, step=None, cause="lost w0", reached=steps_reached([dead], {"w0": 13}))
+    books.world_size_history.append([-1, 1])
+    books.restored(2, 10)  # rank 0's note: the checkpoint of step 10, before any step was trained again
+    assert books.world_size_history[-1] == [10, 1]
+    books.add_generation_results(2, [_report("w2", 0, [0.5], [0.0], first_step_at=13.0, step=16)])
+    (recovery,) = books.summary(None)["recoveries"]
+    assert (recovery["step"], recovery["lost_steps"], recovery["recomputed_steps"]) == (10, 3, 4)

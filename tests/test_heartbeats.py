@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from elastic_zero.heartbeats import (DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, HeartbeatListener, HeartbeatSender, beat_token,
-                                     beating_started, drain_wait_s, start_beat_process)
+from elastic_zero.heartbeats import (DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, PROGRESS, HeartbeatListener, HeartbeatSender,
+                                     ProgressBoard, beat_token, beating_started, drain_wait_s, start_beat_process)
 
 pytestmark = pytest.mark.unit
 
@@ -223,7 +223,7 @@ def test_a_beat_process_says_it_started_only_once_its_first_beat_is_out():
     try:
         assert beating_started(beats, timeout_s=30.0)
         coordinator.setblocking(False)
-        assert coordinator.recv(512) == token + b"w0"  # no wait: it was sent before it was said
+        assert coordinator.recv(512) == token + PROGRESS.pack(-1, -1, 0, 0, 0) + b"w0"  # no wait: sent before said
     finally:
         beats.kill()
         beats.wait()
@@ -231,3 +231,62 @@ def test_a_beat_process_says_it_started_only_once_its_first_beat_is_out():
     ended = subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE)  # gone before any beat
     assert not beating_started(ended, timeout_s=30.0)
     ended.wait()
+
+
+# a worker that marks its progress on a board its beat process reads, then is killed mid-training
+_MARKING_WORKER = """
+import sys, time
+from elastic_zero.heartbeats import ProgressBoard, beating_started, start_beat_process
+port, token = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
+board = ProgressBoard.create()
+beats = start_beat_process("127.0.0.1", port, token, "w3", 0.1, board.path)
+assert beating_started(beats, 30)
+board.unlink()
+board.mark(generation=4, steps=12, phase="idle")
+print(beats.pid, flush=True)
+sys.stdin.readline()
+board.mark(steps=13, phase="compute")
+print("marked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_beat_carries_its_workers_progress_and_the_last_word_of_its_end():
+    """The board's marks reach the coordinator with the beats; killed (SIGKILL: no clean-up of its
+    own), the worker's beat process tells the steps it had done, once, and ends. Oracle: the marks."""
+    listener = HeartbeatListener("127.0.0.1", b"s" * 32)
+    worker = subprocess.Popen([sys.executable, "-c", _MARKING_WORKER, str(listener.port), beat_token(b"s" * 32).hex()],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        beat_pid = int(worker.stdout.readline())
+        assert _until(lambda: listener.progress.get("w3", (0, 0))[:2] == (4, 12))
+        said = listener.progress["w3"]
+        assert said.phase == "idle" and not said.last_word and said.marks >= 2
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+        assert worker.stdout.readline() == "marked\n"
+        worker.kill()
+        worker.wait()
+        assert _until(lambda: listener.progress["w3"].last_word)
+        last = listener.progress["w3"]
+        assert (last.generation, last.steps, last.phase) == (4, 13, "compute")
+        assert _until(lambda: _ended(beat_pid))
+    finally:
+        worker.kill()
+        listener.close()
+
+
+def test_a_board_read_never_returns_a_half_written_mark():
+    """The sequence lock: a reader meets a write in progress (odd), or one that changed under it, and
+    takes the last whole mark; a writer killed inside a mark leaves that one, for ever."""
+    board = ProgressBoard.create()
+    reader = ProgressBoard(board.path, writable=False)
+    board.unlink()
+    board.mark(generation=2, steps=7, phase="agree")
+    assert reader.read()[:2] == (2, 7)
+    import struct
+
+    struct.pack_into("<Q", board._mm, 0, board._seq + 1)  # killed between the two halves of a mark
+    board._values[1] = 99
+    struct.pack_into("<qq", board._mm, 8, 2, 99)
+    assert reader.read()[:2] == (2, 7)

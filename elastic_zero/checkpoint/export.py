@@ -3,10 +3,11 @@ Hugging Face model directory (config.json and safetensors files, sharded with an
 `max_shard_bytes`).
 
 A checkpoint's files hold flat ranges of every rank; a tensor is read by the blocks that overlap
-it (each checked by its CRC), so the safetensors and Hugging Face writers hold at most one tensor
-and one block at a time, whatever the model's size. A torch state dict is one pickle: it holds the
-whole model, and is refused above STATE_DICT_LIMIT_BYTES. Every output is written under a
-temporary name and renamed when whole, so an interrupted export leaves nothing half-written.
+it (each checked by its CRC), so every writer (safetensors, Hugging Face, a torch file:
+torch_format.py) holds at most one tensor and one block at a time, whatever the model's size. Only
+a state dict in this process's memory (load_state_dict) holds the whole model, and is refused above
+STATE_DICT_LIMIT_BYTES. Every output is written under a temporary name and renamed when whole, so an
+interrupted export leaves nothing half-written.
 
 Tied parameters (a shared embedding and LM head) are stored once; the manifest names their other
 names (`aliases`), and every format writes them under each name. A Hugging Face model's config is
@@ -15,7 +16,6 @@ in the manifest too (`hf_config`), saved by the workers that trained it.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from typing import Iterator
@@ -23,7 +23,7 @@ from typing import Iterator
 import pyarrow.fs as pafs
 import torch
 
-from elastic_zero.checkpoint import safetensors_format
+from elastic_zero.checkpoint import safetensors_format, torch_format
 from elastic_zero.checkpoint.store import MANIFEST, BlockReader, list_checkpoints, open_store, read_manifest, resolve
 from elastic_zero.plan.layout import FlatLayout
 
@@ -142,8 +142,9 @@ def export(checkpoint_uri: str, out_uri: str, fmt: str, max_shard_bytes: int = H
     fs, directory = open_checkpoint(checkpoint_uri)
     out_fs, out_path = _output(out_uri, directory=fmt == "hf")
     if fmt == "torch":
-        state = load_state_dict(checkpoint_uri)
-        return [_atomically(out_fs, out_path, lambda tmp: _torch_save(out_fs, tmp, state))]
+        entries, aliases = _entries(fs, directory), read_manifest(fs, directory).extra.get("aliases", {})
+        return [_atomically(out_fs, out_path, lambda tmp: _torch_write(out_fs, tmp, entries, iter_weights(fs, directory),
+                                                                       aliases))]
     if fmt == "safetensors":
         entries = _entries(fs, directory)
         return [_atomically(out_fs, out_path, lambda tmp: safetensors_format.write(out_fs, tmp, entries,
@@ -189,11 +190,9 @@ def _atomically(fs: pafs.FileSystem, path: str, write, directory: bool = False) 
     return path
 
 
-def _torch_save(fs: pafs.FileSystem, path: str, state: dict) -> None:
-    buffer = io.BytesIO()  # torch.save wants a seekable file; the state is in memory already
-    torch.save(state, buffer)
+def _torch_write(fs: pafs.FileSystem, path: str, entries: list, tensors, aliases: dict) -> None:
     with fs.open_output_stream(path) as out:
-        out.write(buffer.getbuffer())
+        torch_format.write(out, entries, tensors, aliases)
 
 
 def _write_hf(fs: pafs.FileSystem, path: str, config: dict, src_fs, directory: str, max_shard_bytes: int) -> None:

@@ -27,7 +27,7 @@ import time
 
 import ray
 
-from elastic_zero.coordinator.books import Books
+from elastic_zero.coordinator.books import Books, steps_reached
 from elastic_zero.coordinator.completions import Completions
 from elastic_zero.coordinator.events import GenerationStepped, NodeNotice
 from elastic_zero.coordinator.face import CoordinatorFace
@@ -89,6 +89,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             self.events.listener = self.tracking.event
         self.restarts = self.events.count("coordinator_restarted") + (1 if self.restarted else 0)
         self._commits_told = {r["directory"] for r in self.events.records if r.get("event") == "checkpoint_committed"}
+        self._restores_told: set = set()
         numbers = [r["generation"] for r in self.events.records if r.get("event") == "generation_start"]
         self.state = dataclasses.replace(self.state, first_generation=max(numbers) + 1 if numbers else 0)
         self._done = threading.Event()
@@ -172,7 +173,12 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         while self._result is None:
             while not self._inbox.empty():
                 item = self._inbox.get_nowait()
-                self._on_node_notice(item) if isinstance(item, NodeNotice) else self._apply(item)
+                if isinstance(item, NodeNotice):
+                    self._on_node_notice(item)
+                elif callable(item):  # a note to take on this thread (face.py)
+                    item()
+                else:
+                    self._apply(item)
             for ref in self.completions.completed(max(0.0, min(0.05, next_listen - time.monotonic()))):
                 self._collect(ref)
                 if time.monotonic() >= next_listen:  # a thousand reports take a while: silence is not put off
@@ -242,7 +248,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         members = {m.actor_id for m in plan.generation.members}
         restored = {r.restored_from for r in results.values() if r.restored_from}
         for directory in restored:
-            self._log("checkpoint_restored", generation=plan.number, directory=directory)
+            self._checkpoint_restored(plan.number, directory)
             if plan.source == "checkpoint":
                 self._add_checkpoint_logs(directory)
         for r in results.values():
@@ -308,7 +314,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         last = self._last_end
         if plan.source in ("snapshot", "checkpoint", "restart"):
             failed_at = min(self._new_kill_times() + [r.ended_at for r in last.values()] or [now])
-            reached = max((r.outcome.step for r in last.values()), default=plan.step)
+            reached = steps_reached(last.values(), self._last_words(self._last_plan.number))
             lost = sorted(a + (f" ({r.outcome.error})" if is_memory_kill(r.outcome.error) else "")
                           for a, r in last.items() if r.outcome.kind == "dead")
             cause = f"lost {', '.join(lost)}" + ("; restored from a checkpoint" if plan.checkpoints else "") + \

@@ -131,6 +131,14 @@ class Books:
         self.pending_change = {"_kind": kind, "_since": since, **fields}
         self.pending_generation, self.pending_stepped_at = generation, None
 
+    def restored(self, generation: int, step: int) -> None:
+        """`generation` restored a checkpoint of `step` (rank 0's note): the step its change restarted from."""
+        if self.pending_change is not None and generation == self.pending_generation and \
+                self.pending_change.get("step") is None:
+            self.pending_change["step"] = step
+            if self.world_size_history and self.world_size_history[-1][0] < 0:
+                self.world_size_history[-1][0] = step
+
     def generation_stepped(self, generation: int, at: float) -> None:
         """Rank 0's note that `generation`'s first step is done, heard at `at` (epoch seconds)."""
         if self.pending_change is not None and generation == self.pending_generation:
@@ -190,6 +198,16 @@ class Books:
             "engine_bytes_per_rank": sum(memory.get(k, 0) for k in ("params", "grads", "optimizer")) if memory else None,
             "time_to_first_step_s": None if self.first_step_at is None else round(self.first_step_at - self.started_at, 3),
         }
+
+
+def steps_reached(reports, last_words: dict[str, int]) -> int | None:
+    """The steps a generation that failed had done: what each participant that lived reported, and
+    what each lost one's beat process said as its process ended; None when nobody said (every member
+    lost with its node): never a guess."""
+    known = [r.outcome.step for r in reports if r.outcome.kind != "dead"]
+    known += [last_words[r.outcome.actor_id] for r in reports
+              if r.outcome.kind == "dead" and r.outcome.actor_id in last_words]
+    return max(known) if known else None
 
 
 def _count_lost_steps(change: dict, reached: int | None) -> None:

@@ -5,6 +5,7 @@ run on the actor's other threads while its loop drives the job."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -52,6 +53,20 @@ class CoordinatorFace:
     def checkpoint_note(self, actor_id: str, directory: str) -> None:
         """Rank 0 committed a checkpoint just now (its writer's thread tells, whatever training does)."""
         self._checkpoint_committed(directory)
+
+    def restored_note(self, generation: int, directory: str, step: int) -> None:
+        """Rank 0 restored a checkpoint just now (a recovery's or a resume's): logged by the loop."""
+        self._inbox.put(functools.partial(self._checkpoint_restored, generation, directory, step))
+
+    def _checkpoint_restored(self, generation: int, directory: str, step: int | None = None) -> None:
+        """A `checkpoint_restored` event, once per generation: rank 0 tells it as it happens (its
+        generation's reports name it again at its end); the recovery's step is known from then."""
+        if (generation, directory) in self._restores_told:
+            return
+        self._restores_told.add((generation, directory))
+        self._log("checkpoint_restored", generation=generation, directory=directory, step=step)
+        if step is not None:
+            self.books.restored(generation, step)
 
     def _checkpoint_committed(self, directory: str, generation: int | None = None) -> None:
         """A `checkpoint_committed` event, once per directory: rank 0 tells it as it happens, and the

@@ -96,6 +96,12 @@ class NodeWatch:
         self._generation_failed()
         return now + SILENCE_MIN_GAP_S
 
+    def _last_words(self, generation: int) -> dict[str, int]:
+        """The steps each worker of `generation` whose process ended had done, as its beat process
+        said when it ended (a node that vanished says nothing)."""
+        return {a: p.steps for a, p in list(self.heartbeats.progress.items())
+                if p.last_word and p.generation == generation}
+
     def _listen_to(self, participants) -> None:
         """A generation starts: its participants' silence counts from now at the earliest."""
         now = time.monotonic()

@@ -184,7 +184,7 @@ class ElasticSpec:
     workers: int = 2  # the workers the job starts with and tops back up to
     min_workers: int = 1  # below it training waits (min_wait_s) for replacements, then fails
     max_workers: int = 4  # the most `scale` may ask for; at most global_batch
-    replicate_every: int = 1  # steps between buddy replicas (every safe point replicates too); 0: none, a lost worker is recovered from the latest checkpoint (with no checkpoint.every: the job fails)
+    replicate_every: int = 1  # steps between buddy replicas (every safe point replicates too); 0: none, a lost worker is recovered from the latest checkpoint (with none committed: the job starts over from its initial weights)
     use_gpu: bool = False  # one GPU per worker and NCCL, else one CPU and gloo
     collective_timeout_s: float = 30.0  # a collective waiting longer fails the generation; its hung member is killed
     min_wait_s: float = 60.0  # how long to wait for workers while below min_workers

@@ -16,6 +16,7 @@ from elastic_zero.plan.reshard import plan_reshard, received_from_others
 from elastic_zero.protocol import GenerationPlan
 from elastic_zero.worker.handover import hand_over
 from elastic_zero.worker.initial_model import initial_model
+from elastic_zero.worker.node_duties import coordinator_handle
 from elastic_zero.worker.replica import LayoutReplicas
 from elastic_zero.zero import ShardState, TorchComm, ZeroEngine
 from elastic_zero.zero.abortable import GroupAborted
@@ -193,8 +194,12 @@ class GenerationEntry:
             return None, None
         fs, _ = open_store(self.spec.checkpoint.uri)
         comm = self._train_comm()
-        return restore_shard(fs, candidates, self.engine.layout, comm.world_size, comm.rank,
-                             self.engine.vector_names(), comm, self.device)
+        state, directory = restore_shard(fs, candidates, self.engine.layout, comm.world_size, comm.rank,
+                                         self.engine.vector_names(), comm, self.device)
+        if comm.rank == 0 and self._coordinator:  # told as it happens: the job's events stay in their order
+            coordinator_handle(self._coordinator, self._namespace).restored_note.remote(
+                self._gate.number, directory, int(state.scalars["step"]))
+        return state, directory
 
     def _forget_log_from(self, step: int) -> None:
         """Steps from `step` on are trained again: their earlier sample records are void."""

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from elastic_zero.heartbeats import HeartbeatSender, beat_token, beating_started, start_beat_process
+from elastic_zero.heartbeats import HeartbeatSender, ProgressBoard, beat_token, beating_started, start_beat_process
 from elastic_zero.plan.membership import Member
 from elastic_zero.preemption.cloud_watcher import CloudWatcher
 from elastic_zero.preemption.sigterm import catch_sigterm, termination_grace_s
@@ -35,6 +35,12 @@ def coordinator_handle(name: str, namespace: str):
 class NodeDuties:
     _cloud_watcher: CloudWatcher | None = None
     _beats = None  # the beat process (it ends with this worker's process)
+    board: ProgressBoard | None = None  # this worker's progress, which its beats carry (heartbeats.py)
+
+    def _mark(self, **progress) -> None:
+        """The training thread's progress (generation, steps, phase) on the board its beats read."""
+        if self.board is not None:
+            self.board.mark(**progress)
 
     def hello(self) -> Hello:
         """Where this worker runs; raises WorkerStartError (one line) if it could not start."""
@@ -53,9 +59,10 @@ class NodeDuties:
         """First thing in the worker's start: its beat process starts while the model is built."""
         if coordinator and self.spec.elastic.heartbeat_timeout_s and heartbeat_port:
             token = beat_token(secret)
+            self.board = ProgressBoard.create()
             try:
                 self._beats = start_beat_process(coordinator_host, heartbeat_port, token, self.actor_id,
-                                                 HEARTBEAT_EVERY_S)
+                                                 HEARTBEAT_EVERY_S, self.board.path)
             except OSError as exc:  # no process to spare (EAGAIN, ENOMEM): a thread beats, stalls and all
                 print(f"elastic_zero: {self.actor_id} beats from a thread: its beat process could not start "
                       f"({exc})", file=sys.stderr)
@@ -69,6 +76,8 @@ class NodeDuties:
         if self._beats is None or self._beats.stdout.closed:
             return ""
         if beating_started(self._beats, BEAT_START_TIMEOUT_S):
+            if self.board is not None:
+                self.board.unlink()  # mapped by both: nothing else needs its name
             return ""
         return f"the heartbeats of {self.actor_id} had not started {BEAT_START_TIMEOUT_S:g} s after its start"
 
@@ -77,8 +86,9 @@ class NodeDuties:
             catch_sigterm(self._on_sigterm, termination_grace_s(self.spec.preemption.sigterm_grace_s))
 
     def _beat(self, sender: HeartbeatSender) -> None:
+        self.board.unlink()
         while True:
-            sender.beat(self.actor_id)
+            sender.beat(self.actor_id, self.board.read())
             time.sleep(HEARTBEAT_EVERY_S)
 
     def _on_sigterm(self, grace_s: float) -> None:

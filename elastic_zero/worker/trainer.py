@@ -155,7 +155,9 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         try:
             if self.device.type == "cuda":  # set_device holds per thread, and Ray may call on another
                 torch.cuda.set_device(self.device)
+            self._mark(generation=plan.number, phase="entering")
             rank = self._enter(plan, report)
+            self._mark(steps=self.engine.step_count, phase="idle")
             if rank is None:
                 return _finished(report, Outcome(self.actor_id, "left", plan.step), time.time())
             report["rank"] = rank
@@ -206,6 +208,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             agree = step_summary(asked, weight, loss_sum, metric_sums, self.device, checkpoint_asked)
             # without replicas the layout is complete once every rank has taken its shards of it
             committed = self.replicas.generation == plan.number or not self._replicating
+            self._mark(phase="agree")
             comm.all_reduce(agree)
             if committed:  # every rank got here after a commit in this layout: it is complete in memory
                 self.replicas.confirmed()  # and so the older steps are needed no more
@@ -218,8 +221,10 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             # which a step that will commit (every `replicate_every`, or a safe point) has the engine make
             # as it updates
             will_stop = agree[0] > 0 and step + 1 < spec.train.steps
+            self._mark(phase="update")
             engine.step(host_copy=self._commit_due(step + 1) or (will_stop and self._replicating))
             engine.zero_grad()
+            self._mark(steps=engine.step_count, phase="commit")
             stopping = agree[0] > 0 and engine.step_count < spec.train.steps
             trained = time.time()
             last = engine.step_count == spec.train.steps
@@ -235,7 +240,9 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             checkpoint_now = bool(agree[-1] > 0)
             if checkpoint_now:  # on every rank: a request still on its way to one is for this checkpoint too
                 self._checkpoint_taken = max(self._checkpoint_for, plan.number)
+            self._mark(phase="save")
             self._save_checkpoint(plan, report, now=checkpoint_now)
+            self._mark(phase="idle")
             report["step_ends"].append(time.time())
             report["step_times"].append(report["step_ends"][-1] - started)
             report["protect_times"].append(time.time() - trained + blocked)
@@ -290,11 +297,13 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         rank's (weight, weight * loss, {metric: weight * value}) for the step's all-reduce."""
         spec, engine = self.spec, self.engine
         micro = micro_batches(positions, micro_batch_count(spec.train.global_batch, world, spec.train.micro_batch))
+        self._mark(phase="data")
         read_ahead_for_step(self.source, step, spec.train.steps,
                             lambda s: rank_positions(s, spec.train.global_batch, world, rank))
         # every rank runs as many micro batches (and so collectives) as the others: an empty piece
         # runs a stand-in sample with weight 0
         batches = [self.source.batch(m or positions[:1]) for m in micro]
+        self._mark(phase="compute")
         weights = [batch_weight(b, len(m)) if m else 0.0 for b, m in zip(batches, micro)]
         global_weight = float(spec.train.global_batch)  # synthetic data: one per sample, known up front
         if self.source.num_samples is not None:  # a collate may weigh samples: the total is known only by asking
