@@ -35,9 +35,11 @@ def gpt_on_meta(**config):
         return build_preset("gpt-small", **config)
 
 
-def processes_below(driver_pid: int) -> dict[int, tuple[str, int]]:
+def processes_below(driver_pid: int, high_water: dict | None = None) -> dict[int, tuple[str, int]]:
     """{pid: (kind, rss bytes)} of the driver and of the Ray actors below it (its embedded Ray's
-    raylet is its child): another Ray on the machine, with actors of the same names, is not counted."""
+    raylet is its child): another Ray on the machine, with actors of the same names, is not counted.
+    `high_water`: filled with each one's VmHWM, its exact peak RSS so far (the kernel's), which a
+    sample every 0.1 s can miss: a backward's peak lasts a fraction of a second."""
     parent, names = {}, {}
     for d in glob.glob("/proc/[0-9]*"):
         try:
@@ -66,6 +68,8 @@ def processes_below(driver_pid: int) -> dict[int, tuple[str, int]]:
             for line in open(f"{d}/status"):
                 if line.startswith("VmRSS:"):
                     out[pid] = (kind, int(line.split()[1]) * 1024)
+                elif line.startswith("VmHWM:") and high_water is not None:
+                    high_water[pid] = int(line.split()[1]) * 1024
         except (OSError, ValueError, StopIteration):
             continue  # gone meanwhile
     return out
@@ -78,13 +82,14 @@ class Sampler:
 
     def __init__(self, period_s: float = 0.1) -> None:
         self.samples: list[tuple[float, dict]] = []
+        self.high_water: dict[int, int] = {}  # pid -> VmHWM, the exact peak of its life
         self._period_s, self._stop = period_s, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._before: set[int] = set()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            now = processes_below(os.getpid())
+            now = processes_below(os.getpid(), self.high_water)
             self.samples.append((time.time(), {pid: v for pid, v in now.items() if pid not in self._before}))
             self._stop.wait(self._period_s)
 
@@ -129,7 +134,7 @@ def run_memory_bench(d_model: int = 1024, layers: int = 24, heads: int = 16, voc
                            "steps": steps, "global_batch": global_batch},
                 "params": params, "engine_state_per_worker_gib": round(16 * params / workers / GIB, 3),
                 "step_time_s_median": result.metrics.get("step_time_s_median"),
-                "processes": peaks(sampler.samples, first_step),
+                "processes": peaks(sampler.samples, first_step, sampler.high_water),
                 "export": export_peak(result.final_checkpoint, os.path.join(work, "weights.safetensors"))}
     finally:
         if workdir is None:  # the checkpoints of a model of real size: gigabytes
@@ -151,8 +156,9 @@ def gpt_spec(name: str, d_model: int, layers: int, heads: int, vocab: int, seq_l
                     "collective_timeout_s": 600.0, **elastic}, **sections})
 
 
-def peaks(samples, first_step: float) -> list[dict]:
-    """Each process's peak RSS (GiB) before the first step, after it, and in all."""
+def peaks(samples, first_step: float, high_water: dict | None = None) -> list[dict]:
+    """Each process's peak RSS (GiB) before the first step, after it, and in all, as sampled; and
+    its exact peak (VmHWM) where `high_water` has it."""
     by_pid: dict[int, dict] = {}
     for t, procs in samples:
         for pid, (kind, rss) in procs.items():
@@ -162,7 +168,8 @@ def peaks(samples, first_step: float) -> list[dict]:
     for pid, p in sorted(by_pid.items(), key=lambda item: (item[1]["kind"], item[0])):
         out.append({"kind": p["kind"], "pid": pid, "start_up_gib": round(p["start_up"] / GIB, 2),
                     "training_gib": round(p["training"] / GIB, 2),
-                    "peak_gib": round(max(p["start_up"], p["training"]) / GIB, 2)})
+                    "peak_gib": round(max(p["start_up"], p["training"]) / GIB, 2),
+                    "exact_peak_gib": round(high_water[pid] / GIB, 2) if high_water and pid in high_water else None})
     return out
 
 
@@ -191,9 +198,11 @@ def format_memory(report: dict) -> str:
              f"{'on the meta device' if c['meta'] else 'for real'}; {c['steps']} steps of {c['global_batch']} x "
              f"{c['seq_len']} tokens",
              f"engine state per worker (16 bytes per parameter of its shard): {report['engine_state_per_worker_gib']:.2f} GiB",
-             f"{'process':<12} {'start-up':>9} {'training':>9} {'peak':>7}   (GiB of RSS)"]
+             f"{'process':<12} {'start-up':>9} {'training':>9} {'peak':>7} {'exact peak':>11}   (GiB of RSS: sampled "
+             f"every 0.1 s; exact: VmHWM)"]
     for p in report["processes"]:
-        lines.append(f"{p['kind']:<12} {p['start_up_gib']:>9.2f} {p['training_gib']:>9.2f} {p['peak_gib']:>7.2f}")
+        exact = f"{p['exact_peak_gib']:>11.2f}" if p.get("exact_peak_gib") is not None else f"{'-':>11}"
+        lines.append(f"{p['kind']:<12} {p['start_up_gib']:>9.2f} {p['training_gib']:>9.2f} {p['peak_gib']:>7.2f} {exact}")
     e = report["export"]
     lines.append(f"export to safetensors: peak {e['peak_gib']:.2f} GiB (the interpreter with its imports "
                  f"{e['imports_only_gib']:.2f}), {e['written_gib']:.2f} GiB written in {e['seconds']:.1f} s")
