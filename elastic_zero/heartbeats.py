@@ -48,7 +48,9 @@ import time
 
 TOKEN_BYTES = 16
 MAX_DATAGRAM = 512  # a token, the progress and an actor id
-PROGRESS = struct.Struct("<qqqBB")  # generation, steps done, marks, phase, flags: after the token
+# after the token: generation, steps done, marks, the worker's RSS and its peak (VmHWM since its
+# last reset), its node's used memory, phase, flags
+PROGRESS = struct.Struct("<qqqqqqBB")
 LAST_WORD = 1  # flag: the worker's process has ended; this is the board as it left it
 # what a worker's training thread does now (the board's phase, by index)
 PHASES = ("starting", "entering", "data", "compute", "agree", "update", "commit", "save", "eval", "idle")
@@ -126,18 +128,22 @@ class HeartbeatListener:
 
 
 class Progress(tuple):
-    """What a beat says of its worker's training: (generation, steps, marks, phase, flags)."""
+    """What a beat says of its worker: (generation, steps, marks, rss, peak, node_used, phase, flags)."""
 
     __slots__ = ()
 
-    def __new__(cls, generation: int = -1, steps: int = -1, marks: int = 0, phase: int = 0, flags: int = 0):
-        return tuple.__new__(cls, (generation, steps, marks, phase, flags))
+    def __new__(cls, generation: int = -1, steps: int = -1, marks: int = 0, rss: int = 0, peak: int = 0,
+                node_used: int = 0, phase: int = 0, flags: int = 0):
+        return tuple.__new__(cls, (generation, steps, marks, rss, peak, node_used, phase, flags))
 
     generation = property(lambda self: self[0])
     steps = property(lambda self: self[1])  # the steps its engine had done (-1: none yet)
     marks = property(lambda self: self[2])
-    phase = property(lambda self: PHASES[self[3]] if self[3] < len(PHASES) else "?")
-    last_word = property(lambda self: bool(self[4] & LAST_WORD))
+    rss = property(lambda self: self[3])  # the worker's resident memory (bytes; 0: not known)
+    peak = property(lambda self: self[4])  # its peak since it entered its generation (VmHWM)
+    node_used = property(lambda self: self[5])  # its node's used memory, as Ray's monitor counts it
+    phase = property(lambda self: PHASES[self[6]] if self[6] < len(PHASES) else "?")
+    last_word = property(lambda self: bool(self[7] & LAST_WORD))
 
 
 class ProgressBoard:
@@ -204,10 +210,13 @@ class HeartbeatSender:
         self._token, self._target = token, (host, port)
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
 
-    def beat(self, actor_id: str, progress: tuple = (-1, -1, 0, 0), flags: int = 0) -> None:
-        """One beat; `progress`: (generation, steps, marks, phase index) from the worker's board."""
+    def beat(self, actor_id: str, progress: tuple = (-1, -1, 0, 0), flags: int = 0, memory: tuple = (0, 0, 0)) -> None:
+        """One beat; `progress`: (generation, steps, marks, phase index) from the worker's board;
+        `memory`: (the worker's RSS, its peak, its node's used memory) in bytes."""
+        generation, steps, marks, phase = progress
         try:
-            self._sock.sendto(self._token + PROGRESS.pack(*progress, flags) + actor_id.encode(), self._target)
+            self._sock.sendto(self._token + PROGRESS.pack(generation, steps, marks, *memory, phase, flags)
+                              + actor_id.encode(), self._target)
         except OSError:  # a beat lost (the network, the coordinator gone): the next one counts
             pass
 
@@ -262,8 +271,9 @@ def _beat_process() -> None:
     actor_id, every_s, stdin = config["actor_id"], config["every_s"], sys.stdin.fileno()
     board = ProgressBoard(config["board"], writable=False) if config.get("board") else None
     progress = board.read if board is not None else (lambda: (-1, -1, 0, 0))
+    memory = _memory_of(os.getppid())
     next_beat = time.monotonic()
-    sender.beat(actor_id, progress())
+    sender.beat(actor_id, progress(), memory=memory())
     try:
         os.write(1, b"+")  # the first beat is out (beating_started)
         os.close(1)
@@ -273,9 +283,21 @@ def _beat_process() -> None:
         next_beat = max(next_beat + every_s, time.monotonic())  # late (stopped, starved): on from now
         readable, _, _ = select.select([stdin], [], [], max(0.0, next_beat - time.monotonic()))
         if readable and not os.read(stdin, 4096):  # EOF: the worker's process is gone: its last word
-            sender.beat(actor_id, progress(), LAST_WORD)
+            sender.beat(actor_id, progress(), LAST_WORD, memory=(0, 0, memory()[2]))
             return
-        sender.beat(actor_id, progress())
+        sender.beat(actor_id, progress(), memory=memory())
+
+
+def _memory_of(pid: int):
+    """() -> (RSS of `pid`, its peak, its node's used memory), from node_memory.py beside this file:
+    loaded by its path, as this process runs as a script of its own, outside the package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "elastic_zero_node_memory", os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_memory.py"))
+    node_memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(node_memory)
+    return lambda: (node_memory.rss_bytes(pid), node_memory.peak_rss_bytes(pid), node_memory.used_bytes())
 
 
 if __name__ == "__main__":  # start_beat_process's child

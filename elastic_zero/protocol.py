@@ -23,6 +23,9 @@ class Hello:
     member: Member
     warning: str = ""  # e.g. the node could not be identified, so buddies may share a machine
     pid: int = 0  # its process on its node: for py-spy and the benches' memory sampling (0: not a process)
+    # its node's memory (capacity, Ray's threshold, used), its own RSS and its model's tensors in
+    # it, and the model's state facts (plan/memory.py ModelMemory): what the coordinator plans with
+    memory: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -32,13 +35,15 @@ class GenerationPlan:
     participants: tuple[str, ...]  # the handover group: new members by rank, then leavers holding shards
     holder_of_old: tuple[int, ...]  # participant index holding each old rank's shard
     source: str  # "init": fresh model; "live": current engine state; "snapshot": a replicated step;
-    # "checkpoint": the latest committed checkpoint (when memory holds no complete step)
+    # "checkpoint": the latest committed checkpoint (when memory holds no complete step);
+    # "restart": the job's initial weights (neither memory nor a checkpoint holds a step)
     step: int  # the optimizer step the generation starts from
     leaving: tuple[str, ...]  # participants that exit after the handover
     cause: str
     # for source "checkpoint": the committed checkpoints, newest commit first; the members restore
     # the first one every member can read
     checkpoints: tuple[str, ...] = ()
+    replicas: bool = True  # the members keep buddy replicas (elastic.replicate_every, where they fit)
 
     @property
     def number(self) -> int:

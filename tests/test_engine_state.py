@@ -88,18 +88,25 @@ def test_loading_a_shard_of_another_model_names_the_parameters():
 
 
 def _memory(ctx, stage):
+    from elastic_zero.zero.memory_facts import model_memory
+
     model = build_preset("gpt-tiny", seed=0)
+    facts = model_memory(model, None, stage, torch.float32, AdamW(**OPT))  # what the coordinator plans with
     engine = ZeroEngine(model, AdamW(**OPT), stage=stage, process_group=ctx.process_group)
     x, y = batches("gpt-tied", 1)[0]
     _step(engine, x, y, ctx.rank, ctx.world_size)
     engine.synchronize()
-    return engine.memory_report(), engine.partition.shard_numel, engine.layout.total
+    return (engine.memory_report(), engine.partition.shard_numel, engine.layout.total,
+            (facts.engine_bytes(ctx.world_size), facts.snapshot_bytes(ctx.world_size)))
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_memory_follows_the_zero_formula(stage):
     world = 2
-    for report, shard, total in run_local_group(_memory, world, (stage,), timeout_s=120):
+    for report, shard, total, (engine_bytes, snapshot_bytes) in run_local_group(_memory, world, (stage,), timeout_s=120):
+        # the plan's model of it (plan/memory.py), from the model alone, is the engine's own count
+        assert engine_bytes == report["params"] + report["grads"] + report["optimizer"]
+        assert snapshot_bytes == 3 * 4 * shard  # a replica: the parameters and both vectors
         p = report["param_count"]
         assert report["optimizer"] == 2 * 4 * shard  # exp_avg and exp_avg_sq over the padded shard
         assert 8 * p / world <= report["optimizer"] <= 1.02 * 8 * p / world

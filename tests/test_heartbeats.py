@@ -10,7 +10,8 @@ import time
 import pytest
 
 from elastic_zero.heartbeats import (DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, PROGRESS, HeartbeatListener, HeartbeatSender,
-                                     ProgressBoard, beat_token, beating_started, drain_wait_s, start_beat_process)
+                                     Progress, ProgressBoard, beat_token, beating_started, drain_wait_s,
+                                     start_beat_process)
 
 pytestmark = pytest.mark.unit
 
@@ -223,7 +224,11 @@ def test_a_beat_process_says_it_started_only_once_its_first_beat_is_out():
     try:
         assert beating_started(beats, timeout_s=30.0)
         coordinator.setblocking(False)
-        assert coordinator.recv(512) == token + PROGRESS.pack(-1, -1, 0, 0, 0) + b"w0"  # no wait: sent before said
+        datagram = coordinator.recv(512)  # no wait: it was sent before it was said
+        assert datagram[:len(token)] == token and datagram.endswith(b"w0")
+        said = Progress(*PROGRESS.unpack_from(datagram, len(token)))
+        assert (said.generation, said.steps, said.last_word) == (-1, -1, False)
+        assert said.rss > 10 << 20 and said.node_used > said.rss  # this process (its parent) and its node
     finally:
         beats.kill()
         beats.wait()
@@ -262,6 +267,7 @@ def test_a_beat_carries_its_workers_progress_and_the_last_word_of_its_end():
         assert _until(lambda: listener.progress.get("w3", (0, 0))[:2] == (4, 12))
         said = listener.progress["w3"]
         assert said.phase == "idle" and not said.last_word and said.marks >= 2
+        assert said.rss > 10 << 20 and said.peak >= said.rss  # the worker's memory, read by its beat process
         worker.stdin.write("go\n")
         worker.stdin.flush()
         assert worker.stdout.readline() == "marked\n"

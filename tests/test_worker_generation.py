@@ -192,7 +192,7 @@ def test_an_abort_that_comes_before_train_entered_its_generation_aborts_it_on_en
     seen = {}
     worker._start_fresh = lambda plan, report, clock: seen.setdefault(plan.number, worker._gate.aborted.is_set())
     for number in (7, 8):
-        worker._enter(SimpleNamespace(number=number, source="init"), {})
+        worker._enter(SimpleNamespace(number=number, source="init", replicas=True), {})
     assert seen == {7: True, 8: False}
 
 

@@ -92,6 +92,8 @@ def add_bench_parsers(sub) -> None:
     mem.add_argument("--steps", type=int, default=3)
     mem.add_argument("--global-batch", type=int, default=4)
     mem.add_argument("--micro-batch", type=int, default=2)
+    mem.add_argument("--memory-per-node-gib", type=float, default=None,
+                     help="elastic.memory_per_node_gib: the most the job's workers may hold on the node together")
     mem.add_argument("--json", action="store_true", help="print one JSON object")
     size = bench_sub.add_parser("state-size", help="every process's memory through every elastic event of a GPT of "
                                                    "real size, and each event's bytes per second against the links'")
@@ -188,7 +190,7 @@ def run_bench(args) -> int:
 
         report = run_memory_bench(args.d_model, args.layers, args.heads, args.vocab, args.seq_len, args.workers,
                                   args.stage, args.replicate_every, args.meta, args.steps, args.global_batch,
-                                  args.micro_batch)
+                                  args.micro_batch, memory_per_node_gib=args.memory_per_node_gib)
         print(json.dumps(report) if args.json else format_memory(report))
         return 0
     if args.bench == "state-size":

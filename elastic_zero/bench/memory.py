@@ -22,6 +22,8 @@ import tempfile
 import threading
 import time
 
+from elastic_zero.observe.event_log import read_events
+
 GIB = 2**30
 _KINDS = (("TrainingWorker", "worker"), ("Coordinator", "coordinator"))
 
@@ -111,17 +113,26 @@ class Sampler:
                 for at, procs in self.samples]
 
 
+def worker_pids(records: list[dict]) -> set[int]:
+    """The processes of a job's workers, as its events name them."""
+    return {e["pid"] for e in records if e.get("event") == "worker_ready" and e.get("pid")}
+
+
 def run_memory_bench(d_model: int = 1024, layers: int = 24, heads: int = 16, vocab: int = 50257, seq_len: int = 64,
                      workers: int = 2, stage: int = 3, replicate_every: int = 0, meta: bool = False, steps: int = 3,
-                     global_batch: int = 4, micro_batch: int = 2, workdir: str | None = None) -> dict:
+                     global_batch: int = 4, micro_batch: int = 2, workdir: str | None = None,
+                     memory_per_node_gib: float | None = None) -> dict:
     if workers < 1 or steps < 1 or stage not in (1, 2, 3) or replicate_every < 0:
         raise ValueError("need workers >= 1, steps >= 1, stage 1-3 and replicate_every >= 0")
+    if memory_per_node_gib is not None and not memory_per_node_gib > 0:
+        raise ValueError(f"--memory-per-node-gib: must be > 0, got {memory_per_node_gib}")
     from elastic_zero.api import RunConfig, run
 
     work = workdir or tempfile.mkdtemp(prefix="ez-bench-memory-")
     try:
         spec = gpt_spec("bench-memory", d_model, layers, heads, vocab, seq_len, meta, stage, steps, global_batch,
-                        micro_batch, {"workers": workers, "replicate_every": replicate_every})
+                        micro_batch, {"workers": workers, "replicate_every": replicate_every,
+                                      "memory_per_node_gib": memory_per_node_gib})
         started = time.time()
         with Sampler() as sampler:
             result = run(spec, RunConfig(run_dir=os.path.join(work, "run"), progress=False))
@@ -134,8 +145,11 @@ def run_memory_bench(d_model: int = 1024, layers: int = 24, heads: int = 16, voc
                            "steps": steps, "global_batch": global_batch},
                 "params": params, "engine_state_per_worker_gib": round(16 * params / workers / GIB, 3),
                 "step_time_s_median": result.metrics.get("step_time_s_median"),
-                "processes": peaks(sampler.samples, first_step, sampler.high_water),
-                "export": export_peak(result.final_checkpoint, os.path.join(work, "weights.safetensors"))}
+                # the job's own workers only: Ray may start a worker process it then does not use
+                "processes": peaks(sampler.of_job(worker_pids(read_events(result.path))), first_step, sampler.high_water),
+                "plan": result.metrics.get("memory", {}).get("plan"), "warnings": result.metrics.get("warnings", []),
+                "export": export_peak(result.final_checkpoint, os.path.join(work, "weights.safetensors")),
+                "export_pt": export_peak(result.final_checkpoint, os.path.join(work, "weights.pt"), "torch")}
     finally:
         if workdir is None:  # the checkpoints of a model of real size: gigabytes
             shutil.rmtree(work, ignore_errors=True)
@@ -173,22 +187,22 @@ def peaks(samples, first_step: float, high_water: dict | None = None) -> list[di
     return out
 
 
-def export_peak(checkpoint: str, out: str) -> dict:
-    """`elastic-zero export` of the final checkpoint to safetensors in a process of its own: its
-    peak RSS, the peak of the same interpreter having only imported what export imports, the
-    bytes written and the seconds."""
-    script = ("import resource, sys, time; from elastic_zero.checkpoint.export import export; t = time.perf_counter();"
-              "sys.argv[1] != '-' and export(sys.argv[1], sys.argv[2], 'safetensors');"
-              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, time.perf_counter() - t)")
-    peaks = {}
-    for what, args in (("imports_only", ["-", "-"]), ("export", [checkpoint, out])):
-        done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=True)
-        peak, seconds = done.stdout.split()
-        peaks[what] = (int(peak), float(seconds))
+def export_peak(checkpoint: str, out: str, fmt: str = "safetensors") -> dict:
+    """`elastic-zero export` of the final checkpoint (to safetensors, or `fmt`) in a process of its
+    own: its RSS once it has imported what export imports, its exact peak after (VmHWM, reset once
+    the imports are done: an import's own spike does not hide what the export holds), the bytes
+    written and the seconds."""
+    script = ("import os, sys, time; from elastic_zero.checkpoint.export import export;"
+              "from elastic_zero.node_memory import peak_rss_bytes, reset_peak, rss_bytes;"
+              "imported = rss_bytes(os.getpid()); reset_peak(); t = time.perf_counter();"
+              "export(sys.argv[1], sys.argv[2], sys.argv[3]);"
+              "print(imported, peak_rss_bytes(os.getpid()), time.perf_counter() - t)")
+    done = subprocess.run([sys.executable, "-c", script, checkpoint, out, fmt], capture_output=True, text=True, check=True)
+    imported, peak, seconds = done.stdout.split()
     written = os.path.getsize(out)
     os.remove(out)
-    return {"peak_gib": round(peaks["export"][0] / GIB, 3), "imports_only_gib": round(peaks["imports_only"][0] / GIB, 3),
-            "written_gib": round(written / GIB, 3), "seconds": round(peaks["export"][1], 2)}
+    return {"peak_gib": round(int(peak) / GIB, 3), "imports_only_gib": round(int(imported) / GIB, 3),
+            "written_gib": round(written / GIB, 3), "seconds": round(float(seconds), 2)}
 
 
 def format_memory(report: dict) -> str:
@@ -203,9 +217,16 @@ def format_memory(report: dict) -> str:
     for p in report["processes"]:
         exact = f"{p['exact_peak_gib']:>11.2f}" if p.get("exact_peak_gib") is not None else f"{'-':>11}"
         lines.append(f"{p['kind']:<12} {p['start_up_gib']:>9.2f} {p['training_gib']:>9.2f} {p['peak_gib']:>7.2f} {exact}")
-    e = report["export"]
-    lines.append(f"export to safetensors: peak {e['peak_gib']:.2f} GiB (the interpreter with its imports "
-                 f"{e['imports_only_gib']:.2f}), {e['written_gib']:.2f} GiB written in {e['seconds']:.1f} s")
+    plan = report.get("plan")
+    if plan:
+        lines.append(f"the plan's memory: {plan['workers']} workers, replicas {'kept' if plan['replicas'] else 'none'}; "
+                     f"a worker's need {plan['need_gib']:.2f} GiB (engine {plan['engine_gib']:.2f}, replicas "
+                     f"{plan['replicas_gib']:.2f}, beside the state {plan['beside_state_gib']:.2f}), room {plan['room_gib']:.2f} GiB")
+    lines += [f"warning: {w}" for w in report.get("warnings", ())]
+    for key, name in (("export", "safetensors"), ("export_pt", "a torch .pt")):
+        e = report[key]
+        lines.append(f"export to {name}: peak {e['peak_gib']:.2f} GiB (the interpreter with its imports "
+                     f"{e['imports_only_gib']:.2f}), {e['written_gib']:.2f} GiB written in {e['seconds']:.1f} s")
     return "\n".join(lines)
 
 

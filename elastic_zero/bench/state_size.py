@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 
-from elastic_zero.bench.memory import GIB, Sampler, export_peak, gpt_spec, peaks
+from elastic_zero.bench.memory import GIB, Sampler, export_peak, gpt_spec, peaks, worker_pids
 from elastic_zero.bench.state_events import (change_windows, drills, extra_peaks, quiet_steps, rate_row,
                                              save_windows, start_up_extra, steady_peaks, swap_windows)
 from elastic_zero.observe.event_log import read_events
@@ -67,11 +67,6 @@ def loopback_bandwidth(nbytes: int = 512 * 2**20, rounds: int = 3, chunk: int = 
 
 def _directory_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
-
-
-def _worker_pids(records: list[dict]) -> set[int]:
-    """The processes of a job's workers, as its events name them."""
-    return {e["pid"] for e in records if e.get("event") == "worker_ready" and e.get("pid")}
 
 
 def _world_at(history: list, step: int) -> int:
@@ -138,7 +133,7 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
         if not resumed.ok:
             raise RuntimeError(f"bench state-size: the resumed job failed: {resumed.error}")
         first_done = resumed.metrics["step_end_curve"][0][1]  # (sorted by step)
-        resumed_samples = resumed_sampler.of_job(_worker_pids(read_events(resumed.path)))
+        resumed_samples = resumed_sampler.of_job(worker_pids(read_events(resumed.path)))
         start = resumed.metrics["start"]
         rows.append(rate_row(f"resume at {resume_workers} workers", None, first_done - started,
                              start_up_extra(resumed_samples, first_done), shard_bytes,

@@ -33,12 +33,13 @@ from elastic_zero.coordinator.events import GenerationStepped, NodeNotice
 from elastic_zero.coordinator.face import CoordinatorFace
 from elastic_zero.coordinator.death_causes import is_memory_kill, memory_kill
 from elastic_zero.coordinator.final_save import FinalSave
+from elastic_zero.coordinator.memory_watch import MemoryWatch
 from elastic_zero.coordinator.resume import resume_point
 from elastic_zero.coordinator.node_watch import NodeWatch
 from elastic_zero.coordinator.spawner import WorkerSpawner
 from elastic_zero.coordinator.state import (
-    CheckpointNow, CoordinatorState, Fail, Finish, GenerationEnded, RequestSafePoint, Retire, Spawn, Start, StartGeneration, Stop, Tick,
-    decide,
+    CheckpointNow, CoordinatorState, Fail, Finish, GenerationEnded, MemorySeen, RequestSafePoint, Retire, Spawn, Start,
+    StartGeneration, Stop, Tick, Warn, decide,
 )
 from elastic_zero.generation_ends import announce_end
 from elastic_zero.observe.event_log import EventLog
@@ -83,6 +84,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         self.books = Books(self.spec.train.global_batch, self.spec.train.steps, started_at)
         self.events = EventLog(run_dir, go_on=self.restarted)
         self.live = LiveProgress(self.spec.train.global_batch, self.spec.train.steps)
+        per_node = e.memory_per_node_gib
+        self.memory = MemoryWatch(int(per_node * 2**30) if per_node else None)  # what the workers measured
         self.metrics = JobMetrics(job_id)
         self.tracking = start_tracking(self.spec, spec, job_id, run_dir, self._warn, self.restarted)
         if self.tracking is not None:
@@ -190,6 +193,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
                 self._end_generation()
             if time.monotonic() - last_tick > 0.5:
                 last_tick = time.monotonic()
+                self._refresh_memory()
                 self._apply(Tick())
 
     def _collect(self, ref) -> None:
@@ -268,6 +272,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
                   errors={o.actor_id: o.error for o in outcomes if o.error},
                   **_last_step(results.values()))
         self._last_end = results
+        if any(r.outcome.kind == "dead" and is_memory_kill(r.outcome.error) for r in results.values()):
+            self._memory_killed(plan)  # before the recovery is planned: not into the same death
         self._apply(GenerationEnded(outcomes))
 
     # ---- carrying out decisions ------------------------------------------------------------------
@@ -275,7 +281,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
     def _apply(self, event) -> None:
         with self._lock:
             self.state, commands, reason = decide(self.state, event, time.monotonic())
-        if not isinstance(event, Tick) or commands:
+        if not isinstance(event, (Tick, MemorySeen)) or commands:
             self._log("decision", on=type(event).__name__, reason=reason)
         if isinstance(event, GenerationStepped):  # kept for a change whose generation may yet be lost whole
             self.books.generation_stepped(event.number, event.at)
@@ -304,6 +310,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             self._finish()
         elif isinstance(command, Stop):
             self._stop(command)
+        elif isinstance(command, Warn):
+            self._warn(command.message)
         elif isinstance(command, Fail):
             self._log("job_failed", message=command.message)
             self._retire(tuple(self._workers), "job failed")

@@ -84,12 +84,19 @@ class CheckpointCommitted:
 
 
 @dataclass(frozen=True)
+class MemorySeen:
+    """What the workers measured of memory (plan/memory.py MemoryView), as the actor put it together."""
+
+    view: object
+
+
+@dataclass(frozen=True)
 class Tick:
     pass
 
 
 Event = Union[Start, WorkersReady, WorkerStartFailed, ScaleRequested, PreemptionNotice, StopRequested, GenerationEnded,
-              GenerationStepped, FinalWeightsWritten, CheckpointCommitted, Tick]
+              GenerationStepped, FinalWeightsWritten, CheckpointCommitted, MemorySeen, Tick]
 
 
 @dataclass(frozen=True)
@@ -134,4 +141,11 @@ class Stop:
 
 @dataclass(frozen=True)
 class Fail:
+    message: str
+
+
+@dataclass(frozen=True)
+class Warn:
+    """Something the job does otherwise than asked, in one line (replicas dropped for memory, say)."""
+
     message: str

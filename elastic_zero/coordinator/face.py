@@ -177,12 +177,15 @@ class CoordinatorFace:
             # (a generation that restores a checkpoint knows its step once it has read it)
             world_size_history=[[r["step"] if r["step"] >= 0 and not r.get("resume") else None, len(r["workers"])]
                                 for r in starts],
-            recoveries=sum(r["source"] in ("snapshot", "checkpoint") for r in starts),
+            recoveries=sum(r["source"] in ("snapshot", "checkpoint", "restart") for r in starts),
             reconfigurations=sum(r["source"] == "live" for r in starts), restarts=self.restarts,
             checkpoint=newest, run_dir=self.run_dir,
             coordinator={"pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
                          "node": ray.get_runtime_context().get_node_id()},
-            error=(self._result or {}).get("error"), last_events=last_events(records))
+            error=(self._result or {}).get("error"), last_events=last_events(records),
+            memory={**self.memory.summary(self.state.memory, self._last_plan),
+                    "rss_gib": {a: round(p.rss / 2**30, 3) for a, p in sorted(self.heartbeats.progress.items())
+                                if a in self._workers and not p.last_word}})
 
     def progress(self, cursor: int) -> dict:
         """For a driver's progress line: the live figures, the events since `cursor`, and whether
@@ -205,7 +208,7 @@ class CoordinatorFace:
             self.tracking.flush()
         r = self._result
         summary = {**r["summary"], "ok": r["ok"], "error": r.get("error"), "job_id": self.job_id,
-                   "coordinator_restarts": self.restarts}
+                   "coordinator_restarts": self.restarts, "memory": self.memory.summary(self.state.memory, self._last_plan)}
         r["summary"] = summary
         committed = [e["directory"] for e in self.events.records if e.get("event") == "checkpoint_committed"]
         r["checkpoint"] = committed[-1] if committed else None

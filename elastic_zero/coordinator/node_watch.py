@@ -13,7 +13,7 @@ import time
 
 import ray
 
-from elastic_zero.coordinator.events import NodeNotice, PreemptionNotice
+from elastic_zero.coordinator.events import MemorySeen, NodeNotice, PreemptionNotice
 from elastic_zero.heartbeats import HeartbeatListener
 from elastic_zero.plan.liveness import next_silence_at, nodes_gone_silent, silent_members
 from elastic_zero.preemption.notices import Notice
@@ -101,6 +101,19 @@ class NodeWatch:
         said when it ended (a node that vanished says nothing)."""
         return {a: p.steps for a, p in list(self.heartbeats.progress.items())
                 if p.last_word and p.generation == generation}
+
+    def _refresh_memory(self) -> None:
+        """The memory the workers measured (their hellos, their beats), for the plans to come."""
+        view = self.memory.view(self.heartbeats.progress, self._plan)
+        if view is not None and view != self.state.memory:
+            self._apply(MemorySeen(view))
+
+    def _memory_killed(self, plan) -> None:
+        """A worker of `plan` was killed by Ray's memory monitor: no plan of its shape counts on the
+        room its node had again (the recovery then drops replicas, or waits for more workers)."""
+        self._refresh_memory()
+        if self.state.memory is not None:
+            self._apply(MemorySeen(self.memory.killed(self.state.memory, plan)))
 
     def _listen_to(self, participants) -> None:
         """A generation starts: its participants' silence counts from now at the earliest."""

@@ -13,14 +13,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from elastic_zero.coordinator.events import CheckpointNow, RequestSafePoint
+from elastic_zero.coordinator.memory_rules import min_workers
 
 
 def ask_for_safe_point_if_needed(state, reason: str, now: float):
     """(state, commands, reason) once members must leave or ready workers could join: a safe point
     asked for, a checkpoint instead when leaving now would lose shards, or a wait."""
     wants = state.leaving or (state.ready and len(state.staying()) < state.target)
-    if wants and len(state.staying()) + len(state.ready) < state.min_workers:
-        reason = f"{reason}: leavers wait for replacements (min_workers {state.min_workers})"
+    least = min_workers(state)
+    if wants and len(state.staying()) + len(state.ready) < least:
+        reason = f"{reason}: leavers wait for replacements (min_workers {state.min_workers}" + \
+            (f"; memory needs {least})" if least > state.min_workers else ")")
         number = state.generation.number if state.generation is not None else None
         if state.running and state.checkpoint_asked_in != number and _unreplicated_if_gone(state, state.leaving):
             # if they go before replacements join, shards go with them: a checkpoint of the step reached

@@ -71,6 +71,8 @@ class WorkerSpawner:
             self._apply(WorkerStartFailed(actor_id, "it started on a node that goes", lost=True))
             return
         self._worker_at(actor_id, hello.member.node)
+        self.memory.hello(actor_id, hello.member.node, hello.memory)
+        self._refresh_memory()  # its node counts in the plan its readiness may start
         if hello.warning:
             self._log("warning", actor_id=actor_id, message=hello.warning)
             self.books.warnings.append(hello.warning)

@@ -10,23 +10,16 @@ from enum import Enum
 from typing import NamedTuple
 
 from elastic_zero.coordinator.events import (  # noqa: F401 - the events and commands are part of this module's API
-    CheckpointCommitted, CheckpointNow, Event, Fail, FinalWeightsWritten, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, RequestSafePoint,
-    Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, WorkerStartFailed,
+    CheckpointCommitted, CheckpointNow, Event, Fail, FinalWeightsWritten, Finish, GenerationEnded, GenerationStepped,
+    MemorySeen, PreemptionNotice, RequestSafePoint, Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop,
+    StopRequested, Tick, Warn, WorkersReady, WorkerStartFailed,
 )
+from elastic_zero.coordinator.memory_rules import fitting_min, min_workers, why_more
+from elastic_zero.coordinator.recovery import Recovery, on_failure, try_recover
 from elastic_zero.coordinator.safe_points import ask_for_safe_point_if_needed
+from elastic_zero.coordinator.transitions import begin, fitted, remember, top_up
 from elastic_zero.plan.membership import Generation, Member, next_generation
-from elastic_zero.plan.recovery import lost_ranks, restore_point
 from elastic_zero.protocol import GenerationPlan
-
-
-@dataclass(frozen=True)
-class _Recovery:
-    old: Generation
-    survivors: tuple[str, ...]
-    step: int
-    holders: tuple[str, ...]  # actor per old rank; empty: from the latest checkpoint, or from the start
-    source: str  # "snapshot" (the holders' replicas), "checkpoint" (the latest commit), "restart" (the start)
-    why: str = ""  # for a restart: what was lost
 
 
 class Phase(Enum):
@@ -54,6 +47,7 @@ class CoordinatorState:
     target: int
     min_wait_s: float = 60.0
     join_window_s: float = 5.0  # how long a ready joiner waits for workers still starting (a safe point each costs a stall)
+    memory: object = None  # what the workers measured of memory (plan/memory.py MemoryView; None: nothing yet)
     # a checkpoint is there to fall back to: the job committed one (CheckpointCommitted) or resumed from one;
     # without it, a loss that memory cannot restore starts the job over from its initial weights
     committed: bool = False
@@ -68,7 +62,7 @@ class CoordinatorState:
     leaving: tuple[str, ...] = ()
     safe_point_requested: bool = False
     joiners_wait_since: float | None = None  # ready joiners wait for workers still starting, since then
-    recovery: _Recovery | None = None  # waiting for workers to reach min_workers
+    recovery: Recovery | None = None  # waiting for workers to reach min_workers
     waiting_since: float | None = None
     # After a failure the survivors go on first and replacements are asked for once this
     # generation has stepped: a replacement warming up beside them would slow the recovery step.
@@ -138,16 +132,22 @@ def _decide(state: CoordinatorState, event: Event, now: float):
         return state, (), "FinalWeightsWritten ignored: no final save was running"
     if isinstance(event, CheckpointCommitted):
         return replace(state, committed=True), (), "a checkpoint was committed"
+    if isinstance(event, MemorySeen):
+        return replace(state, memory=event.view), (), "memory measured"
     if isinstance(event, GenerationStepped):
         if event.number != state.top_up_after:
             return state, (), f"generation {event.number} stepped"
-        state, commands = _top_up(replace(state, top_up_after=None))
+        state, commands = top_up(replace(state, top_up_after=None))
         return state, commands, f"generation {event.number} stepped: replacements requested"
     if isinstance(event, Tick):
         if state.recovery is not None and now - state.waiting_since > state.min_wait_s:
+            have = len([a for a in state.recovery.survivors if a not in state.leaving]) + len(state.ready)
+            memory = why_more(state, have)
+            below = f"below the {min_workers(state)} that memory needs ({memory})" if memory else \
+                f"below min_workers {state.min_workers}"
             return (replace(state, done=True), (Fail(
-                f"only {len(state.recovery.survivors)} workers after a failure, below min_workers "
-                f"{state.min_workers}, for {state.min_wait_s:.0f} s"),), "gave up waiting for workers")
+                f"only {have} workers after a failure, {below}, for {state.min_wait_s:.0f} s"),),
+                "gave up waiting for workers")
         if state.joiners_wait_since is not None:
             return ask_for_safe_point_if_needed(state, "workers ready to join", now)
         return state, (), "nothing to do"
@@ -164,33 +164,39 @@ def _while_finishing(state, event, now):
         return state, commands, f"lost while the final weights were written: {reason}"
     if isinstance(event, WorkersReady):  # kept: replacements, should the final save lose a member
         return replace(state, ready=state.ready + tuple(event.members), spawning=max(0, state.spawning - len(event.members)),
-                       members_by_id=_remember(state, event.members)), (), "ready workers kept while the final weights are written"
+                       members_by_id=remember(state, event.members)), (), "ready workers kept while the final weights are written"
     if isinstance(event, WorkerStartFailed):
         return replace(state, spawning=max(0, state.spawning - 1)), (), f"worker {event.actor_id} failed to start"
     if isinstance(event, Tick):
         return state, (), "nothing to do"
     if isinstance(event, CheckpointCommitted):
         return replace(state, committed=True), (), "a checkpoint was committed"
+    if isinstance(event, MemorySeen):
+        return replace(state, memory=event.view), (), "memory measured"
     return state, (), f"{type(event).__name__} ignored: training is over and the final weights are written"
-
-
-def _remember(state: CoordinatorState, members) -> dict:
-    known = dict(state.members_by_id)
-    known.update({m.actor_id: m for m in members})
-    return known
 
 
 def _on_ready(state, members, now):
     state = replace(state, ready=state.ready + tuple(members), spawning=max(0, state.spawning - len(members)),
-                    members_by_id=_remember(state, members))
+                    members_by_id=remember(state, members))
     if state.generation is None:
         if len(state.ready) < state.target:
             return state, (), f"{len(state.ready)} of {state.target} workers ready"
+        least = fitting_min(state)
+        if least > state.max_workers:  # not even max_workers hold the model's state
+            return replace(state, done=True), (Fail(
+                f"the model's state does not fit its workers' memory: {why_more(state, state.max_workers)} "
+                f"(elastic.max_workers {state.max_workers})"),), "the state does not fit"
+        if least > state.target:  # more workers, each holding less: the job waits for them
+            state, spawn = top_up(replace(state, target=least))
+            return state, spawn, f"{state.target} workers asked for, not {len(state.ready)}: {why_more(state, len(state.ready))}"
         gen = replace(next_generation(None, state.ready[: state.target]), number=state.first_generation)
-        plan = GenerationPlan(gen, None, tuple(m.actor_id for m in gen.members), (), "init", 0, (), "start")
-        return _begin(state, plan, state.target), (StartGeneration(plan),), f"generation {gen.number} with {gen.world_size} workers"
+        plan, warn = fitted(state, GenerationPlan(gen, None, tuple(m.actor_id for m in gen.members), (), "init", 0, (),
+                                                  "start"))
+        return begin(state, plan, state.target), warn + (StartGeneration(plan),), \
+            f"generation {gen.number} with {gen.world_size} workers"
     if state.recovery is not None:
-        return _try_recover(state, now)
+        return try_recover(state, now)
     return ask_for_safe_point_if_needed(state, "workers ready to join", now)
 
 
@@ -203,19 +209,21 @@ def _on_start_failure(state, event: WorkerStartFailed):
     message = f"worker {event.actor_id} failed to start: {event.error}"
     if event.lost:  # not the worker's own doing (a node lost under it): ask again, a few times in a row
         if state.start_losses < MAX_START_LOSSES:
-            state, spawn = _top_up(replace(state, start_losses=state.start_losses + 1))
+            state, spawn = top_up(replace(state, start_losses=state.start_losses + 1))
             return state, spawn, f"{message} (its process or node was lost); another is asked for"
         if state.generation is not None:
             return state, (), f"{message}; {MAX_START_LOSSES + 1} starts in a row were lost: no replacement for now"
     if state.generation is None or event.error in state.errors_seen:
         return replace(state, done=True), (Fail(message),), "a worker cannot start"
-    state, spawn = _top_up(replace(state, errors_seen=state.errors_seen | {event.error}))
+    state, spawn = top_up(replace(state, errors_seen=state.errors_seen | {event.error}))
     return state, spawn, f"{message}; another is asked for"
 
 
 def _on_scale(state, workers, now):
     if not state.min_workers <= workers <= state.max_workers:
         return state, (), f"scale to {workers} refused: outside [{state.min_workers}, {state.max_workers}]"
+    if workers < fitting_min(state):
+        return state, (), f"scale to {workers} refused: {why_more(state, workers)}"
     state = replace(state, target=workers)
     commands = []
     staying = list(state.staying())
@@ -227,7 +235,7 @@ def _on_scale(state, workers, now):
         drop = state.ready[len(state.ready) - min(surplus, len(state.ready)) :]
         state = replace(state, ready=state.ready[: len(state.ready) - len(drop)])
         commands.append(Retire(tuple(m.actor_id for m in drop)))
-    state, spawn = _top_up(state)
+    state, spawn = top_up(state)
     state, more, reason = ask_for_safe_point_if_needed(state, f"scale to {workers}", now)
     return state, tuple(commands) + spawn + more, reason
 
@@ -239,7 +247,7 @@ def _on_preemption(state, actor_ids, now):
     # ready to join, not yet in: they go now; members leave at a safe point; others are not ours to move
     state = replace(state, ready=tuple(m for m in state.ready if m.actor_id not in ready),
                     leaving=state.leaving + members)
-    state, spawn = _top_up(state)
+    state, spawn = top_up(state)
     retire = (Retire(ready),) if ready else ()
     said = ([f"{', '.join(ready)} will be preempted before {'it' if len(ready) == 1 else 'they'} joined: retired"]
             if ready else []) + \
@@ -248,14 +256,6 @@ def _on_preemption(state, actor_ids, now):
         return state, retire + spawn, "preemption notice: " + "; ".join(said)
     state, more, reason = ask_for_safe_point_if_needed(state, f"{', '.join(members)} will be preempted", now)
     return state, retire + spawn + more, "; ".join([reason] + said)
-
-
-def _top_up(state):
-    """Spawn workers up to the target (which never exceeds max_workers)."""
-    missing = state.target - (len(state.staying()) + len(state.ready) + state.spawning)
-    if missing <= 0:
-        return state, ()
-    return replace(state, spawning=state.spawning + missing), (Spawn(missing),)
 
 
 def _on_generation_end(state, outcomes, now):
@@ -284,7 +284,7 @@ def _on_generation_end(state, outcomes, now):
         return replace(state, done=True), (Fail(f"every worker failed and none was lost: {cause}"),), \
             "failure without a lost worker"
     if dead or dead_leavers or failed:
-        return _on_failure(state, by_id, dead, dead_leavers, now)
+        return on_failure(state, by_id, dead, dead_leavers, now)
     # every member reached the safe point: a planned change
     step = max(by_id[a].step for a in members)
     if state.stop_requested:
@@ -294,103 +294,18 @@ def _on_generation_end(state, outcomes, now):
     staying = [m for m in state.generation.members if m.actor_id not in state.leaving]
     joiners = list(state.ready[: max(0, state.target - len(staying))])
     postponed = ()
-    if len(staying) + len(joiners) < state.min_workers:  # a safe point asked for before the leave
+    if len(staying) + len(joiners) < min_workers(state):  # a safe point asked for before the leave
         postponed, staying = state.leaving, list(state.generation.members)  # they leave once replaced
         joiners = list(state.ready[: max(0, state.target - len(staying))])
     gen = next_generation(state.generation, staying + joiners)
     leavers = tuple(a for a in members if a in state.leaving and a not in postponed)
     participants = tuple(m.actor_id for m in gen.members) + leavers
     holder_of_old = tuple(participants.index(a) for a in members)
-    plan = GenerationPlan(gen, state.generation, participants, holder_of_old, "live", step, leavers,
-                          "scale" if not state.leaving else "leave")
-    state = _begin(state, plan, len(joiners), leaving=postponed)
-    state, spawn = _top_up(state) if top_up_pending else (state, ())
-    return state, (StartGeneration(plan),) + spawn, \
+    plan, warn = fitted(state, GenerationPlan(gen, state.generation, participants, holder_of_old, "live", step, leavers,
+                                              "scale" if not state.leaving else "leave"))
+    state = begin(state, plan, len(joiners), leaving=postponed)
+    state, spawn = top_up(state) if top_up_pending else (state, ())
+    return state, warn + (StartGeneration(plan),) + spawn, \
         f"generation {gen.number}: {len(members)} -> {gen.world_size} workers at step {step}"
 
 
-def _on_failure(state, by_id, dead, dead_leavers, now):
-    """A member or a handover leaver was lost, or a collective failed: restore the latest step that
-    memory holds for every rank, else the latest checkpoint, else fail."""
-    gen = state.generation
-    survivors = tuple(a for a in state.members() if a not in dead)
-    point, old = restore_point(gen, survivors, *_holdings(by_id, gen.number)), gen
-    # alive leavers of this generation's handover still hold their shards of the layout before it
-    leavers = tuple(a for a in state.handover_leavers if a in by_id and by_id[a].kind == "failed")
-    if point is None and state.previous is not None:
-        # lost before this generation's layout was committed on every rank: the layout it was
-        # built from is still replicated in memory until then
-        earlier = restore_point(state.previous, survivors + leavers, *_holdings(by_id, state.previous.number))
-        if earlier is not None:
-            point, old = earlier, state.previous
-    survivors += leavers  # they leave as soon as no handover needs them
-    state = replace(state, leaving=state.leaving + leavers)
-    lost = dead + dead_leavers
-    if point is not None:
-        recovery = _Recovery(old, survivors, *point, "snapshot")
-    elif state.committed:
-        recovery = _Recovery(old, survivors, -1, (), "checkpoint")
-    else:  # nothing holds a trained step: the job starts over, which loses nothing it would not redo
-        in_handover = any(by_id[a].snapshot_generation != gen.number for a in survivors)
-        why = (f"a worker was lost before generation {gen.number} committed its layout, and neither that layout "
-               f"nor the one before it is complete in memory" if in_handover else
-               f"ranks {list(lost_ranks(gen, survivors))} and the replicas of their shards were lost together")
-        if not state.replicated:
-            why = f"ranks {list(lost_ranks(gen, survivors))} were lost and replication is off (elastic.replicate_every = 0)"
-        recovery = _Recovery(old, survivors, 0, (), "restart", f"{why}, and no checkpoint was committed")
-    missing = state.target - (len(survivors) - len(set(state.leaving) & set(survivors))
-                              + len(state.ready) + state.spawning)
-    commands = [Retire(lost)] if lost else []
-    staying = [a for a in survivors if a not in state.leaving]
-    go_on_now = len(staying) + len(state.ready) >= state.min_workers
-    if missing > 0 and not go_on_now:
-        state = replace(state, spawning=state.spawning + missing)
-        commands.append(Spawn(missing))
-    state = replace(state, recovery=recovery, waiting_since=now)
-    state, more, reason = _try_recover(state, now)
-    if missing > 0 and go_on_now:
-        state = replace(state, top_up_after=state.generation.number)
-        reason += f"; {missing} replacement(s) after its first step"
-    return state, tuple(commands) + more, f"lost {list(lost) or 'no worker'}; {reason}"
-
-
-def _holdings(by_id, generation: int):
-    """Per participant: the steps of its own snapshots and of its ward's replicas in `generation`'s ranks."""
-    held = {a: o.replicas_of(generation) for a, o in by_id.items()}
-    return {a: h[0] for a, h in held.items()}, {a: h[1] for a, h in held.items()}
-
-
-def _begin(state, plan: GenerationPlan, joined: int, leaving: tuple[str, ...] = ()):
-    """The state once `plan` starts: `joined` ready workers became members; `leaving` still to go."""
-    return replace(state, generation=plan.generation, previous=plan.previous, handover_leavers=plan.leaving,
-                   running=True, ready=state.ready[joined:], recovery=None, waiting_since=None, leaving=leaving,
-                   joiners_wait_since=None)
-
-
-def _try_recover(state, now):
-    rec = state.recovery
-    staying = [state.members_by_id[a] for a in rec.survivors if a not in state.leaving]
-    room = max(0, state.target - len(staying))
-    joiners = list(state.ready[:room])
-    if len(staying) + len(joiners) < state.min_workers:
-        return state, (), f"{len(staying) + len(joiners)} workers, waiting for min_workers {state.min_workers}"
-    # numbered after the failed generation, whose store keys stay taken, even when built from an earlier layout
-    gen = replace(next_generation(rec.old, staying + joiners), number=state.generation.number + 1)
-    new_ids = tuple(m.actor_id for m in gen.members)
-    # a commit heard while it waited for workers is restored rather than starting over
-    if rec.source == "checkpoint" or (rec.source == "restart" and state.committed):
-        # memory holds no complete step: every member reads the latest checkpoint
-        plan = GenerationPlan(gen, rec.old, new_ids, (), "checkpoint", -1, (), "failure")
-        reason = f"generation {gen.number}: {gen.world_size} workers restore the latest checkpoint"
-    elif rec.source == "restart":
-        plan = GenerationPlan(gen, rec.old, new_ids, (), "restart", 0, (), "failure")
-        reason = f"generation {gen.number}: {gen.world_size} workers start over from the initial weights: {rec.why}"
-    else:
-        holding_leavers = tuple(dict.fromkeys(h for h in rec.holders if h not in new_ids))
-        participants = new_ids + holding_leavers
-        plan = GenerationPlan(gen, rec.old, participants, tuple(participants.index(h) for h in rec.holders),
-                              "snapshot", rec.step, holding_leavers, "failure")
-        reason = f"generation {gen.number}: {gen.world_size} workers restore step {rec.step}"
-    idle_leavers = tuple(a for a in rec.survivors if a in state.leaving and a not in plan.participants)
-    retire = (Retire(idle_leavers),) if idle_leavers else ()
-    return _begin(state, plan, len(joiners)), retire + (StartGeneration(plan),), reason

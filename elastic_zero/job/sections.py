@@ -190,9 +190,12 @@ class ElasticSpec:
     min_wait_s: float = 60.0  # how long to wait for workers while below min_workers
     heartbeat_timeout_s: float = 1.0  # a member silent this long, while others are heard, is lost (0: off)
     join_window_s: float = 5.0  # a ready joiner waits this long at most for workers still starting, to join with them
+    memory_per_node_gib: Optional[float] = None  # the most the job's workers on one node may hold together (default: as much as Ray's memory monitor allows, less what else runs there)
 
     def validate(self) -> None:
         _at_least("elastic.min_workers", self.min_workers, 1)
+        if self.memory_per_node_gib is not None and not self.memory_per_node_gib > 0:
+            _fail("elastic.memory_per_node_gib", f"must be > 0 (or unset), got {self.memory_per_node_gib!r}")
         _at_least("elastic.join_window_s", self.join_window_s, 0.0)
         _at_least("elastic.replicate_every", self.replicate_every, 0)
         if not self.min_workers <= self.workers <= self.max_workers:

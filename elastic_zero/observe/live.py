@@ -11,12 +11,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 RATE_WINDOW_S = 10.0
-STATUS_SCHEMA = 2  # 2: "eval"
+STATUS_SCHEMA = 3  # 2: "eval"; 3: "memory"
 # every status record has exactly these keys (None where unknown), in this order
 STATUS_KEYS = ("schema", "job_id", "name", "state", "ray_job_status", "generation", "world_size", "target_workers",
                "min_workers", "max_workers", "members", "step", "steps", "loss", "eval", "samples_per_s", "eta_s",
                "world_size_history", "recoveries", "reconfigurations", "restarts", "checkpoint", "run_dir",
-               "coordinator", "error", "last_events")
+               "coordinator", "error", "last_events", "memory")
 QUIET_EVENTS = frozenset({"decision", "spawn", "worker_ready", "retire"})  # left out of last_events
 
 

@@ -13,17 +13,20 @@ from elastic_zero.zero import ShardState
 
 
 class StepCommits:
+    _replicas_planned = True  # the current generation's plan keeps replicas (they fit its workers' memory)
+
     @property
     def _replicating(self) -> bool:
-        """Whether the job keeps replicas in memory (elastic.replicate_every = 0: none, so no step
-        ever commits, and a loss is recovered from the latest checkpoint)."""
-        return self.spec.elastic.replicate_every > 0
+        """Whether this generation keeps replicas in memory (elastic.replicate_every = 0, or a plan
+        whose workers have no room for them: none, so no step ever commits, and a loss is recovered
+        from the latest checkpoint)."""
+        return self.spec.elastic.replicate_every > 0 and self._replicas_planned
 
     def _commit_due(self, step_count: int) -> bool:
         """Whether the step that brings the count to `step_count` commits (safe points aside, which
         commit too): every `replicate_every` steps, and the last."""
         every = self.spec.elastic.replicate_every
-        return every > 0 and (step_count % every == 0 or step_count == self.spec.train.steps)
+        return self._replicating and (step_count % every == 0 or step_count == self.spec.train.steps)
 
     def _commit(self, plan: GenerationPlan, snapshot: ShardState | None = None) -> None:
         """Commit now, entering a generation: snapshot this rank's shard (or take `snapshot`, a host

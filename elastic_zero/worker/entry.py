@@ -55,6 +55,7 @@ class GenerationEntry:
             self.writer.wait()
             self._writer_reads_engine = False
         self._gate.enter(plan.number, self.store, self._settle_work_left)
+        self._replicas_planned = plan.replicas
         if plan.source in ("init", "restart"):
             return self._start_fresh(plan, report, clock)
         if self.engine is None:

@@ -14,11 +14,14 @@ import threading
 import time
 
 from elastic_zero.heartbeats import HeartbeatSender, ProgressBoard, beat_token, beating_started, start_beat_process
+from elastic_zero.node_memory import capacity_bytes, monitor_threshold, peak_rss_bytes, rss_bytes, used_bytes
 from elastic_zero.plan.membership import Member
 from elastic_zero.preemption.cloud_watcher import CloudWatcher
 from elastic_zero.preemption.sigterm import catch_sigterm, termination_grace_s
 from elastic_zero.job.spec import HEARTBEAT_EVERY_S
+from elastic_zero.job.build import DTYPES
 from elastic_zero.protocol import Hello
+from elastic_zero.zero.memory_facts import model_memory, own_tensor_bytes
 from elastic_zero.worker.faults import WorkerStartError, ray_node_id
 
 
@@ -52,7 +55,19 @@ class NodeDuties:
             if node is None:  # buddies may then share this machine: said, not hidden
                 node, warning = f"unknown-{self.actor_id}", f"the Ray node of {self.actor_id} is unknown ({problem})"
         return Hello(Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")),
-                     "; ".join(filter(None, (warning, self._beats_started()))), os.getpid())
+                     "; ".join(filter(None, (warning, self._beats_started()))), os.getpid(), self._memory_facts())
+
+    def _memory_facts(self) -> dict:
+        """What the coordinator plans memory with (plan/memory.py): the node's capacity and Ray's
+        threshold, what this process holds beside its model's own tensors, the model's state facts."""
+        model = getattr(self, "model", None)
+        facts = {"capacity": capacity_bytes(), "threshold": monitor_threshold(), "used": used_bytes(),
+                 "rss": rss_bytes(os.getpid())}
+        if model is not None:
+            facts["own_tensors"] = own_tensor_bytes(model)
+            facts["model"] = model_memory(model, self.wrap, self.spec.zero.stage,
+                                          DTYPES[self.spec.zero.compute_dtype], self.optimizer)
+        return facts
 
     def _start_beating(self, coordinator: str | None, coordinator_host: str, heartbeat_port: int | None,
                        secret: bytes) -> None:
@@ -88,7 +103,8 @@ class NodeDuties:
     def _beat(self, sender: HeartbeatSender) -> None:
         self.board.unlink()
         while True:
-            sender.beat(self.actor_id, self.board.read())
+            pid = os.getpid()
+            sender.beat(self.actor_id, self.board.read(), memory=(rss_bytes(pid), peak_rss_bytes(pid), used_bytes()))
             time.sleep(HEARTBEAT_EVERY_S)
 
     def _on_sigterm(self, grace_s: float) -> None:

@@ -22,6 +22,7 @@ from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.data.source import read_ahead_for_step
 from elastic_zero.generation_ends import GenerationEndWatch
 from elastic_zero.job.build import build_loss, build_optimizer, build_source
+from elastic_zero.node_memory import reset_peak
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.evaluation import eval_due
@@ -157,6 +158,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                 torch.cuda.set_device(self.device)
             self._mark(generation=plan.number, phase="entering")
             rank = self._enter(plan, report)
+            reset_peak()  # the peak its beats carry is this generation's steps', not its entry's
             self._mark(steps=self.engine.step_count, phase="idle")
             if rank is None:
                 return _finished(report, Outcome(self.actor_id, "left", plan.step), time.time())
@@ -212,6 +214,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             comm.all_reduce(agree)
             if committed:  # every rank got here after a commit in this layout: it is complete in memory
                 self.replicas.confirmed()  # and so the older steps are needed no more
+                if not self._replicating and self.replicas.generation >= 0:  # (a plan without room for them)
+                    self.replicas = LayoutReplicas()  # those of the layouts before go too
                 if rank == 0 and plan.leaving and not report["step_times"]:
                     self.store.set(committed_key(plan), "1")  # the leavers may go
             report["last_loss"], report["last_metrics"] = read_step_summary(agree, sorted(metric_sums), world, step)

@@ -1,0 +1,73 @@
+"""What memory allows the coordinator's plans: part of its pure state machine (state.py).
+
+With what the workers measured (state.memory, a plan/memory.py MemoryView; None until the first
+worker said hello), a plan never asks a worker for more than its node has room for:
+- a generation whose workers cannot hold the state even without replicas is not started: the
+  fewest workers that can (`fitting_min`) act as min_workers (the job waits for replacements,
+  min_wait_s, then fails with the numbers), and a scale below them is refused;
+- replicas that do not fit beside the engine are dropped from the plan, with one line naming the
+  numbers (keeping them would get workers killed: GPT-2 medium's shape on 2 workers of a 24 GB
+  machine lost a worker to Ray's memory monitor twice in 3 steps).
+"""
+
+from __future__ import annotations
+
+
+def _join_order(state) -> list[str]:
+    """The nodes of the workers a plan would take, in the order it takes them: the staying members,
+    then the ready ones."""
+    members = {m.actor_id: m for m in state.generation.members} if state.generation else {}
+    staying = [members[a].node for a in state.staying()]
+    return staying + [m.node for m in state.ready]
+
+
+def _placed(state, view, count: int) -> list[str]:
+    """The nodes of `count` workers: those known (staying, then ready), then workers not started yet,
+    each taken to land where a worker would have the most room (where Ray puts them is not known;
+    a plan is checked again with their real nodes once they are ready)."""
+    nodes = _join_order(state)[:count]
+    on = {n: nodes.count(n) for n in view.rooms}
+    while len(nodes) < count and on:
+        best = max(sorted(on), key=lambda n: view.rooms[n].room // (on[n] + 1))
+        on[best] += 1
+        nodes.append(best)
+    return nodes
+
+
+def fitting_min(state) -> int:
+    """The fewest workers whose state fits their nodes (without replicas): 1 while nothing is known;
+    more than max_workers when not even that many fit."""
+    view = state.memory
+    if view is None or not view.rooms:
+        return 1
+    smallest = view.smallest_world(_placed(state, view, state.max_workers), state.max_workers)
+    return smallest if smallest is not None else state.max_workers + 1
+
+
+def min_workers(state) -> int:
+    """min_workers, or more where memory needs more."""
+    return max(state.min_workers, fitting_min(state))
+
+
+def why_more(state, world: int) -> str:
+    """Why `world` workers are too few for memory, in one line ('' when they are not)."""
+    view = state.memory
+    if view is None or world >= fitting_min(state) or world < 1:
+        return ""
+    return view.verdict(world, _placed(state, view, world), replicas=False).line(world)
+
+
+def with_replicas(state, plan) -> tuple[object, str]:
+    """`plan` with the replicas its workers have room for, and the line that says so where the job
+    asked for them and they were dropped ('' otherwise)."""
+    from dataclasses import replace
+
+    if not state.replicated:
+        return replace(plan, replicas=False), ""
+    view = state.memory
+    if view is None:
+        return plan, ""
+    verdict = view.verdict(plan.generation.world_size, [m.node for m in plan.generation.members], replicas=True)
+    if verdict.replicas:
+        return plan, ""
+    return replace(plan, replicas=False), verdict.line(plan.generation.world_size)

@@ -1,0 +1,38 @@
+"""The moves of the coordinator's state that its rules share: part of its pure state machine
+(state.py, recovery.py): a generation begins, workers are asked for up to the target, members are
+remembered, a plan gets the replicas memory allows."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from elastic_zero.coordinator.events import Spawn, Warn
+from elastic_zero.coordinator.memory_rules import with_replicas
+from elastic_zero.protocol import GenerationPlan
+
+
+def begin(state, plan: GenerationPlan, joined: int, leaving: tuple[str, ...] = ()):
+    """The state once `plan` starts: `joined` ready workers became members; `leaving` still to go."""
+    return replace(state, generation=plan.generation, previous=plan.previous, handover_leavers=plan.leaving,
+                   running=True, ready=state.ready[joined:], recovery=None, waiting_since=None, leaving=leaving,
+                   joiners_wait_since=None)
+
+
+def fitted(state, plan: GenerationPlan) -> tuple[GenerationPlan, tuple]:
+    """`plan` with the replicas its workers have room for; a Warn command where they were dropped."""
+    plan, dropped = with_replicas(state, plan)
+    return plan, ((Warn(dropped),) if dropped else ())
+
+
+def top_up(state):
+    """Spawn workers up to the target (which never exceeds max_workers)."""
+    missing = state.target - (len(state.staying()) + len(state.ready) + state.spawning)
+    if missing <= 0:
+        return state, ()
+    return replace(state, spawning=state.spawning + missing), (Spawn(missing),)
+
+
+def remember(state, members) -> dict:
+    known = dict(state.members_by_id)
+    known.update({m.actor_id: m for m in members})
+    return known

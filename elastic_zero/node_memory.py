@@ -1,0 +1,113 @@
+"""A node's memory as Ray's memory monitor sees it, and a process's resident memory: read from /proc
+and the cgroup files, the standard library only (a worker's beat process reads it at each beat, as
+a script of its own: heartbeats.py).
+
+Ray's monitor (its raylet) kills a worker when the node's used memory passes a fraction of its
+capacity, `RAY_memory_usage_threshold` (0.95 unless set; `RAY_memory_monitor_refresh_ms = 0` turns
+the monitor off). Capacity is the smaller of the machine's memory and the cgroup's limit (a
+container's); used is the cgroup's usage less its file cache where there is a cgroup, else the
+machine's total less what it has available. This follows ray._private.utils' get_system_memory and
+get_used_memory and the monitor's own reading of the cgroup; a worker reads the variables from its
+environment, which the raylet that started it gave it.
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_THRESHOLD = 0.95
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _meminfo() -> dict[str, int]:
+    out = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                out[name] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):  # not Linux: nothing known
+        pass
+    return out
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+        return int(text) if text.isdigit() else None
+    except OSError:
+        return None
+
+
+def _cgroup_limit() -> int | None:
+    return _read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes") or _read_int("/sys/fs/cgroup/memory.max")
+
+
+def capacity_bytes() -> int:
+    """The node's memory: the machine's, or its cgroup's limit where that is smaller."""
+    total = _meminfo().get("MemTotal", 0)
+    limit = _cgroup_limit()
+    return min(total, limit) if limit else total
+
+
+def used_bytes() -> int:
+    """What the node has in use, as Ray's memory monitor counts it."""
+    for usage, stat in (("/sys/fs/cgroup/memory/memory.usage_in_bytes", "/sys/fs/cgroup/memory/memory.stat"),
+                        ("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat")):
+        current = _read_int(usage)
+        if current is None or _cgroup_limit() is None:
+            continue
+        cache = 0
+        try:
+            with open(stat) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key in ("inactive_file", "active_file", "total_inactive_file", "total_active_file"):
+                        cache += int(value)
+        except (OSError, ValueError):
+            pass
+        return max(0, current - cache)
+    info = _meminfo()
+    return max(0, info.get("MemTotal", 0) - info.get("MemAvailable", info.get("MemFree", 0)))
+
+
+def monitor_threshold() -> float:
+    """The fraction of capacity past which Ray's monitor kills (1.0: the monitor is off)."""
+    if os.environ.get("RAY_memory_monitor_refresh_ms", "").strip() == "0":
+        return 1.0
+    try:
+        return float(os.environ.get("RAY_memory_usage_threshold", DEFAULT_THRESHOLD))
+    except ValueError:
+        return DEFAULT_THRESHOLD
+
+
+def rss_bytes(pid: int) -> int:
+    """A process's resident memory now (0: it is gone, or this is not Linux)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """A process's peak resident memory (VmHWM) since it began, or since it last reset_peak()."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def reset_peak() -> None:
+    """This process's peak (VmHWM) starts again from its RSS now (Linux: clear_refs 5), so that a
+    generation's peak is its own and not its start-up's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # not Linux, or not allowed: the peak is the process's whole life's
+        pass

@@ -1,0 +1,140 @@
+"""Memory foreseen (plan/memory.py, coordinator/memory_rules.py): what a worker will hold at any
+world size, and the plans the coordinator makes with it. Pure. Oracles: the arithmetic of the
+shards (the engine's own count is checked against it in test_engine_state.py), and the numbers
+given to each plan."""
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elastic_zero.coordinator.state import (
+    CoordinatorState, Fail, GenerationEnded, MemorySeen, ScaleRequested, Spawn, Start, StartGeneration, Tick, Warn,
+    WorkersReady, decide,
+)
+from elastic_zero.plan.membership import Member
+from elastic_zero.plan.memory import GIB, MemoryView, ModelMemory, NodeRoom
+from elastic_zero.protocol import Outcome
+
+pytestmark = pytest.mark.unit
+
+M = 10**6
+MODEL = ModelMemory(unit_numels=(25 * M,) * 4, stage=3, compute_bytes=4, state_vectors=2)  # 100M parameters
+
+
+def test_what_a_worker_holds_shrinks_with_the_world_and_replicas_cost_four_snapshots():
+    assert MODEL.engine_bytes(1) == 16 * 100 * M  # master, gradient and two AdamW vectors, fp32
+    assert MODEL.engine_bytes(2) == 16 * 50 * M
+    assert MODEL.snapshot_bytes(2) == 12 * 50 * M and MODEL.replica_bytes(2) == 4 * 12 * 50 * M
+    bf16 = replace(MODEL, stage=2, compute_bytes=2)
+    # the full parameters in bf16 beside an fp32 master, gradient and optimizer shards
+    assert bf16.engine_bytes(2) == 100 * M * 2 + 16 * 50 * M
+    assert replace(MODEL, stage=1).engine_bytes(2) == 100 * M * 4 * 2 + 12 * 50 * M  # the master a view
+    assert MODEL.shard_numel(3) == 4 * -(-25 * M // 3)  # each unit padded to the world
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 10**7), min_size=1, max_size=6), st.sampled_from([1, 2, 3]), st.sampled_from([2, 4]),
+       st.integers(0, 2), st.integers(1, 64))
+def test_a_worker_never_needs_more_at_a_larger_world(units, stage, compute, vectors, world):
+    model = ModelMemory(tuple(units), stage, compute, vectors)
+    for replicas in (False, True):
+        assert model.state_bytes(world + 1, replicas) <= model.state_bytes(world, replicas) + 4 * len(units) * \
+            (2 + 4 * (1 + vectors)) * 4  # up to one padding element a unit and vector
+    view = MemoryView(model, {"n": NodeRoom(64 * GIB, 0.95)}, GIB)
+    smallest = view.smallest_world(["n"] * 64, 64)
+    if smallest is not None:  # the fewest that fit, and every one fewer does not
+        assert view.verdict(smallest, ["n"] * smallest, False).fits
+        assert all(not view.verdict(w, ["n"] * w, False).fits for w in range(1, smallest))
+
+
+def _view(rooms, overhead=GIB):
+    return MemoryView(MODEL, rooms, overhead)
+
+
+def _ready(*ids, node="n0"):
+    return WorkersReady(tuple(Member(i, node=node if isinstance(node, str) else node[k]) for k, i in enumerate(ids)))
+
+
+def _cmd(commands, kind):
+    return next((c for c in commands if isinstance(c, kind)), None)
+
+
+def test_replicas_that_do_not_fit_are_dropped_with_one_line_of_numbers():
+    """2 workers on a node of 8 GB (95%: 3.8 GB each): with replicas each would hold 4.27 GB (0.8 engine,
+    2.4 replicas, 1 GiB beside), without 1.87 GB. The plan drops them and says so; a larger node keeps them."""
+    s = CoordinatorState(min_workers=1, max_workers=4, target=2)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, _, _ = decide(s, MemorySeen(_view({"n0": NodeRoom(8 * 10**9, 0.95)})), 0.0)
+    s2, cmds, _ = decide(s, _ready("w0", "w1"), 1.0)
+    plan = _cmd(cmds, StartGeneration).plan
+    assert plan.replicas is False and plan.generation.world_size == 2
+    warn = _cmd(cmds, Warn).message
+    assert warn == ("replicas dropped at 2 worker(s): each would hold 3.98 GiB with them, 1.75 GiB without, and "
+                    "node n0 has 3.54 GiB for each of its workers")
+    assert cmds.index(_cmd(cmds, Warn)) < cmds.index(_cmd(cmds, StartGeneration))
+    roomy, _, _ = decide(s, MemorySeen(_view({"n0": NodeRoom(16 * 10**9, 0.95)})), 0.0)
+    _, cmds, _ = decide(roomy, _ready("w0", "w1"), 1.0)
+    assert _cmd(cmds, StartGeneration).plan.replicas is True and _cmd(cmds, Warn) is None
+    off = replace(roomy, replicated=False)  # replicate_every = 0: none, and nothing to say
+    _, cmds, _ = decide(off, _ready("w0", "w1"), 1.0)
+    assert _cmd(cmds, StartGeneration).plan.replicas is False and _cmd(cmds, Warn) is None
+
+
+def _two_nodes_of(capacity):
+    return {"n0": NodeRoom(capacity, 1.0), "n1": NodeRoom(capacity, 1.0)}
+
+
+def test_a_generation_that_would_not_fit_is_not_started_and_the_job_waits_then_fails_with_the_numbers():
+    """Two nodes of 3 GiB, one worker each; a worker beside its state holds 1.6 GiB: at 2 workers each
+    holds 2.34 GiB, at 1 the whole model's 3.09 GiB. The survivor of a loss does not go on alone (seen
+    before: one worker took the whole model's state, 18.3 GB on this machine, and a joiner started
+    into the same death): the job waits for a replacement, and without one fails saying why."""
+    view = _view(_two_nodes_of(3 * GIB), overhead=int(1.6 * GIB))
+    s = CoordinatorState(min_workers=1, max_workers=2, target=2, min_wait_s=30.0)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, _, _ = decide(s, MemorySeen(view), 0.0)
+    s, cmds, _ = decide(s, _ready("w0", "w1", node=["n0", "n1"]), 1.0)
+    plan = _cmd(cmds, StartGeneration).plan
+    survivor = Outcome("w0", "failed", 5, (5,), (5,), snapshot_generation=plan.number)
+    waiting, cmds, reason = decide(s, GenerationEnded((survivor,)), 10.0)
+    assert _cmd(cmds, StartGeneration) is None and _cmd(cmds, Spawn) == Spawn(1)
+    line = "at 1 worker(s) each would hold 3.09 GiB (without replicas), and node n0 has 3.00 GiB for each of its workers"
+    assert reason.endswith(f"1 workers, waiting for 2: {line}")
+    _, cmds, _ = decide(waiting, Tick(), 41.0)
+    assert _cmd(cmds, Fail).message == f"only 1 workers after a failure, below the 2 that memory needs ({line}), for 30 s"
+    _, cmds, _ = decide(waiting, _ready("w2", node="n1"), 12.0)  # a replacement: the two go on from memory
+    plan = _cmd(cmds, StartGeneration).plan
+    assert plan.source == "snapshot" and [m.actor_id for m in plan.generation.members] == ["w0", "w2"]
+    # a scale to 1 is refused for the same reason; without memory known, only the bounds count
+    _, cmds, reason = decide(s, ScaleRequested(1), 5.0)
+    assert cmds == () and reason == f"scale to 1 refused: {line}"
+    assert decide(replace(s, memory=None), ScaleRequested(1), 5.0)[2] != reason
+
+
+def test_a_first_generation_that_would_not_fit_asks_for_more_workers_or_fails_at_once():
+    view = _view(_two_nodes_of(3 * GIB), overhead=int(1.6 * GIB))
+    s = CoordinatorState(min_workers=1, max_workers=2, target=1)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, _, _ = decide(s, MemorySeen(view), 0.0)
+    s, cmds, reason = decide(s, _ready("w0", node="n0"), 1.0)
+    assert cmds == (Spawn(1),) and s.target == 2 and "2 workers asked for, not 1" in reason
+    s, cmds, _ = decide(s, _ready("w1", node="n1"), 2.0)
+    assert _cmd(cmds, StartGeneration).plan.generation.world_size == 2
+    alone = CoordinatorState(min_workers=1, max_workers=1, target=1)
+    alone, _, _ = decide(alone, Start(), 0.0)
+    alone, _, _ = decide(alone, MemorySeen(view), 0.0)
+    _, cmds, _ = decide(alone, _ready("w0", node="n0"), 1.0)
+    assert _cmd(cmds, Fail).message.startswith("the model's state does not fit its workers' memory: at 1 worker(s)")
+
+
+def test_a_plan_whose_worker_was_killed_for_memory_is_not_made_again():
+    """Ray's monitor killed a worker of a plan that was to fit: that shape counts on no more than the
+    room its node had, so the recovery drops the replicas (the kill taught what the estimate missed)."""
+    view = _view({"n0": NodeRoom(12 * 10**9, 0.95)})
+    at_two = view.verdict(2, ["n0", "n0"], True)
+    assert at_two.replicas and at_two.fits
+    taught = view.killed(2, True, at_two.room)
+    again = taught.verdict(2, ["n0", "n0"], True)
+    assert again.fits and not again.replicas and again.need == view.need(2, False)
