@@ -56,6 +56,22 @@ def test_pruning_follows_commit_order_and_keeps_the_newest_commit(tmp_path):
     assert resolve(fs, root) == newest
 
 
+def test_a_jobs_own_commits_are_those_made_since_it_started(tmp_path):
+    """What the coordinator looks for when no note told it of a commit (rank 0 killed just after
+    committing): this job's commits, never an earlier job's in the same store."""
+    from elastic_zero.checkpoint import committed_since
+
+    earlier = save(str(tmp_path), shards_at(5, 2), stage=1)
+    time.sleep(0.05)
+    started = time.time()
+    assert committed_since(*open_store(str(tmp_path)), started) == []
+    own = save(str(tmp_path), shards_at(10, 2), stage=1)
+    (tmp_path / "step-0000000015").mkdir()  # written, never committed
+    assert committed_since(*open_store(str(tmp_path)), started) == [own]
+    assert sorted(committed_since(*open_store(str(tmp_path)), 0.0)) == sorted([earlier, own])
+    assert committed_since(*open_store(str(tmp_path / "none-yet")), started) == []
+
+
 def test_an_unreadable_or_unwritable_store_is_an_error_naming_the_uri(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

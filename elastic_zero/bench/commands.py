@@ -95,6 +95,14 @@ def add_bench_parsers(sub) -> None:
     mem.add_argument("--memory-per-node-gib", type=float, default=None,
                      help="elastic.memory_per_node_gib: the most the job's workers may hold on the node together")
     mem.add_argument("--json", action="store_true", help="print one JSON object")
+    gpu = bench_sub.add_parser("gpu", help="on one device: torch, the bare engine and the job side by side, with "
+                                           "replicas, checkpoints and a recovery (no CUDA: tiny shapes on the CPU)")
+    gpu.add_argument("--models", default=None, help="comma-separated shapes: 124m, 355m, tiny (default: 124m,355m "
+                                                    "on CUDA, tiny on the CPU)")
+    gpu.add_argument("--micro-batch", type=int, default=None, help="samples a step (default: 8 on CUDA, 4 on the CPU)")
+    gpu.add_argument("--steps", type=int, default=None, help="steps of each job (default: 40 on CUDA, 32 on the CPU)")
+    gpu.add_argument("--save-every", type=int, default=10, help="the checkpointing job's checkpoint.every")
+    gpu.add_argument("--json", action="store_true", help="print one JSON object")
     size = bench_sub.add_parser("state-size", help="every process's memory through every elastic event of a GPT of "
                                                    "real size, and each event's bytes per second against the links'")
     _gpt_job_arguments(size, layers=16, workers=3)
@@ -192,6 +200,13 @@ def run_bench(args) -> int:
                                   args.stage, args.replicate_every, args.meta, args.steps, args.global_batch,
                                   args.micro_batch, memory_per_node_gib=args.memory_per_node_gib)
         print(json.dumps(report) if args.json else format_memory(report))
+        return 0
+    if args.bench == "gpu":
+        from elastic_zero.bench.gpu import format_gpu, run_gpu_bench
+
+        models = tuple(m.strip() for m in args.models.split(",") if m.strip()) if args.models else None
+        report = run_gpu_bench(models, args.micro_batch, args.steps, save_every=args.save_every)
+        print(json.dumps(report) if args.json else format_gpu(report))
         return 0
     if args.bench == "state-size":
         from elastic_zero.bench.state_size import format_state_size, run_state_size_bench

@@ -10,8 +10,8 @@ import importlib
 _MODULE_OF = {
     **dict.fromkeys(("export_state_dict", "load_initial_weights", "load_into", "shards_from_state_dict"), "interop"),
     **dict.fromkeys(("RestoreError", "restore_shard"), "restore"),
-    **dict.fromkeys(("StoreError", "list_checkpoints", "open_store", "probe_writable", "read_manifest", "resolve",
-                     "restore_candidates"), "catalog"),
+    **dict.fromkeys(("StoreError", "committed_since", "list_checkpoints", "open_store", "probe_writable",
+                     "read_manifest", "resolve", "restore_candidates"), "catalog"),
     **dict.fromkeys(("ChecksumError", "commit", "load_latest", "load_shard", "make_manifest", "save",
                      "write_rank_file"), "store"),
 }

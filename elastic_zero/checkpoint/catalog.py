@@ -84,6 +84,19 @@ def list_checkpoints(fs: pafs.FileSystem, root: str) -> list[tuple[int, str]]:
     return [(step, directory) for _, step, _, directory in sorted(found)]
 
 
+def committed_since(fs: pafs.FileSystem, root: str, since: float) -> list[str]:
+    """The directories committed (their manifest written) at or after `since` (epoch seconds): a
+    job's own commits, in a store that may hold an earlier job's too."""
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        manifests = [f"{i.path}/{MANIFEST}" for i in infos
+                     if i.type == pafs.FileType.Directory and _STEP_DIR.fullmatch(os.path.basename(i.path))]
+        return [m.path.rsplit("/", 1)[0] for m in fs.get_file_info(manifests)
+                if m.type == pafs.FileType.File and (m.mtime_ns or 0) >= since * 1e9]
+    except OSError as exc:
+        raise StoreError(f"checkpoint.uri: cannot read {root!r} ({exc})") from None
+
+
 def read_manifest(fs: pafs.FileSystem, directory: str) -> Manifest:
     path = f"{directory}/{MANIFEST}"
     try:

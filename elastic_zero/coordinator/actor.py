@@ -272,6 +272,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
                   errors={o.actor_id: o.error for o in outcomes if o.error},
                   **_last_step(results.values()))
         self._last_end = results
+        if alive < len(members) or any(o.kind == "failed" for o in outcomes):
+            self._find_own_commits()  # a commit whose note was lost with rank 0 is restored, not started over
         if any(r.outcome.kind == "dead" and is_memory_kill(r.outcome.error) for r in results.values()):
             self._memory_killed(plan)  # before the recovery is planned: not into the same death
         self._apply(GenerationEnded(outcomes))

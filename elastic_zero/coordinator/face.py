@@ -68,6 +68,23 @@ class CoordinatorFace:
         if step is not None:
             self.books.restored(generation, step)
 
+    def _find_own_commits(self) -> None:
+        """This job's commits in its store that no note told of (rank 0 told each as it committed, but
+        a note sent just before its process died may never arrive)."""
+        c = self.spec.checkpoint
+        if self.state.committed or not (c.uri and c.every):
+            return
+        from elastic_zero.checkpoint import committed_since, open_store
+
+        try:
+            fs, root = open_store(c.uri)
+            found = committed_since(fs, root, self.started_at)
+        except ValueError as exc:  # the store unreadable now: the recovery's own read will say so
+            self._log("warning", message=f"could not look for the job's checkpoints: {exc}")
+            return
+        for directory in found:
+            self._checkpoint_committed(directory)
+
     def _checkpoint_committed(self, directory: str, generation: int | None = None) -> None:
         """A `checkpoint_committed` event, once per directory: rank 0 tells it as it happens, and the
         generation's reports name it again at its end."""

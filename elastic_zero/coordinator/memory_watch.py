@@ -41,6 +41,11 @@ class MemoryWatch:
         if self.model is None and facts.get("model") is not None:
             self.model = facts["model"]
 
+    def forget(self, actor_id: str) -> None:
+        """A worker retired: its node's memory is no longer its (its peak stays in the summary)."""
+        self.node_of.pop(actor_id, None)
+        self.base.pop(actor_id, None)
+
     def view(self, progress: dict, plan=None) -> MemoryView | None:
         """The view from the beats heard (`progress`: actor id -> heartbeats.Progress) and the running
         `plan` (its members' peaks measure what they hold beside the state)."""
@@ -51,12 +56,14 @@ class MemoryWatch:
                 self.peaks[actor_id] = max(self.peaks.get(actor_id, 0), p.peak)
         if plan is not None:
             self._measure(progress, plan)
+        used, ours = dict.fromkeys(self.nodes, 0), dict.fromkeys(self.nodes, 0)  # per node, in one pass
+        for actor_id, node in self.node_of.items():
+            p = progress.get(actor_id)
+            if p is not None and not p.last_word:
+                used[node], ours[node] = max(used[node], p.node_used), ours[node] + p.rss
         rooms = {}
         for node, (capacity, threshold) in self.nodes.items():
-            ours = [a for a, n in self.node_of.items() if n == node and a in progress and not progress[a].last_word]
-            used = max((progress[a].node_used for a in ours), default=0)
-            others = max(0, used - sum(progress[a].rss for a in ours))
-            room = NodeRoom(capacity, threshold, others)
+            room = NodeRoom(capacity, threshold, max(0, used[node] - ours[node]))
             if self.node_limit is not None and self.node_limit < room.room:
                 room = NodeRoom(self.node_limit, 1.0, 0)
             rooms[node] = room

@@ -81,6 +81,7 @@ class WorkerSpawner:
     def _retire(self, actor_ids, why: str, lost: bool = False) -> None:
         for actor_id in actor_ids:
             handle = self._workers.pop(actor_id, None)
+            self.memory.forget(actor_id)
             if handle is not None:
                 self._leaving_worker_retired(actor_id, handle, lost)
                 self.workforce.kill(handle)

@@ -281,7 +281,8 @@ class PreemptionSpec:
 
 
 # the worker's process exits ("device_error": a CUDA error is raised in the step, which ends it)
-KILL_ACTIONS = ("kill", "kill_in_handover", "kill_after_handover", "kill_in_final_save", "kill_in_eval", "device_error")
+KILL_ACTIONS = ("kill", "kill_after_save", "kill_in_handover", "kill_after_handover", "kill_in_final_save",
+                "kill_in_eval", "device_error")
 
 
 @dataclass(frozen=True)

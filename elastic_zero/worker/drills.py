@@ -6,7 +6,9 @@ Moments: "handover" (inside the handover into a generation, before any shard mov
 every step), "commit" (a kill or a device error at step N: inside it, once this rank has
 committed step N's replicas and before the step's closing all-reduce, so that every survivor
 holds step N whatever the timing; before the step, a survivor whose own copy of step N was still
-arriving gave it up with the broken groups and the job went back to N - 1, seen under load),
+arriving gave it up with the broken groups and the job went back to N - 1, seen under load;
+"kill_after_save" waits there for this rank's save in flight to be written, rank 0's committed,
+so that a kill right after a checkpoint has it to restore, however long a save of a real size takes),
 "eval" (as the evaluation of the weights after `at_step` steps begins: the peers are then inside
 it) and "final" (after the last step, before its checkpoint, the final weights, is written; or
 before that checkpoint is written again, at or after `at_step`). A drill names the rank it hits in
@@ -20,7 +22,8 @@ from typing import Iterator, Sequence
 from elastic_zero.job.spec import FaultSpec
 
 MOMENT_OF = {"kill_in_handover": "handover", "kill_after_handover": "first_step", "kill_in_final_save": "final",
-             "kill_in_eval": "eval", "kill": "commit", "device_error": "commit"}  # every other action: "step"
+             "kill_in_eval": "eval", "kill": "commit", "kill_after_save": "commit",
+             "device_error": "commit"}  # every other action: "step"
 
 
 def due_drills(faults: Sequence[FaultSpec], moment: str, rank: int | None, step: int,

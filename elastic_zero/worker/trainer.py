@@ -356,6 +356,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                 # "commit" moment (drills.py) none is: the step's was committed just before
                 if self.replicator.in_flight is not None:
                     self.replicator.in_flight.done.wait()
+                if fault.action == "kill_after_save" and self.writer is not None:
+                    self.writer.wait()  # the save in flight written (and on rank 0 committed) first
                 self.store.set(f"fault/{i}/at", repr(time.time()))  # the coordinator times the recovery from here
                 if fault.action == "device_error":  # as a failing GPU shows itself: train() ends the process
                     raise RuntimeError(f"CUDA error: an illegal memory access was encountered (injected by faults[{i}])")
