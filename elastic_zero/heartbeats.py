@@ -57,6 +57,7 @@ PHASES = ("starting", "entering", "data", "compute", "agree", "update", "commit"
 _BOARD = struct.Struct("<Qqqqq")  # sequence (odd while written), generation, steps done, marks, phase
 DRAIN_EVERY_S = 0.05  # the longest wait between two drains of the listener's socket
 MIN_DRAIN_WAIT_S = 0.002
+NODE_MEMORY_EVERY_S = 0.5  # how often a beat process reads its node's used memory (its worker's at every beat)
 BEAT_BUFFER_BYTES = 2048  # what a beat takes of the socket's buffer, generously (Linux: about 830)
 
 
@@ -297,7 +298,15 @@ def _memory_of(pid: int):
         "elastic_zero_node_memory", os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_memory.py"))
     node_memory = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(node_memory)
-    return lambda: (node_memory.rss_bytes(pid), node_memory.peak_rss_bytes(pid), node_memory.used_bytes())
+    node = {"used": 0, "at": -1.0}
+
+    def read() -> tuple[int, int, int]:
+        now = time.monotonic()
+        if now - node["at"] >= NODE_MEMORY_EVERY_S:  # the node's, less often: several files to read
+            node["used"], node["at"] = node_memory.used_bytes(), now
+        return node_memory.rss_bytes(pid), node_memory.peak_rss_bytes(pid), node["used"]
+
+    return read
 
 
 if __name__ == "__main__":  # start_beat_process's child

@@ -40,8 +40,13 @@ def _read_int(path: str) -> int | None:
         return None
 
 
+_LIMIT: list = []  # the cgroup's limit, read once (a container's limit does not change under it)
+
+
 def _cgroup_limit() -> int | None:
-    return _read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes") or _read_int("/sys/fs/cgroup/memory.max")
+    if not _LIMIT:
+        _LIMIT.append(_read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes") or _read_int("/sys/fs/cgroup/memory.max"))
+    return _LIMIT[0]
 
 
 def capacity_bytes() -> int:

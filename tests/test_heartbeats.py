@@ -228,7 +228,7 @@ def test_a_beat_process_says_it_started_only_once_its_first_beat_is_out():
         assert datagram[:len(token)] == token and datagram.endswith(b"w0")
         said = Progress(*PROGRESS.unpack_from(datagram, len(token)))
         assert (said.generation, said.steps, said.last_word) == (-1, -1, False)
-        assert said.rss > 10 << 20 and said.node_used > said.rss  # this process (its parent) and its node
+        assert said.rss > 10 << 20 and said.node_used > 0  # this process (its parent) and its node, as Ray counts it
     finally:
         beats.kill()
         beats.wait()
