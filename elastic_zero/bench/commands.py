@@ -97,8 +97,8 @@ def add_bench_parsers(sub) -> None:
     mem.add_argument("--json", action="store_true", help="print one JSON object")
     gpu = bench_sub.add_parser("gpu", help="on one device: torch, the bare engine and the job side by side, with "
                                            "replicas, checkpoints and a recovery (no CUDA: tiny shapes on the CPU)")
-    gpu.add_argument("--models", default=None, help="comma-separated shapes: 124m, 355m, tiny (default: 124m,355m "
-                                                    "on CUDA, tiny on the CPU)")
+    gpu.add_argument("--models", default=None, help="comma-separated shapes: 124m, 355m, small, tiny (default: "
+                                                    "124m,355m on CUDA, tiny on the CPU)")
     gpu.add_argument("--micro-batch", type=int, default=None, help="samples a step (default: 8 on CUDA, 4 on the CPU)")
     gpu.add_argument("--steps", type=int, default=None, help="steps of each job (default: 40 on CUDA, 32 on the CPU)")
     gpu.add_argument("--save-every", type=int, default=10, help="the checkpointing job's checkpoint.every")

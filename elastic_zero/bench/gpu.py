@@ -26,7 +26,8 @@ import time
 SHAPES = {  # GPT-2's, built from the gpt-small preset with these overrides; "tiny": for the CPU
     "124m": dict(vocab_size=50257, seq_len=1024, n_layer=12, n_head=12, d_model=768, tied_head=True),
     "355m": dict(vocab_size=50257, seq_len=1024, n_layer=24, n_head=16, d_model=1024, tied_head=True),
-    "tiny": dict(vocab_size=256, seq_len=32, n_layer=2, n_head=2, d_model=64, tied_head=True),
+    "small": dict(vocab_size=4096, seq_len=128, n_layer=4, n_head=4, d_model=256, tied_head=True),  # the CPU's figures
+    "tiny": dict(vocab_size=256, seq_len=32, n_layer=2, n_head=2, d_model=64, tied_head=True),  # CI's
 }
 
 
@@ -43,23 +44,21 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _median_step(step, steps: int, warmup: int) -> float:
-    """The median seconds of `step()` over `steps` timed calls, each ended by a device sync."""
-    for _ in range(warmup):
-        step()
-    _sync()
+def _timed(step, count: int) -> list[float]:
+    """The seconds of `count` calls of `step()`, each ended by a device sync."""
     times = []
-    for _ in range(steps):
+    for _ in range(count):
         started = time.perf_counter()
         step()
         _sync()
         times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return times
 
 
-def _bare(shape: dict, micro_batch: int, steps: int, warmup: int) -> dict:
+def _bare(shape: dict, micro_batch: int, steps: int, warmup: int, rounds: int = 3) -> dict:
     """torch alone, and the bare engine at each stage (and stage 2 with its host copy), in this
-    process, one torch thread as in a worker."""
+    process, one torch thread as in a worker; in rounds that alternate them, so that drift on a
+    shared machine hits them alike, the median over every timed step of each."""
     import torch
 
     cuda = _cuda()
@@ -68,18 +67,25 @@ def _bare(shape: dict, micro_batch: int, steps: int, warmup: int) -> dict:
     torch.set_num_threads(1)
     tokens = torch.randint(0, shape["vocab_size"], (micro_batch, shape["seq_len"] + 1), device=device)
     batch = (tokens[:, :-1], tokens[:, 1:])
+    variants = {"torch_step_s": (_torch_step(shape, device, batch), None)}
+    for stage, host_copy in ((1, False), (2, False), (3, False), (2, True)):
+        name = "engine_host_copy_step_s" if host_copy else f"engine_stage{stage}_step_s"
+        variants[name] = _engine_step(shape, device, batch, stage, host_copy)
+    times: dict[str, list[float]] = {name: [] for name in variants}
     try:
-        out = {"torch_step_s": _median_step(_torch_step(shape, device, batch), steps, warmup)}
-        for stage, host_copy in ((1, False), (2, False), (3, False), (2, True)):
-            step, close = _engine_step(shape, device, batch, stage, host_copy)
-            out["engine_host_copy_step_s" if host_copy else f"engine_stage{stage}_step_s"] = \
-                _median_step(step, steps, warmup)
-            close()
+        for name, (step, _) in variants.items():
+            _timed(step, warmup)
+        for r in range(rounds):
+            for name, (step, _) in variants.items():
+                times[name] += _timed(step, max(1, steps // rounds))
     finally:
+        for _, close in variants.values():
+            if close is not None:
+                close()
         torch.set_num_threads(threads)
     if cuda:
         torch.cuda.empty_cache()
-    return out
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _torch_step(shape: dict, device, batch):
