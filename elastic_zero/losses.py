@@ -84,19 +84,21 @@ MAX_METRICS = 16  # slots for the loss's extra metrics in the step's all-reduce,
 
 
 def step_summary(asked: bool, weight: float, loss_sum: float, metric_sums: dict, device,
-                 checkpoint_asked: bool = False, where: str = "train.loss") -> torch.Tensor:
+                 checkpoint_asked: bool = False, where: str = "train.loss", save_busy: bool = False) -> torch.Tensor:
     """This rank's part of the one all-reduce that ends a step (a sum: a request one rank was given
     reaches them all, and the coordinator asks only one): a safe point asked for, the weight,
     the weighted loss and metrics, a check that every rank's loss returned the same metrics (a hash
-    h and h * h: their sums are N * h and N * h * h only if every rank has the same h), and, last,
-    a checkpoint asked for at this step."""
+    h and h * h: their sums are N * h and N * h * h only if every rank has the same h), then a
+    checkpoint asked for at this step, and, last, this rank's last save still being written (then
+    every rank skips a periodic save due at this step, together: a rank alone would leave its part
+    waiting for rank 0's commit)."""
     if len(metric_sums) > MAX_METRICS:
         raise ValueError(f"{where}: returned {len(metric_sums)} metrics; at most {MAX_METRICS} are reported")
     names = sorted(metric_sums)
     h = _names_hash(names)
     values = [metric_sums[n] for n in names] + [0.0] * (MAX_METRICS - len(names))
     return torch.tensor([1.0 if asked else 0.0, weight, loss_sum, h, h * h, *values,
-                         1.0 if checkpoint_asked else 0.0], dtype=torch.float64, device=device)
+                         1.0 if checkpoint_asked else 0.0, 1.0 if save_busy else 0.0], dtype=torch.float64, device=device)
 
 
 def read_step_summary(reduced: torch.Tensor, names: list[str], world: int, step: int,

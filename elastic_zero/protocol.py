@@ -115,5 +115,6 @@ class Report:
     received_bytes: int = 0  # state it took in to enter the generation: from peers (a handover) or a checkpoint
     checkpoint_stall_s: tuple = ()
     checkpoint_errors: tuple = ()
+    checkpoints_skipped: tuple = ()  # steps whose periodic save was skipped: the last one was still being written
     checkpoints: tuple = ()  # directories it committed (rank 0)
     restored_from: str | None = None  # the checkpoint it restored, if any

@@ -131,10 +131,12 @@ def test_the_step_summary_catches_ranks_whose_losses_return_different_metrics():
 
     ranks = [(False, 3.0, 6.0, {"acc": 1.5}), (True, 1.0, 1.0, {"acc": 0.5})]
     reduced = sum(step_summary(*r, "cpu") for r in ranks)
-    assert reduced.shape == (6 + MAX_METRICS,) and reduced[0] == 1 and reduced[-1] == 0
-    # the last slot: a checkpoint asked for on any rank is seen on every rank
+    assert reduced.shape == (7 + MAX_METRICS,) and reduced[0] == 1 and reduced[-2] == 0 and reduced[-1] == 0
+    # the last two slots: a checkpoint asked for, a save still being written, on any rank, seen on every rank
     asked = step_summary(False, 1.0, 1.0, {}, "cpu", checkpoint_asked=True) + step_summary(False, 1.0, 1.0, {}, "cpu")
-    assert asked[-1] == 1 and asked[0] == 0
+    assert asked[-2] == 1 and asked[0] == 0 and asked[-1] == 0
+    busy = step_summary(False, 1.0, 1.0, {}, "cpu", save_busy=True) + step_summary(False, 1.0, 1.0, {}, "cpu")
+    assert busy[-1] == 1 and busy[-2] == 0
     assert read_step_summary(reduced, ["acc"], 2, 0) == (7.0 / 4, {"acc": 0.5})
     mixed = step_summary(False, 1.0, 1.0, {"acc": 1.0}, "cpu") + step_summary(False, 1.0, 1.0, {"f1": 1.0}, "cpu")
     for names in (["acc"], ["f1"]):

@@ -185,6 +185,7 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str)
         "first_step_phases_s": start.get("phases_s", {}),
         "replicas_step_s": _steady(replicas),
         "save_blocking_s": [round(protect[s], 4) for s in saves],
+        "saves_skipped": saved.get("checkpoints_skipped", []),  # due while the last was still being written
         "steps_during_write_s": [round(t, 4) for t in during],
         "recovery": {"source": recovery.get("source"), "stall_s": recovery.get("stall_s"),
                      "to_next_step_done_s": recovery.get("to_next_step_done_s"),

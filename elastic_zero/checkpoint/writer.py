@@ -42,21 +42,26 @@ class AsyncCheckpointWriter:
         self._committed: list[str] = []  # directories this rank committed (rank 0 only), not yet taken
 
     def save(self, snapshot: ShardState, tag: str, extra: dict, sample_log: list | None = None,
-             model_tensors: dict | None = None) -> float:
+             model_tensors: dict | None = None, copied=None) -> float:
         """Start saving `snapshot` (a copy no one else mutates); returns the seconds spent waiting
         for the previous save. `tag` names this save uniquely across the job (generation and step);
         `sample_log` rows (what this rank trained on since its last save) go into the manifest;
         `model_tensors` (rank 0, with the final weights: buffers and frozen parameters, host copies)
-        go into a safetensors file beside the shards."""
+        go into a safetensors file beside the shards. `copied`: a CUDA event the snapshot's copy
+        off the device completes at, which the writing thread waits for (the step does not)."""
         started = time.perf_counter()
         self.wait()
         stall = time.perf_counter() - started
         self._abandoned = threading.Event()
         self._thread = threading.Thread(target=self._write, daemon=True, name=f"checkpoint-{tag}",
                                         args=(snapshot, tag, extra, list(sample_log or ()), self._abandoned,
-                                              model_tensors))
+                                              model_tensors, copied))
         self._thread.start()
         return stall
+
+    def busy(self) -> bool:
+        """Whether a save is still being written (a save started now would wait for it)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def wait(self) -> None:
         if self._thread is not None:
@@ -79,8 +84,10 @@ class AsyncCheckpointWriter:
         return committed
 
     def _write(self, snapshot: ShardState, tag: str, extra: dict, sample_log: list, abandoned,
-               model_tensors: dict | None) -> None:
+               model_tensors: dict | None, copied=None) -> None:
         try:
+            if copied is not None:
+                copied.synchronize()
             step, rank = int(snapshot.scalars["step"]), snapshot.rank
             if rank == 0:
                 directory = free_step_dir(self.fs, self.root, step)

@@ -36,6 +36,7 @@ class Books:
     pending_stepped_at: float | None = None  # when rank 0 said that generation's first step was done
     checkpoint_stalls: list = field(default_factory=list)
     checkpoint_errors: list = field(default_factory=list)
+    checkpoints_skipped: list = field(default_factory=list)  # steps whose periodic save came due while the last wrote
     warnings: list = field(default_factory=list)  # what the job could not do as asked, e.g. place buddies by node
 
     def add_generation_results(self, generation: int, results: list[Report]) -> None:
@@ -170,6 +171,7 @@ class Books:
             "resumed_from_step": first,
             "checkpoint_stall_s_median": statistics.median(self.checkpoint_stalls) if self.checkpoint_stalls else None,
             "checkpoint_errors": self.checkpoint_errors,
+            "checkpoints_skipped": self.checkpoints_skipped,
             "warnings": self.warnings,
             "final_loss": self.last_loss,
             "final_metrics": self.last_metrics,

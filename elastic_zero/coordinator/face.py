@@ -68,6 +68,17 @@ class CoordinatorFace:
         if step is not None:
             self.books.restored(generation, step)
 
+    def _saves_skipped(self, generation: int, steps) -> None:
+        """Periodic saves the ranks skipped together (every rank's report names the same steps): the
+        last one was still being written, and the step never waits for the store."""
+        for step in steps:
+            self._log("checkpoint_skipped", generation=generation, step=step)
+            self.books.checkpoints_skipped.append(step)
+        if steps:
+            self._warn(f"periodic checkpoints were skipped (the first at step {self.books.checkpoints_skipped[0]}): "
+                       f"each came due while the one before was still being written; the store takes longer "
+                       f"than checkpoint.every = {self.spec.checkpoint.every} steps")
+
     def _find_own_commits(self) -> None:
         """This job's commits in its store that no note told of (rank 0 told each as it committed, but
         a note sent just before its process died may never arrive)."""

@@ -213,7 +213,7 @@ class ElasticSpec:
 @dataclass(frozen=True)
 class CheckpointSpec:
     uri: Optional[str] = None  # a directory or URI pyarrow.fs can write (a path, file://, s3://, gs://); default: the run directory's checkpoints/, for the final weights
-    every: int = 0  # steps between checkpoints, saved asynchronously (0: only the final weights' and a stop's)
+    every: int = 0  # steps between checkpoints, saved asynchronously (0: only the final weights' and a stop's); one due while the last is still being written is skipped (the step never waits for the store)
     keep: int = 3  # the newest commits kept
     resume: Optional[str] = None  # "latest", a step number or a step directory: start from that checkpoint
 

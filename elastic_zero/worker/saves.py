@@ -9,10 +9,12 @@ from elastic_zero.protocol import GenerationPlan
 
 class CheckpointSaves:
     def _save_checkpoint(self, plan: GenerationPlan, report: dict, now: bool = False, again: bool = False,
-                         waited: bool = False) -> None:
+                         waited: bool = False, skip_periodic: bool = False) -> None:
         """Save this rank's part of the step reached, if due: every `checkpoint.every` steps, the last
         step (the final weights), or `now` unless saved at this step already (`again`: even so).
-        `waited`: the caller waits for the save before the engine changes again."""
+        `waited`: the caller waits for the save before the engine changes again. `skip_periodic`: the
+        ranks agreed that a save due by `every` would wait for the last one still being written (the
+        step never waits for the store): it is skipped, its sample records going with the next."""
         step = self.engine.step_count
         every = self.spec.checkpoint.every
         due = (every and step % every == 0) or step == self.spec.train.steps or now
@@ -21,18 +23,21 @@ class CheckpointSaves:
         if now and not again and self._saved_through == step - 1:  # saved at this step already
             return
         final = step == self.spec.train.steps or waited  # the weights the job ends with: nothing trains beside
-        flight = self.replicator.in_flight
+        if skip_periodic and not (now or final):
+            report["checkpoints_skipped"].append(step)
+            return
+        flight, copied = self.replicator.in_flight, None
         if flight is not None and flight.step == step:  # the snapshot on its way to the buddy
-            flight.wait_copied()
-            snapshot, in_flight_rows = flight.snapshot, flight.rows
+            snapshot, in_flight_rows, copied = flight.snapshot, flight.rows, flight.copied
         elif step in self.replicas.current.own:
             snapshot, in_flight_rows = self.replicas.current.own[step], []
         elif final:  # written from the engine's own tensors (a generation that follows, after a loss
             # in this save, waits for it first: _enter)
             snapshot, in_flight_rows = self.engine.shard_in_place(), []
             self._writer_reads_engine = True
-        else:
-            snapshot, in_flight_rows = self._host_snapshot(), []
+        else:  # one copy off the device, on a side stream into pinned memory: the writer waits for it
+            snapshot, copied = self.engine.host_shard_state()
+            in_flight_rows = []
         extra = {"cursor": step * self.spec.train.global_batch, "seed": self.spec.train.seed,
                  "generation": plan.number, "optimizer": dict(vars(self.spec.optimizer)), **self._model_extra}
         # the checkpoint commits every step up to its own, replicated yet or not (checkpoint.every
@@ -42,7 +47,7 @@ class CheckpointSaves:
         # a save the caller waits for may follow one of the same step that did not commit: a tag of its own
         tag = f"g{plan.number}-s{step}" + ("-now" if waited else "")
         model_tensors = self._untrained_tensors() if final and self.engine.rank == 0 else None
-        report["checkpoint_stall_s"].append(self.writer.save(snapshot, tag, extra, rows, model_tensors))
+        report["checkpoint_stall_s"].append(self.writer.save(snapshot, tag, extra, rows, model_tensors, copied))
         self._take_checkpoint_news(report)
 
     def _untrained_tensors(self) -> dict:

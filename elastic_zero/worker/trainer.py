@@ -150,7 +150,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         report = {"generation": plan.number, "log": [], "uncommitted": [], "ward_log": [], "step_times": [],
                   "step_ends": [], "protect_times": [], "losses": [], "evals": [], "first_step_at": None,
                   "last_loss": None, "checkpoint_stall_s": [], "entered_at": time.time(), "checkpoint_errors": [],
-                  "checkpoints": [], "restored_from": None}
+                  "checkpoints": [], "checkpoints_skipped": [], "restored_from": None}
         if self._ends is not None:
             self._ends.watch(plan.number)
         try:
@@ -207,7 +207,10 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             self._fire_drills("commit", plan, rank, step)
             asked = self._safe_point_for == plan.number
             checkpoint_asked = self._checkpoint_for > self._checkpoint_taken  # asked in this generation or before
-            agree = step_summary(asked, weight, loss_sum, metric_sums, self.device, checkpoint_asked)
+            every = spec.checkpoint.every
+            save_busy = bool(self.writer is not None and every and (step + 1) % every == 0 and self.writer.busy())
+            agree = step_summary(asked, weight, loss_sum, metric_sums, self.device, checkpoint_asked,
+                                 save_busy=save_busy)
             # without replicas the layout is complete once every rank has taken its shards of it
             committed = self.replicas.generation == plan.number or not self._replicating
             self._mark(phase="agree")
@@ -241,11 +244,11 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                 self._keep_step_records(plan, report, step, world, rank)
             if last:  # the final weights are this step's checkpoint, written next
                 self._fire_drills("final", plan, rank, engine.step_count)
-            checkpoint_now = bool(agree[-1] > 0)
+            checkpoint_now, skip_save = bool(agree[-2] > 0), bool(agree[-1] > 0)
             if checkpoint_now:  # on every rank: a request still on its way to one is for this checkpoint too
                 self._checkpoint_taken = max(self._checkpoint_for, plan.number)
             self._mark(phase="save")
-            self._save_checkpoint(plan, report, now=checkpoint_now)
+            self._save_checkpoint(plan, report, now=checkpoint_now, skip_periodic=skip_save)
             self._mark(phase="idle")
             report["step_ends"].append(time.time())
             report["step_times"].append(report["step_ends"][-1] - started)
