@@ -30,12 +30,12 @@ BESIDE_STATE_GIB = 0.66
 @pytest.mark.usefixtures("local_ray")
 def test_memory_check_every_process_of_a_zero3_job_against_its_state_and_the_exports(tmp_path):
     """The memory check of CI: a 12M GPT at ZeRO-3 on 2 workers, replicas asked for, on a node where
-    the job may hold 1.8 GiB: the plan drops the replicas, saying so with its numbers, and every
+    the job may hold 1.6 GiB: the plan drops the replicas, saying so with its numbers, and every
     process's exact peak stays within the engine's state plus a stated allowance; exporting the
     final weights to safetensors or a .pt holds a tensor at a time, never the model (48 MB here)."""
     config = dict(d_model=384, layers=6, heads=6, vocab=4096, seq_len=32)
     report = run_memory_bench(**config, workers=2, steps=4, global_batch=8, micro_batch=4, replicate_every=1,
-                              memory_per_node_gib=1.8, workdir=str(tmp_path))
+                              memory_per_node_gib=1.6, workdir=str(tmp_path))
     expected = _param_count(vocab_size=4096, seq_len=32, n_layer=6, n_head=6, d_model=384)
     assert report["params"] == expected
     kinds = sorted(p["kind"] for p in report["processes"])
@@ -44,7 +44,7 @@ def test_memory_check_every_process_of_a_zero3_job_against_its_state_and_the_exp
     assert warning.startswith("replicas dropped at 2 worker(s): each would hold ") and warning.endswith(
         "GiB for each of its workers")
     plan = report["plan"]
-    assert plan["replicas"] is False and plan["workers"] == 2 and plan["need_gib"] <= plan["room_gib"] == 0.9
+    assert plan["replicas"] is False and plan["workers"] == 2 and plan["need_gib"] <= plan["room_gib"] == 0.8
     state_gib = 16 * expected / 2 / GIB
     for p in report["processes"]:
         assert 0 < p["peak_gib"] == max(p["start_up_gib"], p["training_gib"]) <= p["exact_peak_gib"]

@@ -267,7 +267,7 @@ def test_a_beat_carries_its_workers_progress_and_the_last_word_of_its_end():
         assert _until(lambda: listener.progress.get("w3", (0, 0))[:2] == (4, 12))
         said = listener.progress["w3"]
         assert said.phase == "idle" and not said.last_word and said.marks >= 2
-        assert said.rss > 10 << 20 and said.peak >= said.rss  # the worker's memory, read by its beat process
+        assert said.rss > 10 << 20  # the worker's memory, read by its beat process
         worker.stdin.write("go\n")
         worker.stdin.flush()
         assert worker.stdout.readline() == "marked\n"

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elastic_zero.coordinator.state import (
-    CoordinatorState, Fail, GenerationEnded, MemorySeen, ScaleRequested, Spawn, Start, StartGeneration, Tick, Warn,
-    WorkersReady, decide,
+    CoordinatorState, Fail, GenerationEnded, MemorySeen, Retire, ScaleRequested, Spawn, Start, StartGeneration, Tick,
+    Warn, WorkersReady, decide,
 )
 from elastic_zero.plan.membership import Member
 from elastic_zero.plan.memory import GIB, MemoryView, ModelMemory, NodeRoom
@@ -123,9 +123,66 @@ def test_a_first_generation_that_would_not_fit_asks_for_more_workers_or_fails_at
     assert _cmd(cmds, StartGeneration).plan.generation.world_size == 2
     alone = CoordinatorState(min_workers=1, max_workers=1, target=1)
     alone, _, _ = decide(alone, Start(), 0.0)
-    alone, _, _ = decide(alone, MemorySeen(view), 0.0)
-    _, cmds, _ = decide(alone, _ready("w0", node="n0"), 1.0)
+    estimated, _, _ = decide(alone, MemorySeen(view), 0.0)
+    # on an estimate (nothing has stepped yet) the job is not failed: it starts, and measures
+    _, cmds, _ = decide(estimated, _ready("w0", node="n0"), 1.0)
+    assert _cmd(cmds, StartGeneration) is not None and _cmd(cmds, Fail) is None
+    known, _, _ = decide(alone, MemorySeen(replace(view, measured=True)), 0.0)
+    _, cmds, _ = decide(known, _ready("w0", node="n0"), 1.0)
     assert _cmd(cmds, Fail).message.startswith("the model's state does not fit its workers' memory: at 1 worker(s)")
+
+
+def test_a_plan_takes_no_more_workers_on_a_node_than_fit_beside_each_other():
+    """Each worker's interpreter and activations add up on a shared node: 4 workers on one 8 GiB node
+    need 2.07 GiB each against 2 GiB of room, 3 fit (2.2 GiB of 2.67). The first generation takes 3 and retires the
+    fourth, saying so; a scale-up's joiners are taken as far as they fit."""
+    view = MemoryView(MODEL, {"n0": NodeRoom(8 * GIB, 1.0)}, int(1.7 * GIB), measured=True)
+    s = CoordinatorState(min_workers=1, max_workers=4, target=4)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, _, _ = decide(s, MemorySeen(view), 0.0)
+    s, cmds, _ = decide(s, _ready("w0", "w1", "w2", "w3"), 1.0)
+    plan = _cmd(cmds, StartGeneration).plan
+    assert plan.generation.world_size == 3 and _cmd(cmds, Retire).actor_ids == ("w3",) and s.target == 3
+    assert _cmd(cmds, Warn).message.startswith("3 of 4 workers started: at 4 worker(s) each would hold 2.")
+
+
+def test_a_recovery_counts_the_survivors_nodes_not_the_lost_ones():
+    """The survivor is on a large node, the worker lost was on a small one, where the whole model's
+    state would not fit: the recovery plans with the survivor's node (seen before: it waited for a
+    second worker, blaming the small node where nobody was left)."""
+    view = MemoryView(MODEL, {"big": NodeRoom(64 * GIB, 1.0), "small": NodeRoom(int(1.5 * GIB), 1.0)},
+                      GIB // 2, measured=True)
+    s = CoordinatorState(min_workers=1, max_workers=2, target=2, min_wait_s=30.0)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, _, _ = decide(s, MemorySeen(view), 0.0)
+    s, cmds, _ = decide(s, _ready("w0", "w1", node=["small", "big"]), 1.0)
+    plan = _cmd(cmds, StartGeneration).plan
+    assert plan.generation.world_size == 2
+    survivor = Outcome("w1", "failed", 5, (5,), (5,), snapshot_generation=plan.number)
+    _, cmds, reason = decide(s, GenerationEnded((survivor,)), 10.0)
+    assert _cmd(cmds, StartGeneration).plan.generation.world_size == 1, reason
+
+
+def test_on_a_gpu_the_engine_counts_against_the_device_and_the_node_holds_the_rest():
+    """The engine's state lives on the GPU: a node of 3 GiB holds a worker's replicas and what is
+    beside its state; a GPU of 1.5 GiB cannot hold the whole model's 1.6 GB with its units at work."""
+    gpu = MemoryView(MODEL, {"n0": NodeRoom(3 * GIB, 1.0)}, GIB, device_room=int(1.5 * GIB), measured=True)
+    assert gpu.need(1, False) == GIB and gpu.need(2, True) == GIB + MODEL.replica_bytes(2)
+    alone = gpu.verdict(1, ["n0"], False)
+    assert not alone.fits and alone.line(1) == "at 1 worker(s) each would hold 1.96 GiB on its GPU, which has 1.50 GiB"
+    assert gpu.verdict(2, ["n0", "n0"], False).fits  # 1.3 GB each on the GPU, 1 GiB each of the node's 3
+
+
+def test_a_node_whose_capacity_is_unknown_is_not_taken_for_an_empty_one():
+    from elastic_zero.coordinator.memory_watch import MemoryWatch
+    from elastic_zero.heartbeats import Progress
+
+    watch = MemoryWatch()
+    watch.hello("w0", "n0", {"capacity": 0, "threshold": 0.95, "rss": GIB, "model": MODEL})  # not Linux, say
+    watch.hello("w1", "n1", {"capacity": 8 * GIB, "threshold": 0.95, "rss": GIB, "model": MODEL})
+    view = watch.view({"w1": Progress(0, 3, 9, GIB, GIB, 3 * GIB)})
+    assert set(view.rooms) == {"n1"} and view.rooms["n1"].others == 2 * GIB and not view.measured
+    assert view.verdict(1, ["n0"], False).fits  # no room known there: no refusal on a guess
 
 
 def test_a_plan_whose_worker_was_killed_for_memory_is_not_made_again():

@@ -1,7 +1,6 @@
 """Faults and bad input on a real local Ray: each ends in one of two ways, training goes on with
 nothing lost, or the job stops within seconds with one line saying why."""
 
-import statistics
 import time
 
 import pytest
@@ -96,8 +95,8 @@ def test_with_no_replica_a_job_starts_over_when_nothing_is_committed_and_counts_
       checkpoint. The job starts over from its initial weights (it failed before: "no step can be
       restored ... no committed checkpoint"), which loses nothing it would not redo: the survivor
       rebuilds its model and trains on.
-    - Every member killed at step 11, once the checkpoint of step 10 is committed (kill_after_save:
-      rank 0, and rank 1 if the replacement has joined by then): no member lives to say its step, yet
+    - Both members killed at step 11, once the checkpoint of step 10 is committed (kill_after_save;
+      min_workers 2: the restart waited for its replacement): no member lives to say its step, yet
       the counts are exact, from what each lost worker's beat process said as its process ended
       (before: lost 0, recomputed 1, guessed); the checkpoint's restore is in the events before the
       commits that follow it.
@@ -108,11 +107,11 @@ def test_with_no_replica_a_job_starts_over_when_nothing_is_committed_and_counts_
              {"at_step": 11, "action": "kill_after_save", "rank": 1}]
     code, summary, events, weights = job(tmp_path, "over", drill, train={"steps": 16},
                                          checkpoint={"uri": str(tmp_path / "ckpt"), "every": 10},
-                                         elastic={"workers": 2, "min_workers": 1, "replicate_every": 0})
+                                         elastic={"workers": 2, "min_workers": 2, "replicate_every": 0})
     assert code == 0, summary.get("error")
     starts = [e for e in events if e["event"] == "generation_start"]
-    assert [(s["source"], s["step"]) for s in starts if s["source"] != "live"] == \
-        [("init", 0), ("restart", 0), ("checkpoint", -1)]
+    assert [(s["source"], s["step"], len(s["workers"])) for s in starts] == \
+        [("init", 0, 2), ("restart", 0, 2), ("checkpoint", -1, 2)]
     restart, restore = summary["recoveries"]
     assert restart["source"] == "restart" and restart["step"] == 0 and restart["cause"].endswith(
         "; started over from the initial weights")
@@ -136,13 +135,11 @@ def test_a_save_due_while_the_last_is_written_is_skipped_and_no_step_waits_for_t
     code, summary, events, weights = job(tmp_path, "skips", train={"steps": 16},
                                          checkpoint={"uri": str(tmp_path / "ckpt"), "every": 1, "keep": 2})
     assert code == 0, summary.get("error")
-    # each step's time to protect it (its commit and its save): about 3 ms, where every save waited about
-    # 30 ms for the one before it (both measured here); the final save waits, as it must
-    protect = [p for step, p in summary["protect_time_curve"] if 0 < step < 15]
     committed = [int(e["directory"].rsplit("-", 1)[1]) for e in events if e["event"] == "checkpoint_committed"]
     skipped = [e["step"] for e in events if e["event"] == "checkpoint_skipped"]  # the steps done at each
     assert set(committed) | set(skipped) == set(range(1, 17)) and not set(committed) & set(skipped), (committed, skipped)
-    assert 16 in committed and statistics.median(protect) < 0.015, protect
-    if skipped:
-        assert any(w.startswith("periodic checkpoints were skipped") for w in summary["warnings"]), summary["warnings"]
+    # a save is started only when no rank's last one still writes: it never waits (each waited about 30 ms
+    # for the one before it, measured here: every step's commit and save took 27 ms at the median, 3 now)
+    assert 16 in committed and skipped and summary["checkpoint_stall_s_max"] < 0.005, summary["checkpoint_stall_s_max"]
+    assert any(w.startswith("periodic checkpoints were skipped") for w in summary["warnings"]), summary["warnings"]
     exactly_once(summary)

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 
+from elastic_zero.node_memory import peak_rss_bytes
 from elastic_zero.bench.control_plane_figures import (busiest_nodes, first, growth, held_within, merged, problems,
                                                      rendezvous_s)
 from elastic_zero.bench.local_cluster import descendants
@@ -211,7 +212,7 @@ def _scenario(n: int, per_node: int, steady_s: float, hosts: list, host_pids: li
     row["status_max_s"] = round(max(times), 4)
     row["events"] = len(events.read())
     row["events_bytes"] = os.path.getsize(events.path)
-    row["peak_rss_mb"] = round(_peak_rss_bytes(pid) / 2**20, 1)
+    row["peak_rss_mb"] = round(peak_rss_bytes(pid) / 2**20, 1)
     row["listener_longest_pause_s"] = ray.get(coordinator.liveness.remote())["listener_longest_pause_s"]
 
     # a stop
@@ -313,13 +314,6 @@ def _process_cpu_s(pid: int) -> float:
         fields = fh.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
-
-def _peak_rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 GOALS = {"steady_cpu": (0.05, "at most 5% of a core"), "detect_s": (1.0, "within 1 s"),

@@ -19,10 +19,12 @@ import torch
 import torch._utils
 
 PICKLE_PROTOCOL = 2  # torch.save's
-STORAGE_CLASS = {torch.float32: "FloatStorage", torch.float64: "DoubleStorage", torch.float16: "HalfStorage",
-                 torch.bfloat16: "BFloat16Storage", torch.int64: "LongStorage", torch.int32: "IntStorage",
-                 torch.int16: "ShortStorage", torch.int8: "CharStorage", torch.uint8: "ByteStorage",
-                 torch.bool: "BoolStorage"}
+# a dtype's storage class as torch.save names it: torch's own table (TypedStorage._pickle_storage_type
+# reads it: complex and quantized dtypes too), or the classic ones where this torch has no such table
+STORAGE_CLASS = dict(getattr(torch.storage, "_dtype_to_storage_type_map", lambda: {})()) or {
+    torch.float32: "FloatStorage", torch.float64: "DoubleStorage", torch.float16: "HalfStorage",
+    torch.bfloat16: "BFloat16Storage", torch.int64: "LongStorage", torch.int32: "IntStorage",
+    torch.int16: "ShortStorage", torch.int8: "CharStorage", torch.uint8: "ByteStorage", torch.bool: "BoolStorage"}
 
 
 class _Storage:

@@ -260,7 +260,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
                 self._checkpoint_committed(directory, plan.number)
             for error in r.checkpoint_errors:
                 self._log("checkpoint_failed", generation=plan.number, actor_id=r.outcome.actor_id, error=error)
-        self._saves_skipped(plan.number, next((r.checkpoints_skipped for r in results.values() if r.rank == 0), ()))
+        # every rank skipped the same saves: any report that lived says which
+        self._saves_skipped(plan.number, next((r.checkpoints_skipped for r in results.values() if r.checkpoints_skipped), ()))
         changes_before = len(self.books.recoveries), len(self.books.reconfigurations)
         self.books.add_generation_results(plan.number, [r for a, r in results.items() if a in members])
         self._count_metrics(results.values(), changes_before)

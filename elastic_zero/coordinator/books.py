@@ -169,7 +169,9 @@ class Books:
         return {
             "steps": len(self.step_log),
             "resumed_from_step": first,
+            # what a step waited for the store at a save (the final weights' save aside)
             "checkpoint_stall_s_median": statistics.median(self.checkpoint_stalls) if self.checkpoint_stalls else None,
+            "checkpoint_stall_s_max": max(self.checkpoint_stalls) if self.checkpoint_stalls else None,
             "checkpoint_errors": self.checkpoint_errors,
             "checkpoints_skipped": self.checkpoints_skipped,
             "warnings": self.warnings,

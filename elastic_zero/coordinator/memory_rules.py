@@ -1,23 +1,31 @@
 """What memory allows the coordinator's plans: part of its pure state machine (state.py).
 
 With what the workers measured (state.memory, a plan/memory.py MemoryView; None until the first
-worker said hello), a plan never asks a worker for more than its node has room for:
+worker said hello), a plan never asks a worker for more than its node (and its GPU) has room for:
 - a generation whose workers cannot hold the state even without replicas is not started: the
   fewest workers that can (`fitting_min`) act as min_workers (the job waits for replacements,
   min_wait_s, then fails with the numbers), and a scale below them is refused;
+- a plan takes no more workers than fit (`fitting_world`): on a node shared by several, each one's
+  interpreter and activations add up, so more workers can fit worse;
 - replicas that do not fit beside the engine are dropped from the plan, with one line naming the
   numbers (keeping them would get workers killed: GPT-2 medium's shape on 2 workers of a 24 GB
   machine lost a worker to Ray's memory monitor twice in 3 steps).
+Until a generation has stepped the figures are estimates (MemoryView.measured): the job is not
+failed on an estimate alone.
 """
 
 from __future__ import annotations
 
 
 def _join_order(state) -> list[str]:
-    """The nodes of the workers a plan would take, in the order it takes them: the staying members,
-    then the ready ones."""
-    members = {m.actor_id: m for m in state.generation.members} if state.generation else {}
-    staying = [members[a].node for a in state.staying()]
+    """The nodes of the workers a plan would take, in the order it takes them: the staying members
+    (during a recovery: the survivors), then the ready ones."""
+    rec = state.recovery
+    if rec is not None:
+        staying = [state.members_by_id[a].node for a in rec.survivors if a not in state.leaving]
+    else:
+        members = {m.actor_id: m for m in state.generation.members} if state.generation else {}
+        staying = [members[a].node for a in state.staying()]
     return staying + [m.node for m in state.ready]
 
 
@@ -47,6 +55,16 @@ def fitting_min(state) -> int:
 def min_workers(state) -> int:
     """min_workers, or more where memory needs more."""
     return max(state.min_workers, fitting_min(state))
+
+
+def fitting_world(state, nodes: list[str], least: int) -> int:
+    """How many of the workers on `nodes` (in the order a plan takes them) the plan may take: all of
+    them, or the most from `least` on that fit; `least` when none does (the caller waits)."""
+    view = state.memory
+    if view is None or not view.rooms or len(nodes) <= least:
+        return len(nodes)
+    world = view.largest_world(nodes, least, len(nodes))
+    return world if world is not None else least
 
 
 def why_more(state, world: int) -> str:

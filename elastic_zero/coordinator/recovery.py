@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from elastic_zero.coordinator.events import Retire, Spawn, StartGeneration
-from elastic_zero.coordinator.memory_rules import min_workers, why_more
+from elastic_zero.coordinator.memory_rules import fitting_world, min_workers, why_more
 from elastic_zero.coordinator.transitions import begin, fitted
 from elastic_zero.plan.membership import Generation, next_generation
 from elastic_zero.plan.recovery import lost_ranks, restore_point
@@ -58,6 +58,9 @@ def on_failure(state, by_id, dead, dead_leavers, now):
                f"ranks {list(lost_ranks(gen, survivors))} and the replicas of their shards were lost together")
         if not state.replicated:
             why = f"ranks {list(lost_ranks(gen, survivors))} were lost and replication is off (elastic.replicate_every = 0)"
+        elif not state.replicas_kept:
+            why = (f"ranks {list(lost_ranks(gen, survivors))} were lost and generation {gen.number} kept no replicas "
+                   f"(they did not fit its workers' memory)")
         recovery = Recovery(old, survivors, 0, (), "restart", f"{why}, and no checkpoint was committed")
     missing = state.target - (len(survivors) - len(set(state.leaving) & set(survivors))
                               + len(state.ready) + state.spawning)
@@ -84,8 +87,10 @@ def _holdings(by_id, generation: int):
 def try_recover(state, now):
     rec = state.recovery
     staying = [state.members_by_id[a] for a in rec.survivors if a not in state.leaving]
-    room = max(0, state.target - len(staying))
-    joiners = list(state.ready[:room])
+    joiners = list(state.ready[: max(0, state.target - len(staying))])
+    # as many of them as fit beside the survivors (on a node shared by several, more can fit worse)
+    fit = fitting_world(state, [m.node for m in staying + joiners], len(staying))
+    joiners = joiners[: max(0, fit - len(staying))]
     world, least = len(staying) + len(joiners), min_workers(state)
     if world < least:
         memory = why_more(state, world)

@@ -14,7 +14,7 @@ from elastic_zero.coordinator.events import (  # noqa: F401 - the events and com
     MemorySeen, PreemptionNotice, RequestSafePoint, Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop,
     StopRequested, Tick, Warn, WorkersReady, WorkerStartFailed,
 )
-from elastic_zero.coordinator.memory_rules import fitting_min, min_workers, why_more
+from elastic_zero.coordinator.memory_rules import fitting_min, fitting_world, min_workers, why_more
 from elastic_zero.coordinator.recovery import Recovery, on_failure, try_recover
 from elastic_zero.coordinator.safe_points import ask_for_safe_point_if_needed
 from elastic_zero.coordinator.transitions import begin, fitted, remember, top_up
@@ -52,6 +52,7 @@ class CoordinatorState:
     # without it, a loss that memory cannot restore starts the job over from its initial weights
     committed: bool = False
     replicated: bool = True  # the workers keep buddy replicas in memory (elastic.replicate_every > 0)
+    replicas_kept: bool = True  # the running generation's plan kept them (they fit its workers' memory)
     first_generation: int = 0  # a restarted coordinator numbers on after its predecessor's generations
     generation: Generation | None = None
     previous: Generation | None = None  # the layout the running generation was built from
@@ -183,17 +184,24 @@ def _on_ready(state, members, now):
         if len(state.ready) < state.target:
             return state, (), f"{len(state.ready)} of {state.target} workers ready"
         least = fitting_min(state)
-        if least > state.max_workers:  # not even max_workers hold the model's state
+        measured = state.memory is not None and state.memory.measured
+        if least > state.max_workers and measured:  # not even max_workers hold the model's state
             return replace(state, done=True), (Fail(
                 f"the model's state does not fit its workers' memory: {why_more(state, state.max_workers)} "
                 f"(elastic.max_workers {state.max_workers})"),), "the state does not fit"
-        if least > state.target:  # more workers, each holding less: the job waits for them
+        if state.target < least <= state.max_workers:  # more workers, each holding less: the job waits for them
             state, spawn = top_up(replace(state, target=least))
             return state, spawn, f"{state.target} workers asked for, not {len(state.ready)}: {why_more(state, len(state.ready))}"
-        gen = replace(next_generation(None, state.ready[: state.target]), number=state.first_generation)
+        world = fitting_world(state, [m.node for m in state.ready[: state.target]], max(state.min_workers, least))
+        extra = ()
+        if world < state.target:  # more workers on a node than fit beside each other: the others go
+            extra = (Warn(f"{world} of {state.target} workers started: {state.memory.verdict(state.target, [m.node for m in state.ready[: state.target]], False).line(state.target)}"),
+                     Retire(tuple(m.actor_id for m in state.ready[world:])))
+            state = replace(state, target=world, ready=state.ready[:world])
+        gen = replace(next_generation(None, state.ready[:world]), number=state.first_generation)
         plan, warn = fitted(state, GenerationPlan(gen, None, tuple(m.actor_id for m in gen.members), (), "init", 0, (),
                                                   "start"))
-        return begin(state, plan, state.target), warn + (StartGeneration(plan),), \
+        return begin(state, plan, world), extra + warn + (StartGeneration(plan),), \
             f"generation {gen.number} with {gen.world_size} workers"
     if state.recovery is not None:
         return try_recover(state, now)
@@ -292,11 +300,11 @@ def _on_generation_end(state, outcomes, now):
         return replace(state, done=True), (Stop(step, state.stop_checkpoint), Retire(everyone)), \
             f"stopped on request at step {step}"
     staying = [m for m in state.generation.members if m.actor_id not in state.leaving]
-    joiners = list(state.ready[: max(0, state.target - len(staying))])
+    joiners = _fitting_joiners(state, staying, state.ready[: max(0, state.target - len(staying))])
     postponed = ()
     if len(staying) + len(joiners) < min_workers(state):  # a safe point asked for before the leave
         postponed, staying = state.leaving, list(state.generation.members)  # they leave once replaced
-        joiners = list(state.ready[: max(0, state.target - len(staying))])
+        joiners = _fitting_joiners(state, staying, state.ready[: max(0, state.target - len(staying))])
     gen = next_generation(state.generation, staying + joiners)
     leavers = tuple(a for a in members if a in state.leaving and a not in postponed)
     participants = tuple(m.actor_id for m in gen.members) + leavers
@@ -309,3 +317,7 @@ def _on_generation_end(state, outcomes, now):
         f"generation {gen.number}: {len(members)} -> {gen.world_size} workers at step {step}"
 
 
+def _fitting_joiners(state, staying, joiners) -> list:
+    """The ready workers that join `staying`: as many as fit beside them (memory_rules.fitting_world)."""
+    nodes = [m.node for m in list(staying) + list(joiners)]
+    return list(joiners[: max(0, fitting_world(state, nodes, len(staying)) - len(staying))])

@@ -15,7 +15,7 @@ def begin(state, plan: GenerationPlan, joined: int, leaving: tuple[str, ...] = (
     """The state once `plan` starts: `joined` ready workers became members; `leaving` still to go."""
     return replace(state, generation=plan.generation, previous=plan.previous, handover_leavers=plan.leaving,
                    running=True, ready=state.ready[joined:], recovery=None, waiting_since=None, leaving=leaving,
-                   joiners_wait_since=None)
+                   joiners_wait_since=None, replicas_kept=plan.replicas)
 
 
 def fitted(state, plan: GenerationPlan) -> tuple[GenerationPlan, tuple]:

@@ -12,12 +12,14 @@ A worker of a generation of `world` ranks holds
   RSS at hello: coordinator/memory_watch.py).
 
 A node has room for its workers together: Ray's memory monitor kills past `threshold` of its
-capacity, and what else runs there (other jobs, Ray itself) is taken off first.
+capacity, and what else runs there (other jobs, Ray itself) is taken off first. On a GPU the engine's
+state is on the device, not the node: the node holds the replicas and what is beside the state, and
+the device the engine's state and the units at work.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 2**30
 WORKING_UNITS = 5  # of the largest unit: gathered (with the next one prefetched) and buckets in flight
@@ -86,10 +88,15 @@ class Verdict:
     need_with_replicas: int
     room: int  # bytes a worker of the tightest node may hold
     node: str  # that node
+    device_need: int = 0  # on a GPU: what the engine holds there
+    device_room: int = 0  # and what the device has for it (0: no device)
 
     def line(self, world: int) -> str:
         """One line with the numbers, for a warning or a refusal."""
         gib = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
+        if self.device_room and self.device_need > self.device_room:
+            return (f"at {world} worker(s) each would hold {gib(self.device_need)} on its GPU, which has "
+                    f"{gib(self.device_room)}")
         if not self.fits:
             return (f"at {world} worker(s) each would hold {gib(self.need)} (without replicas), and node {self.node[:12]} "
                     f"has {gib(self.room)} for each of its workers")
@@ -100,17 +107,26 @@ class Verdict:
 @dataclass(frozen=True)
 class MemoryView:
     """What the coordinator knows of memory: the model, each node's room, the part of a worker that
-    does not shrink with the world (measured), and a floor a memory kill taught (see killed())."""
+    does not shrink with the world (measured, or estimated until then), and a floor a memory kill
+    taught (see killed()). On a GPU (`device_room` > 0) the engine's state counts against the device."""
 
     model: ModelMemory
     rooms: dict  # node -> NodeRoom
     overhead: int  # bytes beside the state
     floors: dict = None  # (world, replicas) -> the least a worker of that shape is taken to need (a kill taught it)
+    device_room: int = 0  # bytes a worker's GPU has for the engine (0: the engine is in the node's memory)
+    measured: bool = False  # the overhead was measured in a generation that stepped (else an estimate)
 
     def need(self, world: int, replicas: bool) -> int:
-        planned = self.model.state_bytes(world, replicas) + self.overhead
+        """What a worker will hold of its node's memory at the most."""
+        engine = 0 if self.device_room else self.model.engine_bytes(world)
+        planned = engine + (self.model.replica_bytes(world) if replicas else 0) + self.overhead
         floor = (self.floors or {}).get((world, replicas))
         return max(planned, floor) if floor is not None else planned
+
+    def device_need(self, world: int) -> int:
+        """What a worker will hold of its GPU's memory: the engine's state and the units at work."""
+        return self.model.engine_bytes(world) + self.model.working_bytes() if self.device_room else 0
 
     def verdict(self, world: int, nodes: list[str], replicas: bool) -> Verdict:
         """Whether `world` workers on `nodes` (one entry per worker) fit: with replicas if asked and
@@ -122,9 +138,12 @@ class MemoryView:
         room = self._room_of(tight) // counts[tight] if counts else 0
         with_replicas = self.need(world, True)
         without = self.need(world, False)
-        if replicas and with_replicas <= room:
-            return Verdict(True, True, with_replicas, with_replicas, room, tight)
-        return Verdict(without <= room, False, without, with_replicas, room, tight)
+        device = self.device_need(world)
+        on_device = device <= self.device_room if self.device_room else True
+        if replicas and with_replicas <= room and on_device:
+            return Verdict(True, True, with_replicas, with_replicas, room, tight, device, self.device_room)
+        return Verdict(without <= room and on_device, False, without, with_replicas, room, tight, device,
+                       self.device_room)
 
     def _room_of(self, node: str) -> int:
         room = self.rooms.get(node)
@@ -138,10 +157,19 @@ class MemoryView:
                 return world
         return None
 
+    def largest_world(self, nodes_in_order: list[str], least: int, most: int) -> int | None:
+        """The most workers in [least, most], placed on `nodes_in_order`, that fit without replicas
+        (on a node shared by several, each worker's overhead adds up: more workers may fit worse);
+        None if none does."""
+        for world in range(min(most, len(nodes_in_order)), least - 1, -1):
+            if world >= 1 and self.verdict(world, nodes_in_order[:world], replicas=False).fits:
+                return world
+        return None
+
     def killed(self, world: int, replicas: bool, room: int) -> "MemoryView":
         """A worker of a generation of `world` (with or without replicas) was killed for memory where
         each worker of its node had `room`: the plan was wrong about that shape (the activations, or
         a neighbour, took more than measured), so no plan of it may count on that room again."""
         floors = dict(self.floors or {})
         floors[(world, replicas)] = max(floors.get((world, replicas), 0), room + 1)
-        return MemoryView(self.model, self.rooms, self.overhead, floors)
+        return replace(self, floors=floors)

@@ -98,8 +98,10 @@ class GenerationEntry:
         model as the job began: the old engine and model go first, never two at once."""
         self.replicas = LayoutReplicas()
         self._forget_log_from(0)
-        if self.engine is not None:
-            self.engine.close()
+        if self.engine is None:  # its model was never bound to an engine: it is as the job began
+            return
+        self.engine.release_state()  # after the host copies still reading it (a save's, on a GPU)
+        self.engine.close()
         self.engine = self.model = None
         release_free_memory()
         self._take_model(initial_model(self.spec, self.device))

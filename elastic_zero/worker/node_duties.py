@@ -63,6 +63,11 @@ class NodeDuties:
         model = getattr(self, "model", None)
         facts = {"capacity": capacity_bytes(), "threshold": monitor_threshold(), "used": used_bytes(),
                  "rss": rss_bytes(os.getpid())}
+        device = getattr(self, "device", None)
+        if device is not None and device.type == "cuda":  # the engine's state is there, not in the node's memory
+            import torch
+
+            facts["device_capacity"] = torch.cuda.get_device_properties(device).total_memory
         if model is not None:
             facts["own_tensors"] = own_tensor_bytes(model)
             facts["model"] = model_memory(model, self.wrap, self.spec.zero.stage,

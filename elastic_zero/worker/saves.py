@@ -47,7 +47,9 @@ class CheckpointSaves:
         # a save the caller waits for may follow one of the same step that did not commit: a tag of its own
         tag = f"g{plan.number}-s{step}" + ("-now" if waited else "")
         model_tensors = self._untrained_tensors() if final and self.engine.rank == 0 else None
-        report["checkpoint_stall_s"].append(self.writer.save(snapshot, tag, extra, rows, model_tensors, copied))
+        stall = self.writer.save(snapshot, tag, extra, rows, model_tensors, copied)
+        if not final:  # what a step waited for the store (the final weights' save has no step beside it)
+            report["checkpoint_stall_s"].append(stall)
         self._take_checkpoint_news(report)
 
     def _untrained_tensors(self) -> dict:

@@ -252,6 +252,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             self._mark(phase="idle")
             report["step_ends"].append(time.time())
             report["step_times"].append(report["step_ends"][-1] - started)
+            if len(report["step_times"]) == 1:  # the layout before is let go by now: the peak its beats
+                reset_peak()  # carry is the steps' own from here (what the coordinator plans with)
             report["protect_times"].append(time.time() - trained + blocked)
             if rank == 0 and self._coordinator:
                 self._tell_progress(plan, report)

@@ -41,6 +41,7 @@ from elastic_zero.zero.unit_buffer import UnitBuffer
 
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 REDUCES_IN_FLIGHT = 2  # gradient reductions a backward keeps going at once, each holding its unit's bucket
+LAYOUT_ALIGN = 16  # elements each parameter's offset in a unit's flat buffer is a multiple of
 
 
 class StepInterrupted(RuntimeError):
@@ -59,7 +60,7 @@ class ZeroEngine(ShardIO):
         compute_dtype: torch.dtype = torch.float32,
         reduce_dtype: torch.dtype | None = None,
         wrap: type | Sequence[type] | None = None,
-        align: int = 16,
+        align: int = LAYOUT_ALIGN,
         device: torch.device | str | None = None,
         init_values: Mapping[str, torch.Tensor] | None = None,
         hollow: bool = False,

@@ -9,14 +9,13 @@ from torch import nn
 
 from elastic_zero.plan.layout import build_layout
 from elastic_zero.plan.memory import ModelMemory
+from elastic_zero.zero.engine import LAYOUT_ALIGN
 from elastic_zero.zero.meta import has_meta_parameters
 from elastic_zero.zero.units import find_units, param_specs
 
-ALIGN = 16  # the engine's layout alignment (ZeroEngine's default)
-
 
 def model_memory(model: nn.Module, wrap, stage: int, compute_dtype: torch.dtype, optimizer) -> ModelMemory:
-    layout = build_layout([spec for spec, _ in param_specs(model, find_units(model, wrap))], align=ALIGN)
+    layout = build_layout([spec for spec, _ in param_specs(model, find_units(model, wrap))], align=LAYOUT_ALIGN)
     return ModelMemory(tuple(u.numel for u in layout.units), stage, torch.empty(0, dtype=compute_dtype).element_size(),
                        len(optimizer.state_names))
 
