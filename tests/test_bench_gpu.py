@@ -10,18 +10,23 @@ from elastic_zero.bench.gpu import format_gpu, run_gpu_bench
 @pytest.mark.runtime
 @pytest.mark.usefixtures("local_ray")
 def test_the_gpu_bench_runs_on_the_cpu_and_finds_every_figure(tmp_path):
-    report = run_gpu_bench(("tiny",), micro_batch=2, steps=16, warmup=1, save_every=5, workdir=str(tmp_path))
+    # the plain job and the one with replicas left out (CI's time): their figures come from a step curve
+    # as the checkpointing job's do
+    report = run_gpu_bench(("tiny",), micro_batch=2, steps=16, warmup=1, save_every=5, workdir=str(tmp_path),
+                           steady=False)
     assert report["device"].startswith("cpu (no CUDA")
     row = report["models"]["tiny"]
     for key in ("torch_step_s", "engine_stage1_step_s", "engine_stage2_step_s", "engine_stage3_step_s",
-                "engine_host_copy_step_s", "job_step_s", "replicas_step_s"):
+                "engine_host_copy_step_s"):
         assert 0 < row[key] < 10, (key, row[key])
+    assert row["job_step_s"] is None and row["replicas_step_s"] is None
     # killed at step 6 once the save of step 5 committed: restored from it (lost: step 5 done, 6 in flight),
     # then the saves of steps 10 and 15
     # (16: the final weights' save, not counted)
     assert row["recovery"]["source"] == "checkpoint" and row["recovery"]["lost_steps"] == 1
     assert row["recovery"]["stall_s"] > 0 and "read_checkpoint" in row["recovery"]["phases_s"]
     assert len(row["save_blocking_s"]) == 2 and len(row["steps_during_write_s"]) == 2
-    assert row["time_to_first_step_s"] > 0 and "engine" in row["first_step_phases_s"]
-    assert all(v > 0 for v in row["ratios"].values())
+    # the first generation's one worker is killed before its report: the first step on record is the recovery's
+    assert row["time_to_first_step_s"] > 0 and "read_checkpoint" in row["first_step_phases_s"]
+    assert all(v is None or v > 0 for v in row["ratios"].values())
     assert "recovery from the checkpoint" in format_gpu(report)

@@ -163,9 +163,12 @@ def _steady(summary: dict, skip: int = 2) -> float | None:
     return statistics.median(times) if times else None
 
 
-def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str) -> dict:
-    plain = _job("plain", shape, micro_batch, steps, work)["summary"]
-    replicas = _job("replicas", shape, micro_batch, steps, work, elastic={"replicate_every": 1})["summary"]
+def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str, steady: bool = True) -> dict:
+    """The jobs' figures; without `steady`, only the job with checkpoints and a recovery (the plain
+    job's and the replicas' figures are None: CI's shorter run of the bench)."""
+    plain = _job("plain", shape, micro_batch, steps, work)["summary"] if steady else None
+    replicas = _job("replicas", shape, micro_batch, steps, work, elastic={"replicate_every": 1})["summary"] \
+        if steady else None
     # a checkpoint every `save_every` steps, and the worker killed a step after the first once that one is
     # committed (kill_after_save): the recovery from the checkpoint (one worker: no replica), then the
     # saves' blocking and the steps while one writes, in the generation that recovered (the first one's
@@ -178,12 +181,12 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str)
     saves = [s for s in protect if s > 1 and (s + 1) % save_every == 0 and s + 1 < steps]
     during = [times[s + 1] for s in saves if s + 1 in times]
     recovery = saved["recoveries"][0] if saved["recoveries"] else {}
-    start = plain.get("start") or {}
+    first = plain or saved
     return {
-        "job_step_s": _steady(plain),
-        "time_to_first_step_s": plain["time_to_first_step_s"],
-        "first_step_phases_s": start.get("phases_s", {}),
-        "replicas_step_s": _steady(replicas),
+        "job_step_s": _steady(plain) if plain else None,
+        "time_to_first_step_s": first["time_to_first_step_s"],
+        "first_step_phases_s": (first.get("start") or {}).get("phases_s", {}),
+        "replicas_step_s": _steady(replicas) if replicas else None,
         "save_blocking_s": [round(protect[s], 4) for s in saves],
         "saves_skipped": saved.get("checkpoints_skipped", []),  # due while the last was still being written
         "steps_during_write_s": [round(t, 4) for t in during],
@@ -194,9 +197,9 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str)
 
 
 def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None = None, steps: int | None = None,
-                  warmup: int = 3, save_every: int = 10, workdir: str | None = None) -> dict:
+                  warmup: int = 3, save_every: int = 10, workdir: str | None = None, steady: bool = True) -> dict:
     """The bench on CUDA when there is one (GPT-2 124M and 355M shapes, micro batch 8 of 1,024
-    tokens), else on the CPU on tiny shapes."""
+    tokens), else on the CPU on tiny shapes. `steady` False: no plain job and no job with replicas."""
     import torch
 
     cuda = _cuda()
@@ -221,18 +224,19 @@ def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None
                  logging_level="ERROR", log_to_driver=False)
     try:
         for name in models:
-            report["models"][name] = _model_row(name, micro_batch, steps, warmup, save_every, work)
+            report["models"][name] = _model_row(name, micro_batch, steps, warmup, save_every, work, steady)
     finally:
         if own_ray:
             ray.shutdown()
     return report
 
 
-def _model_row(name: str, micro_batch: int, steps: int, warmup: int, save_every: int, work: str) -> dict:
+def _model_row(name: str, micro_batch: int, steps: int, warmup: int, save_every: int, work: str,
+               steady: bool = True) -> dict:
     """One shape's row: the bare measurements, the jobs', and their ratios."""
     shape = SHAPES[name]
     row = {"shape": shape, **_bare(shape, micro_batch, min(steps, 20), warmup)}
-    row.update(_jobs(shape, micro_batch, steps, save_every, os.path.join(work, name)))
+    row.update(_jobs(shape, micro_batch, steps, save_every, os.path.join(work, name), steady))
     engine = row["engine_stage2_step_s"]
     row["ratios"] = {
         "engine_vs_torch": round(engine / row["torch_step_s"], 3),
