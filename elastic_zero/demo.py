@@ -34,7 +34,9 @@ def demo_spec(data_dir: str) -> JobSpec:
         "train": {"steps": STEPS, "global_batch": 24, "micro_batch": 8},
         "optimizer": {"name": "adamw", "lr": 3e-3, "schedule": "warmup_cosine", "warmup_steps": 6},
         "zero": {"stage": 2},
-        "elastic": {"workers": 3, "min_workers": 1, "max_workers": 4},
+        # replicas every step: the kill loses no step (the default, "auto", would space them by this
+        # machine's timings, and the kill might cost a step or two of replay)
+        "elastic": {"workers": 3, "min_workers": 1, "max_workers": 4, "replicate_every": 1},
         "faults": [{"at_step": KILL_STEP, "action": "kill", "rank": 1},
                    {"at_step": PREEMPT_STEP, "action": "preempt", "rank": 0, "deadline_s": 30},
                    {"at_step": SCALE_STEP, "action": "scale", "workers": 4}],

@@ -9,15 +9,16 @@ from elastic_zero.job.spec import spec_from_dict
 
 
 def job(tmp_path, name, faults=(), **sections):
-    """Run a job of gpt-tiny (300 steps, global batch 8, 2 workers, stage 2 unless `sections` say
-    otherwise): (exit code, summary, events, final weights or None)."""
+    """Run a job of gpt-tiny (300 steps, global batch 8, 2 workers, stage 2, replicas every step unless
+    `sections` say otherwise: the tests count lost steps exactly, where "auto" would pick a cadence from
+    this machine's timings; test_cadence_job.py runs it): (exit code, summary, events, final weights or None)."""
     data = {
         "name": name,
         "model": {"preset": "gpt-tiny"},
         "train": {"steps": 300, "global_batch": 8, "micro_batch": 4},
         "optimizer": {"name": "adamw", "lr": 1e-3},
         "zero": {"stage": 2},
-        "elastic": {"workers": 2, "min_workers": 1, "max_workers": 3},
+        "elastic": {"workers": 2, "min_workers": 1, "max_workers": 3, "replicate_every": 1},
         "faults": list(faults),
     }
     for section, values in sections.items():

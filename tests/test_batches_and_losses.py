@@ -93,6 +93,29 @@ def test_the_loss_contract_is_checked():
             checked(bad, 7)
 
 
+def test_a_lazy_loss_stays_a_tensor_and_its_summary_is_checked_once_summed():
+    """Training reads the loss back once a step, from the summed summary (on a GPU a read per micro
+    batch would make the host wait for each forward): a non-finite term there fails every rank alike,
+    with the same line as the eager check."""
+    from elastic_zero.losses import read_step_summary, step_summary
+
+    w = torch.ones(2, requires_grad=True)
+    loss, value, metrics = checked({"loss": w.sum(), "acc": torch.tensor(0.5), "n": 3}, 0, lazy=True)
+    assert isinstance(value, torch.Tensor) and value.dtype == torch.float64 and value.item() == 2.0
+    assert isinstance(metrics["acc"], torch.Tensor) and metrics["n"] == 3.0
+    with pytest.raises(ValueError, match="train.loss: metric 'acc' must be a scalar, got str"):
+        checked({"loss": w.sum(), "acc": "high"}, 0, lazy=True)
+    summed = step_summary(False, 2.0, value * 2.0, {"acc": metrics["acc"] * 2.0}, "cpu") + \
+        step_summary(False, 2.0, 6.0, {"acc": 1.0}, "cpu")
+    assert read_step_summary(summed, ["acc"], 2, 3, finite=True) == (2.5, {"acc": 0.5})
+    for nan_loss, nan_metric, message in ((math.nan, 0.0, "the loss is nan at step 3"),
+                                          (1.0, math.inf, "metric 'acc' is inf at step 3")):
+        bad = step_summary(False, 2.0, torch.tensor(nan_loss, dtype=torch.float64), {"acc": nan_metric}, "cpu")
+        with pytest.raises(ValueError, match="train.loss: " + message):
+            read_step_summary(bad + step_summary(False, 2.0, 1.0, {"acc": 0.0}, "cpu"), ["acc"], 2, 3, finite=True)
+        read_step_summary(bad, ["acc"], 1, 3)  # float16 (not finite): the loss scaler's to skip
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(2, 9), min_size=6, max_size=12), st.integers(1, 4), st.integers(1, 3))
 def test_weighted_micro_batches_give_the_global_token_mean_for_any_split(lengths, world, micro):
@@ -131,12 +154,15 @@ def test_the_step_summary_catches_ranks_whose_losses_return_different_metrics():
 
     ranks = [(False, 3.0, 6.0, {"acc": 1.5}), (True, 1.0, 1.0, {"acc": 0.5})]
     reduced = sum(step_summary(*r, "cpu") for r in ranks)
-    assert reduced.shape == (7 + MAX_METRICS,) and reduced[0] == 1 and reduced[-2] == 0 and reduced[-1] == 0
-    # the last two slots: a checkpoint asked for, a save still being written, on any rank, seen on every rank
+    assert reduced.shape == (8 + MAX_METRICS,) and reduced[0] == 1 and not reduced[-3:].any()
+    # the last three slots: a checkpoint asked for, a save still being written, on any rank, seen on every
+    # rank; the ranks' replica cadences, summed
     asked = step_summary(False, 1.0, 1.0, {}, "cpu", checkpoint_asked=True) + step_summary(False, 1.0, 1.0, {}, "cpu")
-    assert asked[-2] == 1 and asked[0] == 0 and asked[-1] == 0
+    assert asked[-3] == 1 and asked[0] == 0 and asked[-2] == 0
     busy = step_summary(False, 1.0, 1.0, {}, "cpu", save_busy=True) + step_summary(False, 1.0, 1.0, {}, "cpu")
-    assert busy[-1] == 1 and busy[-2] == 0
+    assert busy[-2] == 1 and busy[-3] == 0
+    cadence = step_summary(False, 1.0, 1.0, {}, "cpu", cadence=3) + step_summary(False, 1.0, 1.0, {}, "cpu", cadence=4)
+    assert cadence[-1] == 7 and cadence[-2] == 0
     assert read_step_summary(reduced, ["acc"], 2, 0) == (7.0 / 4, {"acc": 0.5})
     mixed = step_summary(False, 1.0, 1.0, {"acc": 1.0}, "cpu") + step_summary(False, 1.0, 1.0, {"f1": 1.0}, "cpu")
     for names in (["acc"], ["f1"]):

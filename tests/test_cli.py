@@ -67,6 +67,10 @@ def test_bench_step_json_reports_the_contract_fields():
         (("run", "--set", "train.loss=json:nope"), "train.loss: module 'json' has no 'nope'"),
         (("run", "--set", "data.source=README.md"), "data.source: cannot read"),
         (("plot", "/no/such/run"), "/no/such/run/summary.json: no such file"),
+        (("run", "--set", "elastic.replicate_every=sometimes"),
+         'elastic.replicate_every: must be an integer >= 0 or "auto", got \'sometimes\''),
+        (("run", "--set", "elastic.replicate_every=-1"), 'elastic.replicate_every: must be an integer >= 0 or "auto", got -1'),
+        (("run", "--set", "elastic.replicate_every=1.5"), "elastic.replicate_every: must be an integer or a string, got 1.5"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(args, message):

@@ -125,6 +125,30 @@ def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_p
     assert _relative(reference, weights) <= 1e-4
 
 
+def test_an_auto_cadence_is_agreed_by_every_rank_and_a_kill_replays_from_its_last_commit(tmp_path, one_worker):
+    """elastic.replicate_every = "auto": a generation commits every step until its third, whose
+    all-reduce agrees on a cadence from what each rank measured (ranks that disagreed would wait on
+    each other's swaps); a kill then restores the last commit, older than the kill when the cadence
+    is above 1, and replays the steps since. Oracle: one uninterrupted worker."""
+    reference = one_worker(30)
+    code, summary, events, weights = _job(tmp_path, "auto", [{"at_step": 17, "action": "kill", "rank": 1}],
+                                          train={"steps": 30},
+                                          elastic={"workers": 3, "max_workers": 3, "replicate_every": "auto"})
+    assert code == 0, summary.get("error")
+    cadences = [e for e in events if e["event"] == "replicas_cadence"]
+    assert cadences[0]["generation"] == 0 and cadences[0]["auto"] and cadences[0]["cost"] >= 0, cadences
+    every = cadences[0]["every"]
+    assert every >= 1 and f"every {every} step(s)" in cadences[0]["reason"]
+    (recovery,) = summary["recoveries"]
+    committed = max(17 - 17 % every, 2)  # steps 1 and 2 commit before the cadence is agreed
+    assert recovery["source"] == "snapshot" and recovery["step"] == committed, (every, recovery)
+    assert recovery["lost_steps"] == 17 - committed
+    assert summary["replicas"]["auto"] and summary["replicas"] == {k: v for k, v in cadences[-1].items()
+                                                                   if k in ("every", "auto", "cost", "reason")}
+    _exactly_once(summary)
+    assert _relative(reference, weights) <= 1e-4
+
+
 def test_without_replicas_a_loss_falls_back_to_the_checkpoint_and_handovers_still_run(tmp_path, one_worker):
     """elastic.replicate_every = 0 keeps no copies in memory (a worker holds its shard only): a
     preempted worker still hands over from the live state, and a kill restores the latest

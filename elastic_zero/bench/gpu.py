@@ -169,6 +169,8 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str,
     plain = _job("plain", shape, micro_batch, steps, work)["summary"] if steady else None
     replicas = _job("replicas", shape, micro_batch, steps, work, elastic={"replicate_every": 1})["summary"] \
         if steady else None
+    auto = _job("replicas-auto", shape, micro_batch, steps, work, elastic={"replicate_every": "auto"})["summary"] \
+        if steady else None
     # a checkpoint every `save_every` steps, and the worker killed a step after the first once that one is
     # committed (kill_after_save): the recovery from the checkpoint (one worker: no replica), then the
     # saves' blocking and the steps while one writes, in the generation that recovered (the first one's
@@ -187,6 +189,9 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str,
         "time_to_first_step_s": first["time_to_first_step_s"],
         "first_step_phases_s": (first.get("start") or {}).get("phases_s", {}),
         "replicas_step_s": _steady(replicas) if replicas else None,
+        # the default cadence: the ranks' choice from the copies' measured cost (plan/cadence.py)
+        "auto_replicas_step_s": _steady(auto) if auto else None,
+        "auto_cadence": auto["replicas"] if auto else None,
         "save_blocking_s": [round(protect[s], 4) for s in saves],
         "saves_skipped": saved.get("checkpoints_skipped", []),  # due while the last was still being written
         "steps_during_write_s": [round(t, 4) for t in during],
@@ -244,6 +249,8 @@ def _model_row(name: str, micro_batch: int, steps: int, warmup: int, save_every:
         "job_vs_engine": round(row["job_step_s"] / engine, 3) if row["job_step_s"] else None,
         "replicas_vs_job": round(row["replicas_step_s"] / row["job_step_s"], 3)
         if row["replicas_step_s"] and row["job_step_s"] else None,
+        "auto_replicas_vs_job": round(row["auto_replicas_step_s"] / row["job_step_s"], 3)
+        if row["auto_replicas_step_s"] and row["job_step_s"] else None,
     }
     return row
 
@@ -261,6 +268,8 @@ def format_gpu(report: dict) -> str:
             f"  job {ms(r['job_step_s'])} ({q['job_vs_engine']}x the engine); with replicas every step "
             f"{ms(r['replicas_step_s'])} ({q['replicas_vs_job']}x the job); first step after "
             f"{r['time_to_first_step_s']} s ({', '.join(f'{k} {v:.2f} s' for k, v in r['first_step_phases_s'].items())})",
+            f"  with replicas at the default cadence {ms(r['auto_replicas_step_s'])} ({q['auto_replicas_vs_job']}x "
+            f"the job): {(r['auto_cadence'] or {}).get('reason') or '-'}",
             f"  saves block {', '.join(ms(s) for s in r['save_blocking_s'])}; the steps while one writes "
             f"{', '.join(ms(s) for s in r['steps_during_write_s'])}",
             f"  recovery from the {r['recovery']['source']}: stall {r['recovery']['stall_s']} s, next step done "

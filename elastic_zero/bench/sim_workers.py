@@ -251,6 +251,7 @@ class SimulatedHost:
             return Report(Outcome(m.actor_id, "left", m.step), ended_at=time.time(), generation=plan.number,
                           entered_at=entered)
         every = spec["elastic"]["replicate_every"]
+        every = 1 if every == "auto" else every  # (simulated steps have no copies to measure)
         committed = m.step  # every handover commits the new layout at entry
         world, batch, steps = len(members), spec["train"]["global_batch"], spec["train"]["steps"]
         log, step_times, step_ends = [], [], []

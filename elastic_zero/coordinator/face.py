@@ -149,6 +149,18 @@ class CoordinatorFace:
             self.metrics.set("elastic_zero_world_size", gen.world_size)
             self.metrics.set("elastic_zero_generation", gen.number)
 
+    def replicas_note(self, generation: int, cadence: dict) -> None:
+        """Rank 0 says the replica cadence its generation agreed on (elastic.replicate_every = "auto":
+        worker/cadence_meter.py), with its measured cost."""
+        self._log("replicas_cadence", generation=generation, **cadence)
+        self.live.replicas = cadence
+
+    def _replicas(self) -> dict:
+        """The replicas' cadence for the status and the summary: the latest agreed, else as asked."""
+        every = self.spec.elastic.replicate_every
+        return self.live.replicas or {"every": None if every == "auto" else every, "auto": every == "auto",
+                                      "cost": None, "reason": None}
+
     def eval_note(self, generation: int, result: dict) -> None:
         """Rank 0 evaluated the weights after `result["step"]` steps (worker/evaluation.py)."""
         self._log("eval", generation=generation, **result)
@@ -211,6 +223,7 @@ class CoordinatorFace:
             coordinator={"pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
                          "node": ray.get_runtime_context().get_node_id()},
             error=(self._result or {}).get("error"), last_events=last_events(records),
+            replicas=self._replicas(),
             memory={**self.memory.summary(self.state.memory, self._last_plan),
                     "rss_gib": {a: round(p.rss / 2**30, 3) for a, p in sorted(self.heartbeats.progress.items())
                                 if a in self._workers and not p.last_word}})
@@ -236,7 +249,8 @@ class CoordinatorFace:
             self.tracking.flush()
         r = self._result
         summary = {**r["summary"], "ok": r["ok"], "error": r.get("error"), "job_id": self.job_id,
-                   "coordinator_restarts": self.restarts, "memory": self.memory.summary(self.state.memory, self._last_plan)}
+                   "coordinator_restarts": self.restarts, "memory": self.memory.summary(self.state.memory, self._last_plan),
+                   "replicas": self._replicas()}
         r["summary"] = summary
         committed = [e["directory"] for e in self.events.records if e.get("event") == "checkpoint_committed"]
         r["checkpoint"] = committed[-1] if committed else None

@@ -42,6 +42,8 @@ def _default(f: dataclasses.Field) -> str:
 
 
 def _type(f: dataclasses.Field) -> str:
+    if str(f.type) == "Union[int, str]":  # a count or a word (elastic.replicate_every: "auto")
+        return "int or str"
     return str(f.type).replace("Optional[", "").replace("]", "").replace("Ref", "function")
 
 

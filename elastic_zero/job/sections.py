@@ -184,7 +184,7 @@ class ElasticSpec:
     workers: int = 2  # the workers the job starts with and tops back up to
     min_workers: int = 1  # below it training waits (min_wait_s) for replacements, then fails
     max_workers: int = 4  # the most `scale` may ask for; at most global_batch
-    replicate_every: int = 1  # steps between buddy replicas (every safe point replicates too); 0: none, a lost worker is recovered from the latest checkpoint (with none committed: the job starts over from its initial weights)
+    replicate_every: Union[int, str] = "auto"  # steps between buddy replicas (every safe point replicates too); "auto": the most frequent cadence whose copies take at most 5% of the steps' time, measured in each generation; 0: none, a lost worker is recovered from the latest checkpoint (with none committed: the job starts over from its initial weights)
     use_gpu: bool = False  # one GPU per worker and NCCL, else one CPU and gloo
     collective_timeout_s: float = 30.0  # a collective waiting longer fails the generation; its hung member is killed
     min_wait_s: float = 60.0  # how long to wait for workers while below min_workers
@@ -197,7 +197,8 @@ class ElasticSpec:
         if self.memory_per_node_gib is not None and not self.memory_per_node_gib > 0:
             _fail("elastic.memory_per_node_gib", f"must be > 0 (or unset), got {self.memory_per_node_gib!r}")
         _at_least("elastic.join_window_s", self.join_window_s, 0.0)
-        _at_least("elastic.replicate_every", self.replicate_every, 0)
+        if self.replicate_every != "auto" and (isinstance(self.replicate_every, str) or self.replicate_every < 0):
+            _fail("elastic.replicate_every", f"must be an integer >= 0 or \"auto\", got {self.replicate_every!r}")
         if not self.min_workers <= self.workers <= self.max_workers:
             _fail("elastic.workers", f"must lie in [min_workers, max_workers] = "
                                      f"[{self.min_workers}, {self.max_workers}], got {self.workers}")

@@ -121,6 +121,10 @@ def _typed(where: str, value: Any, annotation) -> Any:
             if value is None or callable(value) or isinstance(value, str):
                 return value  # a Ref: its form is checked by validate()
             _fail(where, f"must be 'package.module:function' or a callable, got {value!r}")
+        if set(args) == {int, str}:  # a number or a word (elastic.replicate_every: "auto"): validate() tells which
+            if value is None and optional or isinstance(value, str) or isinstance(value, int) and not isinstance(value, bool):
+                return value
+            _fail(where, f"must be an integer or a string, got {value!r}")
         hint = args[0]
     if value is None:
         if optional:

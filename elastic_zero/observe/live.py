@@ -1,4 +1,4 @@
-"""A running job's live figures and the `status --json` record (schema 1, docs/service.md).
+"""A running job's live figures and the `status --json` record (schema STATUS_SCHEMA, docs/service.md).
 
 Rank 0 tells the coordinator its step and loss every half second; the rate is taken over the
 notes of the last RATE_WINDOW_S seconds, recoveries and resizes included (it is what the job does).
@@ -11,12 +11,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 RATE_WINDOW_S = 10.0
-STATUS_SCHEMA = 3  # 2: "eval"; 3: "memory"
+STATUS_SCHEMA = 4  # 2: "eval"; 3: "memory"; 4: "replicas"
 # every status record has exactly these keys (None where unknown), in this order
 STATUS_KEYS = ("schema", "job_id", "name", "state", "ray_job_status", "generation", "world_size", "target_workers",
                "min_workers", "max_workers", "members", "step", "steps", "loss", "eval", "samples_per_s", "eta_s",
                "world_size_history", "recoveries", "reconfigurations", "restarts", "checkpoint", "run_dir",
-               "coordinator", "error", "last_events", "memory")
+               "coordinator", "error", "last_events", "memory", "replicas")
 QUIET_EVENTS = frozenset({"decision", "spawn", "worker_ready", "retire"})  # left out of last_events
 
 
@@ -29,6 +29,7 @@ class LiveProgress:
     step_seconds: float | None = None
     checkpoint: str | None = None  # the newest commit known: from rank 0's notes or a generation's reports
     eval: dict | None = None  # the latest evaluation rank 0 told of: step, loss, perplexity
+    replicas: dict | None = None  # the replica cadence the latest generation agreed on (auto), and its cost
     _notes: deque = field(default_factory=deque)  # (time, step)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -8,6 +8,7 @@ import time
 
 from elastic_zero.plan.batches import rank_positions
 from elastic_zero.protocol import GenerationPlan
+from elastic_zero.worker.node_duties import coordinator_handle
 from elastic_zero.worker.replication import InFlight
 from elastic_zero.zero import ShardState
 
@@ -20,13 +21,24 @@ class StepCommits:
         """Whether this generation keeps replicas in memory (elastic.replicate_every = 0, or a plan
         whose workers have no room for them: none, so no step ever commits, and a loss is recovered
         from the latest checkpoint)."""
-        return self.spec.elastic.replicate_every > 0 and self._replicas_planned
+        return self.spec.elastic.replicate_every != 0 and self._replicas_planned
 
     def _commit_due(self, step_count: int) -> bool:
         """Whether the step that brings the count to `step_count` commits (safe points aside, which
-        commit too): every `replicate_every` steps, and the last."""
-        every = self.spec.elastic.replicate_every
+        commit too): every `replicate_every` steps (auto: as the ranks agreed, cadence_meter.py), and the last."""
+        every = self.cadence.every
         return self._replicating and (step_count % every == 0 or step_count == self.spec.train.steps)
+
+    def _cadence_proposal(self, report: dict) -> float:
+        """This rank's part of the step's all-reduce for an auto cadence (0 but at the deciding step)."""
+        return self.cadence.proposal(len(report["step_times"])) if self._replicating else 0.0
+
+    def _agree_cadence(self, plan: GenerationPlan, rank: int, proposals_sum: float) -> None:
+        """Take the cadence the step's all-reduce agreed on, if it agreed one; rank 0 tells the coordinator."""
+        if self.cadence.agree(proposals_sum, plan.generation.world_size) is not None and rank == 0 \
+                and self._coordinator:
+            coordinator_handle(self._coordinator, self._namespace).replicas_note.remote(
+                plan.number, self.cadence.summary())
 
     def _commit(self, plan: GenerationPlan, snapshot: ShardState | None = None) -> None:
         """Commit now, entering a generation: snapshot this rank's shard (or take `snapshot`, a host
@@ -40,19 +52,22 @@ class StepCommits:
         """Copy this rank's shard to host memory and start swapping it with the buddy's over the host
         group. The sample records since the last commit travel along, so a lost rank's record survives.
         Returns the seconds the step spent copying, when the step made the copy as it updated."""
-        copied, copy_s = None, 0.0
+        copied, copy_s, step_copy_s = None, 0.0, 0.0
         if snapshot is None:  # the copy the step made as it updated, or one made now
             taken = self.engine.take_host_copy()
             if taken is not None:
                 snapshot, copied, copy_s = taken
+                step_copy_s = copy_s
             else:
+                began = time.perf_counter()
                 snapshot, copied = self.engine.host_shard_state()
+                step_copy_s = time.perf_counter() - began
         rows = report["uncommitted"] if report else []
         if report:
             report["uncommitted"] = []
         # (the snapshot's own step: a recovery commits its new layout before the engine takes it)
         self.replicator.start(self._host_comm(), int(snapshot.scalars["step"]), snapshot, copied,
-                              plan.generation.buddies, rows)
+                              plan.generation.buddies, rows, step_copy_s)
         return copy_s
 
     def _finish_commit(self, plan: GenerationPlan, report: dict | None) -> float:
@@ -66,6 +81,7 @@ class StepCommits:
 
     def _committed(self, plan: GenerationPlan, flight: InFlight, report: dict | None) -> None:
         ward, ward_log = flight.result
+        self.cadence.commit_done(flight.snapshot.nbytes(), *flight.times())
         built_from = plan.previous.number if plan.previous is not None else None
         self.replicas.add(plan.number, built_from, flight.step, flight.snapshot, ward)
         if report is not None:

@@ -38,10 +38,20 @@ class InFlight:
     result: tuple | None = None  # (ward snapshot, ward log) once the exchange succeeded
     error: BaseException | None = None
     arrived_at: float | None = None  # when the ward's copy had arrived (time.perf_counter())
+    copy_s: float = 0.0  # the step's own time copying the snapshot off the device (the caller's measure)
+    started_at: float = field(default_factory=time.perf_counter)
+    copied_at: float | None = None  # when the copy off the device was complete (the exchange's start)
 
     def wait_copied(self) -> None:
         if self.copied is not None:
             self.copied.synchronize()
+
+    def times(self) -> tuple[float, float]:
+        """(the copy off the device, the swap over the link) in seconds, once it arrived: the copy is
+        the caller's part and what the exchange waited for it (a side stream's copy runs on)."""
+        copied_at = self.copied_at if self.copied_at is not None else self.started_at
+        arrived_at = self.arrived_at if self.arrived_at is not None else copied_at
+        return self.copy_s + (copied_at - self.started_at), arrived_at - copied_at
 
 
 class Replicator:
@@ -49,17 +59,18 @@ class Replicator:
         self.in_flight: InFlight | None = None
 
     def start(self, comm: Comm, step: int, snapshot: ShardState, copied, buddies: Sequence[int],
-              rows: list) -> InFlight:
+              rows: list, copy_s: float = 0.0) -> InFlight:
         """Swap `snapshot` (this rank's shard after `step`) and the sample records `rows` with the
-        buddies in the background."""
+        buddies in the background. `copy_s`: what copying it off the device took the caller."""
         if self.in_flight is not None:
             raise RuntimeError(f"replication of step {self.in_flight.step} is still in flight")
-        flight = InFlight(step, snapshot, list(rows), copied)
+        flight = InFlight(step, snapshot, list(rows), copied, copy_s=copy_s)
         log = _log_tensor(rows) if rows else None
 
         def run() -> None:
             try:
                 flight.wait_copied()
+                flight.copied_at = time.perf_counter()
                 flight.result = exchange(comm, snapshot, buddies, log)
                 flight.arrived_at = time.perf_counter()
             except BaseException as exc:  # noqa: BLE001 - handed to finish(), on the training thread

@@ -29,6 +29,7 @@ from elastic_zero.plan.evaluation import eval_due
 from elastic_zero.protocol import GenerationPlan, Outcome, Report
 from elastic_zero.rendezvous import connect
 from elastic_zero.job.spec import KILL_ACTIONS, spec_from_dict
+from elastic_zero.worker.cadence_meter import CadenceMeter
 from elastic_zero.worker.drills import due_drills
 from elastic_zero.worker.entry import GenerationEntry, committed_key
 from elastic_zero.worker.evaluation import Evaluator
@@ -57,6 +58,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         large_allocations_to_the_system()  # before the model: freed tensors leave the process
         self.spec = spec_from_dict(spec)
         self.actor_id = actor_id
+        self.cadence = CadenceMeter(self.spec.elastic.replicate_every)  # how often a step commits
         self.use_gpu = self.spec.elastic.use_gpu
         self._start_beating(coordinator, store_host, heartbeat_port, store_secret)
         self.backend = "nccl" if self.use_gpu else "gloo"
@@ -153,6 +155,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                   "checkpoints": [], "checkpoints_skipped": [], "restored_from": None}
         if self._ends is not None:
             self._ends.watch(plan.number)
+        self.cadence.new_generation()  # measured anew: the world size sets a shard's bytes
         try:
             if self.device.type == "cuda":  # set_device holds per thread, and Ray may call on another
                 torch.cuda.set_device(self.device)
@@ -203,14 +206,14 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             started = time.time()
             positions = rank_positions(step, spec.train.global_batch, world, rank)
             weight, loss_sum, metric_sums = self._forward_backward(positions, world, rank, comm, step)
-            blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
+            waited = blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
             self._fire_drills("commit", plan, rank, step)
             asked = self._safe_point_for == plan.number
             checkpoint_asked = self._checkpoint_for > self._checkpoint_taken  # asked in this generation or before
             every = spec.checkpoint.every
             save_busy = bool(self.writer is not None and every and (step + 1) % every == 0 and self.writer.busy())
             agree = step_summary(asked, weight, loss_sum, metric_sums, self.device, checkpoint_asked,
-                                 save_busy=save_busy)
+                                 save_busy=save_busy, cadence=self._cadence_proposal(report))
             # without replicas the layout is complete once every rank has taken its shards of it
             committed = self.replicas.generation == plan.number or not self._replicating
             self._mark(phase="agree")
@@ -221,7 +224,9 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                     self.replicas = LayoutReplicas()  # those of the layouts before go too
                 if rank == 0 and plan.leaving and not report["step_times"]:
                     self.store.set(committed_key(plan), "1")  # the leavers may go
-            report["last_loss"], report["last_metrics"] = read_step_summary(agree, sorted(metric_sums), world, step)
+            report["last_loss"], report["last_metrics"] = read_step_summary(agree, sorted(metric_sums), world, step,
+                                                                            finite=self._finite_loss)
+            self._agree_cadence(plan, rank, float(agree[-1]))
             report["losses"].append((step, round(report["last_loss"], 6)))  # every rank: one may be lost
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             # the update after the all-reduce: the older replicas are gone before the step's copy is made,
@@ -235,16 +240,19 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             stopping = agree[0] > 0 and engine.step_count < spec.train.steps
             trained = time.time()
             last = engine.step_count == spec.train.steps
+            copy_s = 0.0
             # a safe point always commits: the next generation's fallback is this layout at this step
             if self._commit_due(engine.step_count) or (stopping and self._replicating):
-                blocked += self._start_commit(plan, report)
+                copy_s = self._start_commit(plan, report)
+                blocked += copy_s
                 if last or stopping:  # nothing follows to hide the swap behind: committed before going on
                     self._finish_commit(plan, report)  # (its wait is in the time since `trained`)
             elif not self._replicating:
                 self._keep_step_records(plan, report, step, world, rank)
             if last:  # the final weights are this step's checkpoint, written next
                 self._fire_drills("final", plan, rank, engine.step_count)
-            checkpoint_now, skip_save = bool(agree[-2] > 0), bool(agree[-1] > 0)
+            self.cadence.step_done(trained - started - waited - copy_s)  # its own time, less its commits'
+            checkpoint_now, skip_save = bool(agree[-3] > 0), bool(agree[-2] > 0)
             if checkpoint_now:  # on every rank: a request still on its way to one is for this checkpoint too
                 self._checkpoint_taken = max(self._checkpoint_for, plan.number)
             self._mark(phase="save")
@@ -298,12 +306,12 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                                              tuple(report["losses"][told:]))
 
     def _forward_backward(self, positions: range, world: int, rank: int, comm: TorchComm,
-                          step: int) -> tuple[float, float, dict]:
+                          step: int) -> tuple[float, torch.Tensor | float, dict]:
         """Forward and backward of this rank's share of the step (the update follows the step's
         closing all-reduce). Each micro batch's
         loss (a weighted mean, see losses.py) is scaled by its weight * world / the global weight, so
         that the engine's average over ranks is the weighted mean over the global batch. Returns this
-        rank's (weight, weight * loss, {metric: weight * value}) for the step's all-reduce."""
+        rank's (weight, weight * loss, {metric: weight * value}) for the step's all-reduce (on the device)."""
         spec, engine = self.spec, self.engine
         micro = micro_batches(positions, micro_batch_count(spec.train.global_batch, world, spec.train.micro_batch))
         self._mark(phase="data")
@@ -325,10 +333,12 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                                  f"{WEIGHT_KEY!r}: give it always or never")
         if global_weight <= 0:
             raise ValueError(f"data: the global batch of step {step} carries no loss terms (every {WEIGHT_KEY} is 0)")
+        # the loss and metrics stay on the device until the step's all-reduce has summed them: a read
+        # back here would make the host wait for each forward before it could queue the backward
         loss_sum, metric_sums = 0.0, None
         for i, (batch, weight) in enumerate(zip(batches, weights)):
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-            loss, value, metrics = checked(self._call_loss(batch), step, finite=self._finite_loss)
+            loss, value, metrics = checked(self._call_loss(batch), step, lazy=True)
             if metric_sums is not None and sorted(metrics) != sorted(metric_sums):
                 raise ValueError(f"train.loss: returned metrics {sorted(metrics)} and {sorted(metric_sums)} in one "
                                  f"step: every call must return the same ones")

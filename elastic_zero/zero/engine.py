@@ -86,7 +86,7 @@ class ZeroEngine(ShardIO):
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
         self.step_count = 0
         self.skipped_steps = 0
-        self.last_grad_norm: float | None = None
+        self._grad_norm: torch.Tensor | None = None  # the last step's global gradient norm, on the device
         # fp16 gradients underflow without it; bf16 has fp32's exponent range and needs none
         self.loss_scale = DynamicLossScale() if compute_dtype == torch.float16 else None
 
@@ -291,6 +291,11 @@ class ZeroEngine(ShardIO):
         finally:
             self._sync = True
 
+    @property
+    def last_grad_norm(self) -> float | None:
+        """The global gradient norm the last step clipped by (read from the device when asked)."""
+        return None if self._grad_norm is None else float(self._grad_norm)
+
     def step(self, host_copy: bool = False) -> bool:
         """Clip by the global norm over all shards, update the shard, publish the parameters.
         `host_copy`: also copy the updated shard to host memory, before the parameters are published
@@ -300,22 +305,22 @@ class ZeroEngine(ShardIO):
         Returns False when fp16 gradients overflowed: the step is skipped and the loss scale backs off."""
         if self._pending_reduces or any(u.grads_seen for u in self.units):
             self._finish_backward()  # loss.backward() was called directly
-        self.last_grad_norm = None
+        self._grad_norm = None
         if self.loss_scale is not None:
             overflow = torch.logical_not(torch.isfinite(self._grad).all()).to(torch.float32).reshape(1)
             self.comm.all_reduce(overflow, op="max")
-            self.loss_scale.update(bool(overflow.item()))
-            if overflow.item():
+            overflowed = bool(overflow.item())
+            self.loss_scale.update(overflowed)
+            if overflowed:
                 self.skipped_steps += 1
                 return False
         if self.grad_clip is not None:
+            # on the device, as torch's clip_grad_norm_: no read back of the norm (on a GPU the host
+            # would wait for the backward); a coefficient clamped at 1 leaves the gradients as they are
             sq = torch.linalg.vector_norm(self._grad).square().reshape(1)
             self.comm.all_reduce(sq)
-            norm = float(sq.sqrt())
-            self.last_grad_norm = norm
-            coef = self.grad_clip / (norm + 1e-6)
-            if coef < 1.0:
-                self._grad.mul_(coef)
+            self._grad_norm = sq.sqrt()
+            self._grad.mul_(torch.clamp(self.grad_clip / (self._grad_norm + 1e-6), max=1.0))
         # at stages 1-2 the master shard is a chunk of the buffer an unfinished gather (a step with
         # no forward since the last) may still write: let it land before the update
         self.synchronize()
