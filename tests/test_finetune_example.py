@@ -51,6 +51,7 @@ def test_merged_lora_weights_give_the_adapted_models_logits(tmp_path):
 
 
 @pytest.mark.runtime
+@pytest.mark.long  # 2.5 minutes of CI's two cores; its parts: LoRA's merge above, init_from, eval and MLflow in theirs
 def test_the_fine_tune_example_runs_end_to_end_through_a_kill_and_a_notice(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     pytest.importorskip("mlflow")

@@ -41,6 +41,7 @@ def _check_elastic(summary):
     assert 0 < summary["final_metrics"]["accuracy"] <= 1
 
 
+@pytest.mark.long  # 2.3 minutes of CI's two cores; a Hugging Face model through a kill and joiners: test_large_model_path.py
 def test_a_hugging_face_llama_survives_a_kill_and_a_scale_up_from_toml_and_python(tmp_path, local_ray):
     """The oracle is the TOML's job without its faults, run by the CLI; the same job from Python,
     with the kill and the scale-up, must end with the same weights."""
