@@ -482,3 +482,31 @@ def test_without_replicas_a_leaver_waiting_for_its_replacement_asks_for_a_checkp
     s, plan = _started(2, min_workers=2, max_workers=2)
     s, cmds, _ = decide(replace(s, replicated=False), PreemptionNotice("w0"), 2.0)
     assert _cmd(cmds, CheckpointNow) == CheckpointNow()
+
+
+def test_standby_workers_wait_ready_beside_the_generation_and_replace_a_loss_at_once():
+    """elastic.standby_workers: started with the job, never a member until a loss, which they make
+    good in the recovery itself (no spawn to wait for); then they are topped back up, and a scale
+    keeps them beside its target. Oracle: the same loss without standby, which waits for nothing
+    but replaces only after the survivors stepped."""
+    s = CoordinatorState(min_workers=1, max_workers=4, target=2, min_wait_s=30, standby=1)
+    s, cmds, reason = decide(s, Start(), 0.0)
+    assert cmds == (Spawn(3),) and reason == "start 2 workers and 1 on standby"
+    s, cmds, _ = decide(s, WorkersReady(_members("w0", "w1", "w2")), 1.0)
+    (start,) = cmds
+    assert [m.actor_id for m in start.plan.generation.members] == ["w0", "w1"]
+    assert [m.actor_id for m in s.ready] == ["w2"] and decide(s, Tick(), 1.5)[1] == ()  # no safe point for it
+    s, cmds, _ = _end(s, start.plan, w1="dead")
+    new = _cmd(cmds, StartGeneration).plan
+    assert [m.actor_id for m in new.generation.members] == ["w0", "w2"] and new.source == "snapshot"
+    assert _cmd(cmds, Spawn) is None and s.ready == ()
+    s, cmds, _ = decide(s, GenerationStepped(1), 10.6)
+    assert cmds == (Spawn(1),)  # the standby, again
+    s, cmds, _ = decide(s, WorkersReady(_members("w3")), 11.0)
+    assert cmds == () and [m.actor_id for m in s.ready] == ["w3"]
+    s, cmds, _ = decide(s, ScaleRequested(1), 12.0)  # a scale-down keeps the standby
+    assert _cmd(cmds, Retire) is None and [m.actor_id for m in s.ready] == ["w3"]
+    # a scale-up to 3 (w2 still to leave): the standby joins at the safe point the scale-down asked
+    # for; one more member and a new standby are asked for
+    s, cmds, _ = decide(s, ScaleRequested(3), 13.0)
+    assert _cmd(cmds, Spawn) == Spawn(2) and s.safe_point_requested

@@ -34,6 +34,30 @@ def test_a_killed_worker_leaves_the_survivors_running(tmp_path):
     assert all(i > stepped for i in later_spawns), "a replacement was spawned during the recovery"
 
 
+def test_a_standby_worker_replaces_a_lost_one_in_the_recovery_itself(tmp_path, one_worker):
+    """elastic.standby_workers = 1: a third worker starts with the job and waits, ready; the kill's
+    recovery takes it at once (the world never drops to 1, no worker is spawned for it), and a new
+    standby is asked for once the recovery stepped. Oracle: one uninterrupted worker."""
+    reference = one_worker(30)
+    code, summary, events, weights = _job(tmp_path, "standby", [{"at_step": 10, "action": "kill", "rank": 1}],
+                                          train={"steps": 30},
+                                          elastic={"workers": 2, "max_workers": 2, "standby_workers": 1})
+    assert code == 0, summary.get("error")
+    kinds = [e["event"] for e in events]
+    starts = [e for e in events if e["event"] == "generation_start"]
+    ready = [e["actor_id"] for e in events if e["event"] == "worker_ready"]
+    (standby,) = set(ready[:3]) - set(starts[0]["workers"])
+    (lost,) = [e["actor_id"] for e in events if e["event"] == "worker_lost"]
+    assert starts[1]["source"] == "snapshot" and starts[1]["step"] == 10
+    assert sorted(starts[1]["workers"]) == sorted(set(starts[0]["workers"]) - {lost} | {standby})
+    assert summary["world_size_history"][:2] == [[0, 2], [10, 2]]
+    spawns = [i for i, k in enumerate(kinds) if k == "spawn"]
+    assert events[spawns[0]]["count"] == 3 and all(i > kinds.index("worker_lost") for i in spawns[1:])
+    assert all(i > events.index(starts[1]) for i in spawns[1:]), "a worker was spawned before the recovery began"
+    _exactly_once(summary)
+    assert _relative(reference, weights) <= 1e-4
+
+
 def test_a_hung_worker_is_found_by_the_collective_timeout_and_replaced(tmp_path):
     timeout_s = 3.0
     code, summary, events, _ = _job(tmp_path, "hang", [{"at_step": 6, "action": "hang", "rank": 1}],

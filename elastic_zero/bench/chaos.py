@@ -26,11 +26,14 @@ from elastic_zero.observe.event_log import read_events
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "chaos.toml")
 
 
-def chaos_job(seed: int, steps: int, stage: int, checkpoint_uri: str, checkpoint_every: int = 20) -> dict:
-    """The drill's spec (as a dict) for one seed."""
+def chaos_job(seed: int, steps: int, stage: int, checkpoint_uri: str, checkpoint_every: int = 20,
+              replicate_every: int | str | None = None) -> dict:
+    """The drill's spec (as a dict) for one seed; `replicate_every` in place of the example's."""
     with open(EXAMPLE, "rb") as fh:
         data = tomllib.load(fh)
     e = data["elastic"]
+    if replicate_every is not None:
+        e["replicate_every"] = replicate_every
     data["name"] = f"chaos-{seed}-s{stage}"
     data["train"]["steps"] = steps
     data["zero"]["stage"] = stage
@@ -76,9 +79,13 @@ def _checkpoints_that_do_not_load(uri: str) -> list[str]:
     return broken
 
 
-def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 20) -> dict:
+def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 20,
+              replicate_every: int | str | None = None) -> dict:
     import ray
 
+    if replicate_every is not None and replicate_every != "auto" and \
+            not (isinstance(replicate_every, int) and replicate_every >= 0):
+        raise ValueError(f'--replicate-every: an integer >= 0 or "auto", got {replicate_every!r}')
     own_ray = not ray.is_initialized()
     if own_ray:
         ray.init(num_cpus=max(os.cpu_count() or 1, 5), namespace="elastic_zero", include_dashboard=False,
@@ -94,7 +101,7 @@ def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 2
                 raise RuntimeError(f"the fault-free reference run of stage {stage} failed")
             for seed in seeds:
                 run_dir = os.path.join(workdir, f"seed{seed}-s{stage}")
-                data = chaos_job(seed, steps, stage, os.path.join(run_dir, "ckpt"), checkpoint_every)
+                data = chaos_job(seed, steps, stage, os.path.join(run_dir, "ckpt"), checkpoint_every, replicate_every)
                 started = time.monotonic()
                 code, summary, events, weights = _run(data, run_dir)
                 runs.append(_judge(seed, stage, data, code, summary, events, weights, reference,
@@ -103,7 +110,7 @@ def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 2
         if own_ray:
             ray.shutdown()
     stalls = [s for r in runs for s in r["stalls_s"]]
-    return {"steps": steps, "runs": runs, "failed_runs": [f"seed {r['seed']} stage {r['stage']}" for r in runs if not r["ok"]],
+    return {"steps": steps, "replicate_every": replicate_every, "runs": runs, "failed_runs": [f"seed {r['seed']} stage {r['stage']}" for r in runs if not r["ok"]],
             "faults_survived": sum(r["faults_fired"] for r in runs if r["ok"]),
             "stall_s_median": statistics.median(stalls) if stalls else None, "stall_s_worst": max(stalls, default=None)}
 
@@ -126,6 +133,7 @@ def _judge(seed, stage, data, code, summary, events, weights, reference, wall_s)
             problems.append(f"final weights {diff:.2e} from the fault-free run")
     problems += _checkpoints_that_do_not_load(data["checkpoint"]["uri"])
     return {"seed": seed, "stage": stage, "ok": not problems, "problems": problems, "exit_code": code,
+            "replicas": summary.get("replicas"),
             "faults_scheduled": len(data["faults"]), "faults_fired": len(changes),
             "workers_lost": kinds.count("worker_lost"), "preemption_notices": kinds.count("preemption_notice"),
             "recoveries": len(summary.get("recoveries", [])), "reconfigurations": len(summary.get("reconfigurations", [])),
@@ -135,7 +143,8 @@ def _judge(seed, stage, data, code, summary, events, weights, reference, wall_s)
 
 
 def format_chaos(report: dict) -> str:
-    lines = [f"chaos drill, {report['steps']} steps per run"]
+    every = report.get("replicate_every")
+    lines = [f"chaos drill, {report['steps']} steps per run" + (f", replicate_every {every}" if every is not None else "")]
     for r in report["runs"]:
         stalls = r["stalls_s"]
         lines.append(f"  seed {r['seed']} stage {r['stage']}: {'ok' if r['ok'] else 'FAILED'}  "
@@ -144,6 +153,7 @@ def format_chaos(report: dict) -> str:
                      f"from {r['faults_scheduled']} scheduled faults, "
                      f"stall median {statistics.median(stalls) if stalls else 0:.3f} s worst {max(stalls, default=0):.3f} s, "
                      f"weights {r['weights_diff'] if r['weights_diff'] is not None else float('nan'):.1e}, {r['wall_s']} s"
+                     + (f", last cadence every {r['replicas']['every']} step(s)" if (r.get("replicas") or {}).get("auto") else "")
                      + ("".join(f"\n      {p}" for p in r["problems"])))
     lines.append(f"faults survived: {report['faults_survived']}; stall median {report['stall_s_median']} s, "
                  f"worst {report['stall_s_worst']} s; failed runs: {', '.join(report['failed_runs']) or 'none'}")

@@ -66,6 +66,8 @@ def add_bench_parsers(sub) -> None:
     chaos.add_argument("--stages", default="2,3", help="comma-separated ZeRO stages")
     chaos.add_argument("--checkpoint-every", type=int, default=20)
     chaos.add_argument("--workdir", default="runs/chaos")
+    chaos.add_argument("--replicate-every", default=None,
+                       help='elastic.replicate_every for the drill: an integer or "auto" (default: the example\'s, 1)')
     chaos.add_argument("--json", action="store_true", help="print one JSON object")
     ck = bench_sub.add_parser("checkpoint", help="sharded checkpoints against torch.distributed.checkpoint")
     ck.add_argument("--preset", default="gpt-small")
@@ -176,8 +178,10 @@ def run_bench(args) -> int:
     if args.bench == "chaos":
         from elastic_zero.bench.chaos import format_chaos, run_chaos
 
+        every = args.replicate_every
+        every = int(every) if every is not None and every.lstrip("-").isdigit() else every
         report = run_chaos([int(x) for x in args.seeds.split(",")], args.steps,
-                           [int(x) for x in args.stages.split(",")], args.workdir, args.checkpoint_every)
+                           [int(x) for x in args.stages.split(",")], args.workdir, args.checkpoint_every, every)
         print(json.dumps(report) if args.json else format_chaos(report))
         return 0 if not report["failed_runs"] else 1
     if args.bench == "checkpoint":

@@ -31,6 +31,13 @@ SHAPES = {  # GPT-2's, built from the gpt-small preset with these overrides; "ti
 }
 
 
+def _standby_devices() -> int:
+    """1 where a standby worker has a device of its own (a second GPU, or the CPU), else 0."""
+    import torch
+
+    return 1 if not _cuda() or torch.cuda.device_count() > 1 else 0
+
+
 def _cuda() -> bool:
     import torch
 
@@ -174,9 +181,12 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str,
     # a checkpoint every `save_every` steps, and the worker killed a step after the first once that one is
     # committed (kill_after_save): the recovery from the checkpoint (one worker: no replica), then the
     # saves' blocking and the steps while one writes, in the generation that recovered (the first one's
-    # report is lost with its worker)
+    # report is lost with its worker). A standby worker takes its place at once where a second device is
+    # there for it (on the CPU, always): the recovery waits for no worker's start
+    standby = _standby_devices()
     saved = _job("checkpoints", shape, micro_batch, steps, work,
                  checkpoint={"uri": os.path.join(work, "ckpt"), "every": save_every, "keep": 2},
+                 elastic={"standby_workers": standby},
                  faults=[{"at_step": save_every + 1, "action": "kill_after_save", "rank": 0}])["summary"]
     protect = dict(saved["protect_time_curve"])
     times = dict(saved["step_time_curve"])
@@ -195,7 +205,7 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str,
         "save_blocking_s": [round(protect[s], 4) for s in saves],
         "saves_skipped": saved.get("checkpoints_skipped", []),  # due while the last was still being written
         "steps_during_write_s": [round(t, 4) for t in during],
-        "recovery": {"source": recovery.get("source"), "stall_s": recovery.get("stall_s"),
+        "recovery": {"source": recovery.get("source"), "stall_s": recovery.get("stall_s"), "standby_workers": standby,
                      "to_next_step_done_s": recovery.get("to_next_step_done_s"),
                      "phases_s": recovery.get("phases_s", {}), "lost_steps": recovery.get("lost_steps")},
     }
@@ -272,7 +282,8 @@ def format_gpu(report: dict) -> str:
             f"the job): {(r['auto_cadence'] or {}).get('reason') or '-'}",
             f"  saves block {', '.join(ms(s) for s in r['save_blocking_s'])}; the steps while one writes "
             f"{', '.join(ms(s) for s in r['steps_during_write_s'])}",
-            f"  recovery from the {r['recovery']['source']}: stall {r['recovery']['stall_s']} s, next step done "
+            f"  recovery from the {r['recovery']['source']}"
+            f"{' by a standby worker' if r['recovery'].get('standby_workers') else ''}: stall {r['recovery']['stall_s']} s, next step done "
             f"after {r['recovery']['to_next_step_done_s']} s ("
             + ", ".join(f"{k} {v:.2f} s" for k, v in r["recovery"]["phases_s"].items()) + ")",
         ]

@@ -80,7 +80,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         self.rendezvous = RendezvousServer(self.host, self._secret, e.collective_timeout_s)
         self.state = CoordinatorState(min_workers=e.min_workers, max_workers=e.max_workers, target=e.workers,
                                       min_wait_s=e.min_wait_s, join_window_s=e.join_window_s,
-                                      replicated=e.replicate_every != 0)
+                                      replicated=e.replicate_every != 0, standby=e.standby_workers)
         self.books = Books(self.spec.train.global_batch, self.spec.train.steps, started_at)
         self.events = EventLog(run_dir, go_on=self.restarted)
         self.live = LiveProgress(self.spec.train.global_batch, self.spec.train.steps)

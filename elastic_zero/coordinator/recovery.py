@@ -62,8 +62,9 @@ def on_failure(state, by_id, dead, dead_leavers, now):
             why = (f"ranks {list(lost_ranks(gen, survivors))} were lost and generation {gen.number} kept no replicas "
                    f"(they did not fit its workers' memory)")
         recovery = Recovery(old, survivors, 0, (), "restart", f"{why}, and no checkpoint was committed")
-    missing = state.target - (len(survivors) - len(set(state.leaving) & set(survivors))
-                              + len(state.ready) + state.spawning)
+    # (the standby, ready, join the recovery: what they leave missing is asked for after its first step)
+    missing = state.target + state.standby - (len(survivors) - len(set(state.leaving) & set(survivors))
+                                              + len(state.ready) + state.spawning)
     commands = [Retire(lost)] if lost else []
     staying = [a for a in survivors if a not in state.leaving]
     state = replace(state, recovery=recovery, waiting_since=now)

@@ -53,6 +53,10 @@ class CoordinatorState:
     committed: bool = False
     replicated: bool = True  # the workers keep buddy replicas in memory (elastic.replicate_every > 0)
     replicas_kept: bool = True  # the running generation's plan kept them (they fit its workers' memory)
+    # workers kept started and ready beside the generation (elastic.standby_workers): a loss is made
+    # good from them at once, not after a worker's start; a scale-up takes them too, and both are
+    # topped back up
+    standby: int = 0
     first_generation: int = 0  # a restarted coordinator numbers on after its predecessor's generations
     generation: Generation | None = None
     previous: Generation | None = None  # the layout the running generation was built from
@@ -112,7 +116,9 @@ def _decide(state: CoordinatorState, event: Event, now: float):
     if state.finishing:
         return _while_finishing(state, event, now)
     if isinstance(event, Start):
-        return replace(state, spawning=state.target), (Spawn(state.target),), f"start {state.target} workers"
+        count = state.target + state.standby
+        return replace(state, spawning=count), (Spawn(count),), \
+            f"start {state.target} workers" + (f" and {state.standby} on standby" if state.standby else "")
     if isinstance(event, WorkersReady):
         return _on_ready(replace(state, start_losses=0), event.members, now)
     if isinstance(event, WorkerStartFailed):
@@ -238,7 +244,7 @@ def _on_scale(state, workers, now):
     if workers < len(staying):  # the highest ranks leave
         leavers = tuple(staying[workers:])
         state = replace(state, leaving=state.leaving + leavers)
-    surplus = len(state.staying()) + len(state.ready) - workers
+    surplus = len(state.staying()) + len(state.ready) - workers - state.standby  # the standby stay
     if surplus > 0 and state.ready:
         drop = state.ready[len(state.ready) - min(surplus, len(state.ready)) :]
         state = replace(state, ready=state.ready[: len(state.ready) - len(drop)])

@@ -184,6 +184,7 @@ class ElasticSpec:
     workers: int = 2  # the workers the job starts with and tops back up to
     min_workers: int = 1  # below it training waits (min_wait_s) for replacements, then fails
     max_workers: int = 4  # the most `scale` may ask for; at most global_batch
+    standby_workers: int = 0  # workers kept started and ready beside the job's (each on a device of its own): a lost worker is replaced from them at once, not after a worker's start, and they are topped back up
     replicate_every: Union[int, str] = "auto"  # steps between buddy replicas (every safe point replicates too); "auto": the most frequent cadence whose copies take at most 5% of the steps' time, measured in each generation; 0: none, a lost worker is recovered from the latest checkpoint (with none committed: the job starts over from its initial weights)
     use_gpu: bool = False  # one GPU per worker and NCCL, else one CPU and gloo
     collective_timeout_s: float = 30.0  # a collective waiting longer fails the generation; its hung member is killed
@@ -194,6 +195,7 @@ class ElasticSpec:
 
     def validate(self) -> None:
         _at_least("elastic.min_workers", self.min_workers, 1)
+        _at_least("elastic.standby_workers", self.standby_workers, 0)
         if self.memory_per_node_gib is not None and not self.memory_per_node_gib > 0:
             _fail("elastic.memory_per_node_gib", f"must be > 0 (or unset), got {self.memory_per_node_gib!r}")
         _at_least("elastic.join_window_s", self.join_window_s, 0.0)
