@@ -80,3 +80,15 @@ def test_a_spec_takes_auto_or_a_count_and_names_the_field_otherwise():
                      (True, "must be an integer or a string, got True"), (2.5, "got 2.5")):
         with pytest.raises(SpecError, match=r"elastic\.replicate_every: .*" + why.replace("(", r"\(")):
             spec_from_dict({"elastic": {"replicate_every": bad}})
+
+
+def test_a_commit_is_timed_as_its_copy_off_the_device_and_its_swap_over_the_link():
+    from elastic_zero.worker.replication import InFlight
+
+    cpu = InFlight(3, None, [], None, copy_s=0.02, started_at=10.0, copied_at=10.0, arrived_at=10.5)
+    assert cpu.times() == pytest.approx((0.02, 0.5))
+    # a side stream's copy ran on after the step handed it over: the exchange waited 0.1 s for it
+    gpu = InFlight(3, None, [], object(), copy_s=0.001, started_at=10.0, copied_at=10.1, arrived_at=10.3)
+    assert gpu.times() == pytest.approx((0.101, 0.2))
+    failed = InFlight(3, None, [], None, started_at=10.0)  # never arrived: nothing measured past its start
+    assert failed.times() == (0.0, 0.0)

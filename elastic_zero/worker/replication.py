@@ -70,7 +70,8 @@ class Replicator:
         def run() -> None:
             try:
                 flight.wait_copied()
-                flight.copied_at = time.perf_counter()
+                # (on CPU the copy was complete before the thread began: its start is not the copy's)
+                flight.copied_at = time.perf_counter() if flight.copied is not None else flight.started_at
                 flight.result = exchange(comm, snapshot, buddies, log)
                 flight.arrived_at = time.perf_counter()
             except BaseException as exc:  # noqa: BLE001 - handed to finish(), on the training thread
