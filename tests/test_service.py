@@ -102,7 +102,7 @@ def _status(head, cwd, job_id, starting: bool = False) -> dict | None:
     return json.loads(_ok(result))
 
 
-def _until(head, cwd, job_id, what, check, timeout_s=180.0) -> dict:
+def _until(head, cwd, job_id, what, check, timeout_s=180.0, every_s=3.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         record = _status(head, cwd, job_id, starting=True)
@@ -110,7 +110,9 @@ def _until(head, cwd, job_id, what, check, timeout_s=180.0) -> dict:
             return record
         assert record is None or record["state"] not in ("failed", "finished", "stopped"), record
         assert time.monotonic() < deadline, f"not {what} after {timeout_s:.0f} s: {record}"
-        time.sleep(1.0)
+        # each look is a process that imports Ray and connects (2-3 s of a core on CI's two): looked
+        # at every second, the job waited for would share its cores with them
+        time.sleep(every_s)
 
 
 def _driver_pid(job_id: str, timeout_s: float = 60.0) -> int:
@@ -233,7 +235,8 @@ def test_job_on_an_open_head_outlives_its_driver(open_head, workdir):
     job_id = _ok(subprocess.run([sys.executable, "-c", submit], cwd=cwd, env=head.client_env(), capture_output=True,
                                 text=True, timeout=240)).strip()
     driver = _driver_pid(job_id)
-    _until(head, cwd, job_id, "recovered", lambda r: r["recoveries"] == 1 and r["step"] >= 8)
+    # (looked at every second: the driver must still be there to be killed once the logs are read)
+    _until(head, cwd, job_id, "recovered", lambda r: r["recoveries"] == 1 and r["step"] >= 8, every_s=1.0)
     # the driver's console: the kill is an event line, not Ray's error text
     logs = _ok(_cli(head, cwd, "logs", job_id, "--address", head.address))
     assert "worker w1 lost" in logs and "recovery: generation 1 goes on from step" in logs, logs[-2000:]

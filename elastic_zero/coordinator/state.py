@@ -51,7 +51,7 @@ class CoordinatorState:
     # a checkpoint is there to fall back to: the job committed one (CheckpointCommitted) or resumed from one;
     # without it, a loss that memory cannot restore starts the job over from its initial weights
     committed: bool = False
-    replicated: bool = True  # the workers keep buddy replicas in memory (elastic.replicate_every > 0)
+    replicated: bool = True  # the workers keep buddy replicas in memory (elastic.replicate_every not 0)
     replicas_kept: bool = True  # the running generation's plan kept them (they fit its workers' memory)
     # workers kept started and ready beside the generation (elastic.standby_workers): a loss is made
     # good from them at once, not after a worker's start; a scale-up takes them too, and both are
