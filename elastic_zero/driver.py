@@ -46,7 +46,7 @@ def drive(job: JobSpec, job_id: str, run_dir: str, run_config, started_at: float
         if run_config.address:
             ray.init(address=run_config.address, **common)
         else:  # an embedded local Ray: logical CPUs for every worker the job may have
-            cpus = max(os.cpu_count() or 1, job.elastic.max_workers + 1)
+            cpus = max(os.cpu_count() or 1, job.elastic.max_workers + job.elastic.standby_workers + 1)
             ray.init(num_cpus=cpus, include_dashboard=False, **common)
     view = ProgressView() if run_config.progress else None
     restore = _stop_on_sigterm()

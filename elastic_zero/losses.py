@@ -51,8 +51,9 @@ def batch_weight(batch: dict, samples: int) -> float:
 
 
 def checked(out, step: int, finite: bool = True, where: str = "train.loss",
-            needs_grad: bool = True, lazy: bool = False) -> tuple[torch.Tensor, float, dict[str, float]]:
-    """(the loss tensor, its value, the other metrics as floats) of what a loss function returned; a
+            needs_grad: bool = True, lazy: bool = False) -> tuple[torch.Tensor, float | torch.Tensor, dict]:
+    """(the loss tensor, its value, the other metrics) of what a loss function returned, the value
+    and the metrics as floats (or, `lazy`, as tensors); a
     ValueError naming `where` if it is not a finite scalar (or a dict with one under "loss"), or
     (`needs_grad`: training) one that does not depend on the parameters.
 
@@ -99,24 +100,22 @@ def _lazy_scalar(what: str, value, where: str):
 MAX_METRICS = 16  # slots for the loss's extra metrics in the step's all-reduce, whose size every rank must share
 
 
-def step_summary(asked: bool, weight: float, loss_sum: float, metric_sums: dict, device,
-                 checkpoint_asked: bool = False, where: str = "train.loss", save_busy: bool = False,
-                 cadence: float = 0.0) -> torch.Tensor:
+def step_summary(asked: bool, weight: float, loss_sum: "float | torch.Tensor", metric_sums: dict, device,
+                 checkpoint_asked: bool = False, where: str = "train.loss", save_busy: bool = False) -> torch.Tensor:
     """This rank's part of the one all-reduce that ends a step (a sum: a request one rank was given
     reaches them all, and the coordinator asks only one): a safe point asked for, the weight,
     the weighted loss and metrics, a check that every rank's loss returned the same metrics (a hash
     h and h * h: their sums are N * h and N * h * h only if every rank has the same h), then a
-    checkpoint asked for at this step, this rank's last save still being written (then every rank
-    skips a periodic save due at this step, together: a rank alone would leave its part waiting for
-    rank 0's commit), and, last, this rank's replica cadence at the step that agrees on one (0
-    elsewhere: worker/cadence_meter.py)."""
+    checkpoint asked for at this step, and, last, this rank's last save still being written (then
+    every rank skips a periodic save due at this step, together: a rank alone would leave its part
+    waiting for rank 0's commit). The loss and the metrics may be tensors on the device (checked(lazy=True))."""
     if len(metric_sums) > MAX_METRICS:
         raise ValueError(f"{where}: returned {len(metric_sums)} metrics; at most {MAX_METRICS} are reported")
     names = sorted(metric_sums)
     h = _names_hash(names)
     values = [metric_sums[n] for n in names] + [0.0] * (MAX_METRICS - len(names))
     slots = [1.0 if asked else 0.0, weight, loss_sum, h, h * h, *values,
-             1.0 if checkpoint_asked else 0.0, 1.0 if save_busy else 0.0, float(cadence)]
+             1.0 if checkpoint_asked else 0.0, 1.0 if save_busy else 0.0]
     # a value still on the device (a lazy loss: checked()) is copied in there, not read back
     summary = torch.tensor([0.0 if isinstance(v, torch.Tensor) else v for v in slots], dtype=torch.float64,
                            device=device)
@@ -127,21 +126,22 @@ def step_summary(asked: bool, weight: float, loss_sum: float, metric_sums: dict,
 
 
 def read_step_summary(reduced: torch.Tensor, names: list[str], world: int, step: int,
-                      where: str = "train.loss", finite: bool = False) -> tuple[float, dict]:
+                      where: str = "train.loss", finite: bool = False, finite_metrics: bool = False) -> tuple[float, dict]:
     """(the step's loss, its metrics) from the all-reduced step summary (see step_summary). `finite`:
-    a loss or metric that is not finite is a ValueError naming `where` (every rank raises it alike)."""
+    a loss that is not finite is a ValueError naming `where`; `finite_metrics`: a metric too (every
+    rank raises it alike: the sums are the same everywhere)."""
     values = reduced.tolist()
     h = _names_hash(names)
     if values[3] != world * h or values[4] != world * h * h:
         raise ValueError(f"{where}: the ranks returned different metrics at step {step} (this one: {names})")
     weight = values[1]
     loss, metrics = values[2] / weight, {n: values[5 + i] / weight for i, n in enumerate(names)}
-    if finite:  # a rank's lazy loss was not checked: the sum is not finite if one of its terms was not
-        if not math.isfinite(loss):
-            raise ValueError(f"{where}: the loss is {loss} at step {step}")
-        for name, value in metrics.items():
-            if not math.isfinite(value):
-                raise ValueError(f"{where}: metric {name!r} is {value} at step {step}")
+    # a rank's lazy loss was not checked: the sum is not finite if one of its terms was not
+    if finite and not math.isfinite(loss):
+        raise ValueError(f"{where}: the loss is {loss} at step {step}")
+    for name, value in metrics.items() if finite_metrics else ():
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: metric {name!r} is {value} at step {step}")
     return loss, metrics
 
 

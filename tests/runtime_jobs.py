@@ -11,7 +11,7 @@ from elastic_zero.job.spec import spec_from_dict
 def job(tmp_path, name, faults=(), **sections):
     """Run a job of gpt-tiny (300 steps, global batch 8, 2 workers, stage 2, replicas every step unless
     `sections` say otherwise: the tests count lost steps exactly, where "auto" would pick a cadence from
-    this machine's timings; test_cadence_job.py runs it): (exit code, summary, events, final weights or None)."""
+    this machine's timings: test_runtime.py has a test of it): (exit code, summary, events, final weights or None)."""
     data = {
         "name": name,
         "model": {"preset": "gpt-tiny"},

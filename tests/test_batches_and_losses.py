@@ -107,13 +107,16 @@ def test_a_lazy_loss_stays_a_tensor_and_its_summary_is_checked_once_summed():
         checked({"loss": w.sum(), "acc": "high"}, 0, lazy=True)
     summed = step_summary(False, 2.0, value * 2.0, {"acc": metrics["acc"] * 2.0}, "cpu") + \
         step_summary(False, 2.0, 6.0, {"acc": 1.0}, "cpu")
-    assert read_step_summary(summed, ["acc"], 2, 3, finite=True) == (2.5, {"acc": 0.5})
+    assert read_step_summary(summed, ["acc"], 2, 3, finite=True, finite_metrics=True) == (2.5, {"acc": 0.5})
     for nan_loss, nan_metric, message in ((math.nan, 0.0, "the loss is nan at step 3"),
                                           (1.0, math.inf, "metric 'acc' is inf at step 3")):
         bad = step_summary(False, 2.0, torch.tensor(nan_loss, dtype=torch.float64), {"acc": nan_metric}, "cpu")
         with pytest.raises(ValueError, match="train.loss: " + message):
-            read_step_summary(bad + step_summary(False, 2.0, 1.0, {"acc": 0.0}, "cpu"), ["acc"], 2, 3, finite=True)
-        read_step_summary(bad, ["acc"], 1, 3)  # float16 (not finite): the loss scaler's to skip
+            read_step_summary(bad + step_summary(False, 2.0, 1.0, {"acc": 0.0}, "cpu"), ["acc"], 2, 3, finite=True,
+                              finite_metrics=True)
+    # float16: a loss that is not finite is the loss scaler's to skip; a metric still must be finite
+    bad = step_summary(False, 2.0, torch.tensor(math.nan, dtype=torch.float64), {"acc": 1.0}, "cpu")
+    assert math.isnan(read_step_summary(bad, ["acc"], 1, 3, finite_metrics=True)[0])
 
 
 @settings(max_examples=25, deadline=None)
@@ -154,15 +157,12 @@ def test_the_step_summary_catches_ranks_whose_losses_return_different_metrics():
 
     ranks = [(False, 3.0, 6.0, {"acc": 1.5}), (True, 1.0, 1.0, {"acc": 0.5})]
     reduced = sum(step_summary(*r, "cpu") for r in ranks)
-    assert reduced.shape == (8 + MAX_METRICS,) and reduced[0] == 1 and not reduced[-3:].any()
-    # the last three slots: a checkpoint asked for, a save still being written, on any rank, seen on every
-    # rank; the ranks' replica cadences, summed
+    assert reduced.shape == (7 + MAX_METRICS,) and reduced[0] == 1 and reduced[-2] == 0 and reduced[-1] == 0
+    # the last two slots: a checkpoint asked for, a save still being written, on any rank, seen on every rank
     asked = step_summary(False, 1.0, 1.0, {}, "cpu", checkpoint_asked=True) + step_summary(False, 1.0, 1.0, {}, "cpu")
-    assert asked[-3] == 1 and asked[0] == 0 and asked[-2] == 0
+    assert asked[-2] == 1 and asked[0] == 0 and asked[-1] == 0
     busy = step_summary(False, 1.0, 1.0, {}, "cpu", save_busy=True) + step_summary(False, 1.0, 1.0, {}, "cpu")
-    assert busy[-2] == 1 and busy[-3] == 0
-    cadence = step_summary(False, 1.0, 1.0, {}, "cpu", cadence=3) + step_summary(False, 1.0, 1.0, {}, "cpu", cadence=4)
-    assert cadence[-1] == 7 and cadence[-2] == 0
+    assert busy[-1] == 1 and busy[-2] == 0
     assert read_step_summary(reduced, ["acc"], 2, 0) == (7.0 / 4, {"acc": 0.5})
     mixed = step_summary(False, 1.0, 1.0, {"acc": 1.0}, "cpu") + step_summary(False, 1.0, 1.0, {"f1": 1.0}, "cpu")
     for names in (["acc"], ["f1"]):

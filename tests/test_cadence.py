@@ -45,30 +45,31 @@ def test_the_cadence_of_a_slow_link_and_of_no_step_yet():
 
 
 @given(st.lists(st.integers(min_value=1, max_value=1000), min_size=1, max_size=64))
-def test_the_ranks_agree_on_a_cadence_between_their_proposals(proposals):
-    agreed = agreed_every(float(sum(proposals)), len(proposals))
-    assert min(proposals) <= agreed <= max(proposals)
-    assert agreed_every(float(proposals[0] * len(proposals)), len(proposals)) == proposals[0]
+def test_the_ranks_take_the_largest_cadence_proposed(proposals):
+    """The steps go in lockstep: the slowest pair's copies stall every rank, so its cadence is the job's."""
+    assert agreed_every(float(max(proposals))) == max(proposals)
+    assert agreed_every(0.0) == 1
 
 
 def test_a_meter_proposes_at_its_deciding_step_only_and_takes_the_agreed_cadence():
     meter = CadenceMeter("auto")
     meter.new_generation()
-    assert meter.every == 1 and meter.proposal(0) == 0.0
+    assert meter.every == 1 and meter.proposal() == 1.0  # nothing measured yet
+    assert [meter.deciding(n) for n in range(6)] == [False, False, False, True, False, False] and DECIDE_AT == 4
+    meter.step_done(3.0)  # the generation's first step: one-off costs, left out
     meter.step_done(0.100)
     meter.step_done(0.100)
     meter.commit_done(2**20, 0.002, 0.012)  # 12 ms a commit, 5 ms of budget a step: every 3
-    assert [meter.proposal(n) for n in range(5)] == [0.0, 0.0, 3.0, 0.0, 0.0] and DECIDE_AT == 3
-    assert meter.agree(0.0, 2) is None and meter.every == 1  # a step that decides nothing
-    chosen = meter.agree(3.0 + 5.0, 2)  # the other rank measured a slower link
-    assert meter.every == 4 and chosen.every == 4 and chosen.cost == pytest.approx(0.012 / 0.4)
-    assert "the ranks' mean" in chosen.reason
-    assert meter.summary() == {"every": 4, "auto": True, "cost": 0.03, "reason": chosen.reason}
+    assert meter.measured().step_s == pytest.approx(0.1) and meter.proposal() == 3.0
+    chosen = meter.agree(5.0)  # another rank measured a slower link: its cadence is the job's
+    assert meter.every == 5 and chosen.every == 5 and chosen.cost == pytest.approx(0.012 / 0.5)
+    assert "the slowest rank's proposal" in chosen.reason
+    assert meter.summary() == {"every": 5, "auto": True, "cost": 0.024, "reason": chosen.reason}
     meter.new_generation()  # a new world size: measured anew, every step until then
     assert meter.every == 1 and meter.summary()["cost"] is None
     fixed = CadenceMeter(5)
     fixed.new_generation()
-    assert fixed.every == 5 and fixed.proposal(DECIDE_AT - 1) == 0.0 and not fixed.summary()["auto"]
+    assert fixed.every == 5 and not fixed.deciding(DECIDE_AT - 1) and not fixed.summary()["auto"]
 
 
 def test_a_spec_takes_auto_or_a_count_and_names_the_field_otherwise():

@@ -510,3 +510,24 @@ def test_standby_workers_wait_ready_beside_the_generation_and_replace_a_loss_at_
     # for; one more member and a new standby are asked for
     s, cmds, _ = decide(s, ScaleRequested(3), 13.0)
     assert _cmd(cmds, Spawn) == Spawn(2) and s.safe_point_requested
+
+
+def test_a_scale_up_takes_a_ready_standby_at_once_and_a_standby_that_cannot_start_fails_nothing():
+    """The join window waits for workers still starting only while the ready ones do not fill the
+    target: a standby fills it, and the one starting to replace it would join nothing. A standby
+    whose start fails leaves the job training, with a warning, and is not asked for again."""
+    from elastic_zero.coordinator.state import Warn, WorkerStartFailed
+
+    s = CoordinatorState(min_workers=1, max_workers=4, target=2, min_wait_s=30, standby=1)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, (start,), _ = decide(s, WorkersReady(_members("w0", "w1", "w2")), 1.0)
+    s, cmds, _ = decide(s, ScaleRequested(3), 2.0)
+    assert _cmd(cmds, Spawn) == Spawn(1) and _cmd(cmds, RequestSafePoint) is not None  # no wait for the new standby
+    s, cmds, _ = _end(s, start.plan)
+    up = _cmd(cmds, StartGeneration).plan
+    assert [m.actor_id for m in up.generation.members] == ["w0", "w1", "w2"]
+    s, cmds, reason = decide(s, WorkerStartFailed("w3", "OSError: no space left on device"), 3.0)
+    assert not any(isinstance(c, Fail) for c in cmds) and s.standby == 0 and "a standby worker" in reason
+    (warn,) = cmds
+    assert isinstance(warn, Warn) and "goes on with 0 standby worker(s)" in warn.message
+    assert decide(s, GenerationStepped(up.number), 4.0)[1] == ()  # none asked for again

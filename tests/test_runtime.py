@@ -150,10 +150,10 @@ def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_p
 
 
 def test_an_auto_cadence_is_agreed_by_every_rank_and_a_kill_replays_from_its_last_commit(tmp_path, one_worker):
-    """elastic.replicate_every = "auto": a generation commits every step until its third, whose
-    all-reduce agrees on a cadence from what each rank measured (ranks that disagreed would wait on
-    each other's swaps); a kill then restores the last commit, older than the kill when the cadence
-    is above 1, and replays the steps since. Oracle: one uninterrupted worker."""
+    """elastic.replicate_every = "auto": a generation commits every step until its fourth, where the
+    ranks agree on a cadence from what each measured (ranks that disagreed would wait on each other's
+    swaps); a kill then restores the last commit, older than the kill when the cadence is above 1,
+    and replays the steps since. Oracle: one uninterrupted worker."""
     reference = one_worker(30)
     code, summary, events, weights = _job(tmp_path, "auto", [{"at_step": 17, "action": "kill", "rank": 1}],
                                           train={"steps": 30},
@@ -164,7 +164,7 @@ def test_an_auto_cadence_is_agreed_by_every_rank_and_a_kill_replays_from_its_las
     every = cadences[0]["every"]
     assert every >= 1 and f"every {every} step(s)" in cadences[0]["reason"]
     (recovery,) = summary["recoveries"]
-    committed = max(17 - 17 % every, 2)  # steps 1 and 2 commit before the cadence is agreed
+    committed = max(17 - 17 % every, 3)  # steps 1 to 3 commit before the cadence is agreed
     assert recovery["source"] == "snapshot" and recovery["step"] == committed, (every, recovery)
     assert recovery["lost_steps"] == 17 - committed
     assert summary["replicas"]["auto"] and summary["replicas"] == {k: v for k, v in cadences[-1].items()

@@ -84,7 +84,7 @@ def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 2
     import ray
 
     if replicate_every is not None and replicate_every != "auto" and \
-            not (isinstance(replicate_every, int) and replicate_every >= 0):
+            not (isinstance(replicate_every, int) and not isinstance(replicate_every, bool) and replicate_every >= 0):
         raise ValueError(f'--replicate-every: an integer >= 0 or "auto", got {replicate_every!r}')
     own_ray = not ray.is_initialized()
     if own_ray:

@@ -6,9 +6,10 @@ one run, for each model shape:
   with its host copy each step (step(host_copy=True), take_host_copy(): what a replica costs the step);
 - the same model as a job on the embedded Ray (one worker, use_gpu on CUDA, no replicas, no
   checkpoints): its median step, and its first step by phase;
-- the job with replicas every step, and the job with a checkpoint every few steps that loses its
-  worker once: the blocking seconds of each save, the steps while a save writes, and the recovery
-  from the checkpoint by phase.
+- the job with replicas every step, and at the default cadence ("auto": the cadence and why);
+- the job with a checkpoint every few steps that loses its worker once: the blocking seconds of
+  each save, the steps while a save writes, and the recovery from the checkpoint by phase (by a
+  standby worker where a second device is there for one, as on the CPU).
 
 Without CUDA it runs the same on tiny shapes on the CPU, and says so: the absolute times then mean
 nothing, the ratios move the way they move on a GPU (CI runs it so). On a GPU machine without a

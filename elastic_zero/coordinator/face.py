@@ -153,13 +153,19 @@ class CoordinatorFace:
         """Rank 0 says the replica cadence its generation agreed on (elastic.replicate_every = "auto":
         worker/cadence_meter.py), with its measured cost."""
         self._log("replicas_cadence", generation=generation, **cadence)
-        self.live.replicas = cadence
+        latest = self.live.replicas
+        if latest is None or latest["generation"] <= generation:  # (notes are served on several threads)
+            self.live.replicas = {"generation": generation, **cadence}
 
-    def _replicas(self) -> dict:
-        """The replicas' cadence for the status and the summary: the latest agreed, else as asked."""
+    def _replicas(self, current: bool) -> dict:
+        """The replicas' cadence: the one the running generation agreed on (`current`: the status;
+        as asked until it agreed), else the latest agreed (the summary)."""
         every = self.spec.elastic.replicate_every
-        return self.live.replicas or {"every": None if every == "auto" else every, "auto": every == "auto",
-                                      "cost": None, "reason": None}
+        asked = {"every": None if every == "auto" else every, "auto": every == "auto", "cost": None, "reason": None}
+        latest, gen = self.live.replicas, self.state.generation
+        if latest is None or (current and (gen is None or latest["generation"] != gen.number)):
+            return asked
+        return {key: latest[key] for key in asked}
 
     def eval_note(self, generation: int, result: dict) -> None:
         """Rank 0 evaluated the weights after `result["step"]` steps (worker/evaluation.py)."""
@@ -223,7 +229,7 @@ class CoordinatorFace:
             coordinator={"pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
                          "node": ray.get_runtime_context().get_node_id()},
             error=(self._result or {}).get("error"), last_events=last_events(records),
-            replicas=self._replicas(),
+            replicas=self._replicas(current=True),
             memory={**self.memory.summary(self.state.memory, self._last_plan),
                     "rss_gib": {a: round(p.rss / 2**30, 3) for a, p in sorted(self.heartbeats.progress.items())
                                 if a in self._workers and not p.last_word}})
@@ -250,7 +256,7 @@ class CoordinatorFace:
         r = self._result
         summary = {**r["summary"], "ok": r["ok"], "error": r.get("error"), "job_id": self.job_id,
                    "coordinator_restarts": self.restarts, "memory": self.memory.summary(self.state.memory, self._last_plan),
-                   "replicas": self._replicas()}
+                   "replicas": self._replicas(current=False)}
         r["summary"] = summary
         committed = [e["directory"] for e in self.events.records if e.get("event") == "checkpoint_committed"]
         r["checkpoint"] = committed[-1] if committed else None

@@ -31,9 +31,10 @@ def ask_for_safe_point_if_needed(state, reason: str, now: float):
                 f"{reason}; a shard has no replica outside the leavers: checkpoint now"
         return state, (), reason
     if state.running and wants and not state.safe_point_requested:
-        if not state.leaving and state.spawning > 0:
+        if not state.leaving and state.spawning > 0 and len(state.staying()) + len(state.ready) < state.target:
             # joiners only (nobody has to go): those still starting may join at the same safe point,
-            # one stall instead of one each, if they are ready within the window
+            # one stall instead of one each, if they are ready within the window (not when the ready
+            # ones fill the target: those starting would be standby workers, who join nothing)
             since = now if state.joiners_wait_since is None else state.joiners_wait_since
             if now - since < state.join_window_s:
                 return replace(state, joiners_wait_since=since), (), \

@@ -221,6 +221,12 @@ def _on_start_failure(state, event: WorkerStartFailed):
     MAX_START_LOSSES times in a row."""
     state = replace(state, spawning=max(0, state.spawning - 1))
     message = f"worker {event.actor_id} failed to start: {event.error}"
+    have = len(state.staying()) + len(state.ready) + state.spawning
+    if state.generation is not None and state.standby and have >= state.target and not event.lost:
+        # it was to stand by: the job trains on without it, and without standby workers from now on
+        return replace(state, standby=max(0, have - state.target), errors_seen=state.errors_seen | {event.error}), \
+            (Warn(f"{message}; the job goes on with {max(0, have - state.target)} standby worker(s)"),), \
+            f"{message}: a standby worker; none asked for again"
     if event.lost:  # not the worker's own doing (a node lost under it): ask again, a few times in a row
         if state.start_losses < MAX_START_LOSSES:
             state, spawn = top_up(replace(state, start_losses=state.start_losses + 1))

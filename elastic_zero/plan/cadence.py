@@ -1,6 +1,6 @@
 """How often a job makes replicas when `elastic.replicate_every = "auto"`: the most frequent cadence
 whose copies cost at most REPLICA_BUDGET of the steps they protect. Pure: the worker measures, this
-decides, and the ranks agree on one cadence in a step's closing all-reduce (worker/cadence_meter.py).
+decides, and the ranks agree on the largest one proposed (worker/cadence_meter.py).
 
 A commit moves one shard snapshot twice: off the device into host memory, then over the link to the
 buddy. Both run beside the steps that follow (a side stream, a helper thread), each on its own
@@ -62,10 +62,8 @@ def choose_cadence(measured: CommitCost, budget: float = REPLICA_BUDGET, most: i
     return Cadence(every, cost, reason)
 
 
-def agreed_every(proposals_sum: float, world: int) -> int:
-    """The cadence every rank takes from the sum of their proposals (one sum all-reduce): the mean,
-    rounded up (the ranks' shards are the same size and their steps in lockstep; what differs is
-    each node's copy and link)."""
-    if world < 1:
-        raise ValueError(f"world must be >= 1, got {world}")
-    return max(1, math.ceil(proposals_sum / world - 1e-9))
+def agreed_every(largest_proposal: float) -> int:
+    """The cadence every rank takes: the largest any rank proposed (one max all-reduce). The steps
+    go in lockstep, so the slowest pair's copies stall every rank's step: the mean would leave
+    that pair's copies over budget, and the whole job with them."""
+    return max(1, math.ceil(largest_proposal - 1e-9))

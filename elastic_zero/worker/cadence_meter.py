@@ -2,8 +2,12 @@
 current generation, its proposal, and the cadence every rank agreed on (plan/cadence.py decides).
 
 Each generation measures anew (its world size sets the shard's bytes): it commits every step until
-its DECIDE_AT-th step, whose closing all-reduce carries each rank's proposal; from that step on
-every rank commits every `agreed_every(sum, world)` steps. A fixed integer is taken as it is.
+its DECIDE_AT-th step, after whose closing all-reduce every rank proposes a cadence from what it
+measured and takes the largest proposed (one max all-reduce: commit/_agree_cadence). The
+generation's first step is left out of the steps' time: it pays one-off costs (a recovery's or a
+handover's first collectives, the allocator's growth, on a GPU its kernels' first launches), which
+would make every step look slower and the replicas cheaper than they are. A fixed integer is taken
+as it is.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import statistics
 
 from elastic_zero.plan.cadence import Cadence, CommitCost, agreed_every, choose_cadence
 
-DECIDE_AT = 3  # the generation's step whose all-reduce carries the proposals: two steps and a commit measured
+DECIDE_AT = 4  # the generation's step that decides: three steps done, the first of them left out
 
 
 class CadenceMeter:
@@ -36,26 +40,28 @@ class CadenceMeter:
         self._commits.append((shard_bytes, max(copy_s, 0.0), max(swap_s, 0.0)))
 
     def measured(self) -> CommitCost | None:
-        """The medians of this generation's steps and commits so far; None before a step and a commit."""
-        if not self._step_s or not self._commits:
+        """The medians of this generation's steps (its first left out, while others follow) and
+        commits so far; None before a step and a commit."""
+        steps = self._step_s[1:] or self._step_s
+        if not steps or not self._commits:
             return None
         return CommitCost(max(b for b, _, _ in self._commits), statistics.median(c for _, c, _ in self._commits),
-                          statistics.median(s for _, _, s in self._commits), statistics.median(self._step_s))
+                          statistics.median(s for _, _, s in self._commits), statistics.median(steps))
 
-    def proposal(self, steps_in_generation: int) -> float:
-        """This rank's cadence for the step about to close (the count of the generation's steps done
-        before it): 0 except at the deciding step of an auto cadence."""
-        if not self.auto or steps_in_generation != DECIDE_AT - 1:
-            return 0.0
+    def deciding(self, steps_in_generation: int) -> bool:
+        """Whether the step just closed (the generation's `steps_in_generation`-th done before it,
+        counted from 0) is the one whose ranks agree on an auto cadence."""
+        return self.auto and steps_in_generation == DECIDE_AT - 1
+
+    def proposal(self) -> float:
+        """This rank's cadence from what it measured (1 with nothing measured)."""
         costs = self.measured()
         return float(choose_cadence(costs).every) if costs is not None else 1.0
 
-    def agree(self, proposals_sum: float, world: int) -> Cadence | None:
-        """Take the cadence from the step's all-reduced proposals (0: none was made at this step).
-        Returns the agreed cadence when this step decided it."""
-        if proposals_sum <= 0:
-            return None
-        self.every = agreed_every(proposals_sum, world)
+    def agree(self, largest_proposal: float) -> Cadence:
+        """Take the cadence the ranks agreed on: the largest proposed. Returns it, with this rank's
+        measured cost at it."""
+        self.every = agreed_every(largest_proposal)
         costs = self.measured()
         if costs is None:
             self.chosen = Cadence(self.every, 0.0, f"every {self.every} step(s), as the other ranks measured")
@@ -63,7 +69,7 @@ class CadenceMeter:
             mine = choose_cadence(costs)
             cost = costs.commit_s / (self.every * costs.step_s) if costs.step_s > 0 else 0.0
             reason = mine.reason if mine.every == self.every else \
-                f"every {self.every} step(s), the ranks' mean (this rank's own: {mine.reason})"
+                f"every {self.every} step(s), the slowest rank's proposal (this rank's own: {mine.reason})"
             self.chosen = Cadence(self.every, cost, reason)
         return self.chosen
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from elastic_zero.plan.batches import rank_positions
 from elastic_zero.protocol import GenerationPlan
 from elastic_zero.worker.node_duties import coordinator_handle
@@ -29,14 +31,16 @@ class StepCommits:
         every = self.cadence.every
         return self._replicating and (step_count % every == 0 or step_count == self.spec.train.steps)
 
-    def _cadence_proposal(self, report: dict) -> float:
-        """This rank's part of the step's all-reduce for an auto cadence (0 but at the deciding step)."""
-        return self.cadence.proposal(len(report["step_times"])) if self._replicating else 0.0
-
-    def _agree_cadence(self, plan: GenerationPlan, rank: int, proposals_sum: float) -> None:
-        """Take the cadence the step's all-reduce agreed on, if it agreed one; rank 0 tells the coordinator."""
-        if self.cadence.agree(proposals_sum, plan.generation.world_size) is not None and rank == 0 \
-                and self._coordinator:
+    def _agree_cadence(self, plan: GenerationPlan, rank: int, comm, report: dict) -> None:
+        """At an auto cadence's deciding step (the same on every rank: the generation's step count),
+        every rank takes the largest cadence proposed: the slowest pair's copies stall every rank's
+        step alike. Rank 0 tells the coordinator."""
+        if not self._replicating or not self.cadence.deciding(len(report["step_times"])):
+            return
+        proposed = torch.tensor([self.cadence.proposal()], dtype=torch.float64, device=self.device)
+        comm.all_reduce(proposed, op="max")
+        self.cadence.agree(float(proposed[0]))
+        if rank == 0 and self._coordinator:
             coordinator_handle(self._coordinator, self._namespace).replicas_note.remote(
                 plan.number, self.cadence.summary())
 

@@ -213,7 +213,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             every = spec.checkpoint.every
             save_busy = bool(self.writer is not None and every and (step + 1) % every == 0 and self.writer.busy())
             agree = step_summary(asked, weight, loss_sum, metric_sums, self.device, checkpoint_asked,
-                                 save_busy=save_busy, cadence=self._cadence_proposal(report))
+                                 save_busy=save_busy)
             # without replicas the layout is complete once every rank has taken its shards of it
             committed = self.replicas.generation == plan.number or not self._replicating
             self._mark(phase="agree")
@@ -224,9 +224,9 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                     self.replicas = LayoutReplicas()  # those of the layouts before go too
                 if rank == 0 and plan.leaving and not report["step_times"]:
                     self.store.set(committed_key(plan), "1")  # the leavers may go
-            report["last_loss"], report["last_metrics"] = read_step_summary(agree, sorted(metric_sums), world, step,
-                                                                            finite=self._finite_loss)
-            self._agree_cadence(plan, rank, float(agree[-1]))
+            report["last_loss"], report["last_metrics"] = read_step_summary(
+                agree, sorted(metric_sums), world, step, finite=self._finite_loss, finite_metrics=True)
+            self._agree_cadence(plan, rank, comm, report)
             report["losses"].append((step, round(report["last_loss"], 6)))  # every rank: one may be lost
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             # the update after the all-reduce: the older replicas are gone before the step's copy is made,
@@ -252,7 +252,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             if last:  # the final weights are this step's checkpoint, written next
                 self._fire_drills("final", plan, rank, engine.step_count)
             self.cadence.step_done(trained - started - waited - copy_s)  # its own time, less its commits'
-            checkpoint_now, skip_save = bool(agree[-3] > 0), bool(agree[-2] > 0)
+            checkpoint_now, skip_save = bool(agree[-2] > 0), bool(agree[-1] > 0)
             if checkpoint_now:  # on every rank: a request still on its way to one is for this checkpoint too
                 self._checkpoint_taken = max(self._checkpoint_for, plan.number)
             self._mark(phase="save")
