@@ -112,7 +112,7 @@ def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 2
     stalls = [s for r in runs for s in r["stalls_s"]]
     return {"steps": steps, "replicate_every": replicate_every, "runs": runs, "failed_runs": [f"seed {r['seed']} stage {r['stage']}" for r in runs if not r["ok"]],
             "faults_survived": sum(r["faults_fired"] for r in runs if r["ok"]),
-            "stall_s_median": statistics.median(stalls) if stalls else None, "stall_s_worst": max(stalls, default=None)}
+            "stall_s_median": round(statistics.median(stalls), 4) if stalls else None, "stall_s_worst": max(stalls, default=None)}
 
 
 def _judge(seed, stage, data, code, summary, events, weights, reference, wall_s) -> dict:
