@@ -13,6 +13,7 @@ environment, which the raylet that started it gave it.
 
 from __future__ import annotations
 
+import functools
 import os
 
 DEFAULT_THRESHOLD = 0.95
@@ -36,17 +37,13 @@ def _read_int(path: str) -> int | None:
         with open(path) as f:
             text = f.read().strip()
         return int(text) if text.isdigit() else None
-    except OSError:
+    except OSError:  # a file this kernel or cgroup version does not have: the figure is not known here
         return None
 
 
-_LIMIT: list = []  # the cgroup's limit, read once (a container's limit does not change under it)
-
-
+@functools.cache  # read once: a container's limit does not change under it
 def _cgroup_limit() -> int | None:
-    if not _LIMIT:
-        _LIMIT.append(_read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes") or _read_int("/sys/fs/cgroup/memory.max"))
-    return _LIMIT[0]
+    return _read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes") or _read_int("/sys/fs/cgroup/memory.max")
 
 
 def capacity_bytes() -> int:
@@ -70,7 +67,7 @@ def used_bytes() -> int:
                     key, _, value = line.partition(" ")
                     if key in ("inactive_file", "active_file", "total_inactive_file", "total_active_file"):
                         cache += int(value)
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # no stat file, or one unreadable: the usage is counted with its cache
             pass
         return max(0, current - cache)
     info = _meminfo()
@@ -103,7 +100,7 @@ def peak_rss_bytes(pid: int) -> int:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError):  # the process is gone, or this is not Linux: 0, as rss_bytes
         pass
     return 0
 

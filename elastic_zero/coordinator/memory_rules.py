@@ -67,6 +67,13 @@ def fitting_world(state, nodes: list[str], least: int) -> int:
     return world if world is not None else least
 
 
+def fitting_joiners(state, staying, joiners) -> list:
+    """The ready workers (`joiners`, in the order they join) that join the members `staying`: as
+    many as fit beside them."""
+    nodes = [m.node for m in list(staying) + list(joiners)]
+    return list(joiners[: max(0, fitting_world(state, nodes, len(staying)) - len(staying))])
+
+
 def why_more(state, world: int) -> str:
     """Why `world` workers are too few for memory, in one line ('' when they are not)."""
     view = state.memory

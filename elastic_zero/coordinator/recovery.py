@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from elastic_zero.coordinator.events import Retire, Spawn, StartGeneration
-from elastic_zero.coordinator.memory_rules import fitting_world, min_workers, why_more
+from elastic_zero.coordinator.memory_rules import fitting_joiners, min_workers, why_more
 from elastic_zero.coordinator.transitions import begin, fitted
 from elastic_zero.plan.membership import Generation, next_generation
 from elastic_zero.plan.recovery import lost_ranks, restore_point
@@ -88,10 +88,8 @@ def _holdings(by_id, generation: int):
 def try_recover(state, now):
     rec = state.recovery
     staying = [state.members_by_id[a] for a in rec.survivors if a not in state.leaving]
-    joiners = list(state.ready[: max(0, state.target - len(staying))])
-    # as many of them as fit beside the survivors (on a node shared by several, more can fit worse)
-    fit = fitting_world(state, [m.node for m in staying + joiners], len(staying))
-    joiners = joiners[: max(0, fit - len(staying))]
+    # as many as fit beside the survivors (on a node shared by several, more can fit worse)
+    joiners = fitting_joiners(state, staying, state.ready[: max(0, state.target - len(staying))])
     world, least = len(staying) + len(joiners), min_workers(state)
     if world < least:
         memory = why_more(state, world)

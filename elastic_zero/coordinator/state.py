@@ -14,7 +14,7 @@ from elastic_zero.coordinator.events import (  # noqa: F401 - the events and com
     MemorySeen, PreemptionNotice, RequestSafePoint, Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop,
     StopRequested, Tick, Warn, WorkersReady, WorkerStartFailed,
 )
-from elastic_zero.coordinator.memory_rules import fitting_min, fitting_world, min_workers, why_more
+from elastic_zero.coordinator.memory_rules import fitting_joiners, fitting_min, fitting_world, min_workers, why_more
 from elastic_zero.coordinator.recovery import Recovery, on_failure, try_recover
 from elastic_zero.coordinator.safe_points import ask_for_safe_point_if_needed
 from elastic_zero.coordinator.transitions import begin, fitted, remember, top_up
@@ -312,11 +312,11 @@ def _on_generation_end(state, outcomes, now):
         return replace(state, done=True), (Stop(step, state.stop_checkpoint), Retire(everyone)), \
             f"stopped on request at step {step}"
     staying = [m for m in state.generation.members if m.actor_id not in state.leaving]
-    joiners = _fitting_joiners(state, staying, state.ready[: max(0, state.target - len(staying))])
+    joiners = fitting_joiners(state, staying, state.ready[: max(0, state.target - len(staying))])
     postponed = ()
     if len(staying) + len(joiners) < min_workers(state):  # a safe point asked for before the leave
         postponed, staying = state.leaving, list(state.generation.members)  # they leave once replaced
-        joiners = _fitting_joiners(state, staying, state.ready[: max(0, state.target - len(staying))])
+        joiners = fitting_joiners(state, staying, state.ready[: max(0, state.target - len(staying))])
     gen = next_generation(state.generation, staying + joiners)
     leavers = tuple(a for a in members if a in state.leaving and a not in postponed)
     participants = tuple(m.actor_id for m in gen.members) + leavers
@@ -327,9 +327,3 @@ def _on_generation_end(state, outcomes, now):
     state, spawn = top_up(state) if top_up_pending else (state, ())
     return state, warn + (StartGeneration(plan),) + spawn, \
         f"generation {gen.number}: {len(members)} -> {gen.world_size} workers at step {step}"
-
-
-def _fitting_joiners(state, staying, joiners) -> list:
-    """The ready workers that join `staying`: as many as fit beside them (memory_rules.fitting_world)."""
-    nodes = [m.node for m in list(staying) + list(joiners)]
-    return list(joiners[: max(0, fitting_world(state, nodes, len(staying)) - len(staying))])

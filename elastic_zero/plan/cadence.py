@@ -37,6 +37,10 @@ class CommitCost:
     def commit_s(self) -> float:
         return max(self.copy_s, self.swap_s)
 
+    def share(self, every: int) -> float:
+        """The commits' share of the steps' time at a commit every `every` steps (0 with no step measured)."""
+        return self.commit_s / (every * self.step_s) if self.step_s > 0 else 0.0
+
 
 @dataclass(frozen=True)
 class Cadence:
@@ -53,7 +57,7 @@ def choose_cadence(measured: CommitCost, budget: float = REPLICA_BUDGET, most: i
     if step_s <= 0:  # nothing to weigh the copies against (no step measured): as often as possible
         return Cadence(1, 0.0, "every step: no step time measured yet")
     every = min(most, max(1, math.ceil(commit_s / (budget * step_s) - 1e-9)))
-    cost = commit_s / (every * step_s)
+    cost = measured.share(every)
     reason = (f"every {every} step(s): a replica of {measured.shard_bytes / 2**20:.1f} MiB takes "
               f"{measured.copy_s * 1e3:.1f} ms off the device and {measured.swap_s * 1e3:.1f} ms over the link, "
               f"{cost:.1%} of {every} step(s) of {step_s * 1e3:.1f} ms")

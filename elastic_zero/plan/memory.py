@@ -152,19 +152,17 @@ class MemoryView:
     def smallest_world(self, nodes_in_order: list[str], most: int) -> int | None:
         """The fewest workers, placed on `nodes_in_order` (the candidates' nodes, in the order they
         would join), that fit without replicas; None if not even `most` do."""
-        for world in range(1, min(most, len(nodes_in_order)) + 1):
-            if self.verdict(world, nodes_in_order[:world], replicas=False).fits:
-                return world
-        return None
+        return self._first_fitting(range(1, min(most, len(nodes_in_order)) + 1), nodes_in_order)
 
     def largest_world(self, nodes_in_order: list[str], least: int, most: int) -> int | None:
         """The most workers in [least, most], placed on `nodes_in_order`, that fit without replicas
         (on a node shared by several, each worker's overhead adds up: more workers may fit worse);
         None if none does."""
-        for world in range(min(most, len(nodes_in_order)), least - 1, -1):
-            if world >= 1 and self.verdict(world, nodes_in_order[:world], replicas=False).fits:
-                return world
-        return None
+        return self._first_fitting(range(min(most, len(nodes_in_order)), max(least, 1) - 1, -1), nodes_in_order)
+
+    def _first_fitting(self, worlds: range, nodes_in_order: list[str]) -> int | None:
+        """The first of `worlds` whose workers, the first that many of `nodes_in_order`, fit without replicas."""
+        return next((w for w in worlds if self.verdict(w, nodes_in_order[:w], replicas=False).fits), None)
 
     def killed(self, world: int, replicas: bool, room: int) -> "MemoryView":
         """A worker of a generation of `world` (with or without replicas) was killed for memory where

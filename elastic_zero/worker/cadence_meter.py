@@ -67,10 +67,9 @@ class CadenceMeter:
             self.chosen = Cadence(self.every, 0.0, f"every {self.every} step(s), as the other ranks measured")
         else:
             mine = choose_cadence(costs)
-            cost = costs.commit_s / (self.every * costs.step_s) if costs.step_s > 0 else 0.0
             reason = mine.reason if mine.every == self.every else \
                 f"every {self.every} step(s), the slowest rank's proposal (this rank's own: {mine.reason})"
-            self.chosen = Cadence(self.every, cost, reason)
+            self.chosen = Cadence(self.every, costs.share(self.every), reason)
         return self.chosen
 
     def summary(self) -> dict:
