@@ -109,8 +109,8 @@ def test_a_failure_in_the_middle_of_an_export_removes_the_partial_output(tmp_pat
     directory = _save(_gpt2(), tmp_path / "ckpt")
     real = module.iter_weights
 
-    def broken(fs, d):
-        for i, item in enumerate(real(fs, d)):
+    def broken(fs, d, scratch=False):
+        for i, item in enumerate(real(fs, d, scratch)):
             if i == 5:
                 raise OSError("disk full (injected)")
             yield item

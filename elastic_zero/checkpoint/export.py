@@ -65,14 +65,14 @@ def open_checkpoint(uri: str) -> tuple[pafs.FileSystem, str]:
     return fs, resolve(fs, path, "latest")
 
 
-def iter_weights(fs: pafs.FileSystem, directory: str) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(fs: pafs.FileSystem, directory: str, scratch: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of every tensor of the model's state dict the checkpoint holds: the trained
     parameters (fp32) in the layout's order, a tied parameter's other names right after it (views of
     the same tensor), then what the job saved beside its shards with the final weights (buffers,
-    frozen parameters: `model_tensors`)."""
+    frozen parameters: `model_tensors`). `scratch`: as iter_params's."""
     manifest = read_manifest(fs, directory)
     aliases_of = _aliases_of(manifest)
-    for name, tensor in iter_params(fs, directory, manifest):
+    for name, tensor in iter_params(fs, directory, manifest, scratch):
         yield name, tensor
         for alias in aliases_of.get(name, ()):
             yield alias, tensor
@@ -81,13 +81,18 @@ def iter_weights(fs: pafs.FileSystem, directory: str) -> Iterator[tuple[str, tor
         yield from safetensors_format.read(fs, f"{directory}/{side}")
 
 
-def iter_params(fs: pafs.FileSystem, directory: str, manifest=None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_params(fs: pafs.FileSystem, directory: str, manifest=None,
+                scratch: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, fp32 tensor of its own) of every trained parameter, in the layout's order, each read
-    from the blocks that overlap it."""
+    from the blocks that overlap it. With `scratch`, each tensor is instead a view of one buffer (the
+    size of the largest), valid until the next is read: a writer that takes one tensor at a time
+    then holds one, where a new tensor each would leave the allocator's heap as high as several."""
     manifest = manifest or read_manifest(fs, directory)
+    slots = FlatLayout.from_dict(manifest.layout).slots
+    buffer = torch.empty(max((s.numel for s in slots), default=0) if scratch else 0, dtype=torch.float32)
     with BlockReader(fs, directory, manifest) as reader:
-        for slot in FlatLayout.from_dict(manifest.layout).slots:
-            out = torch.empty(slot.numel, dtype=torch.float32)
+        for slot in slots:
+            out = buffer[:slot.numel] if scratch else torch.empty(slot.numel, dtype=torch.float32)
             reader.read("params", slot.offset, slot.end, out)
             yield slot.name, out.view(slot.shape)
 
@@ -132,7 +137,7 @@ def load_state_dict(uri: str, limit_bytes: int = STATE_DICT_LIMIT_BYTES) -> dict
         raise ValueError(f"the weights at {uri} are {nbytes / 2**30:.1f} GiB, over the {limit_bytes / 2**30:.1f} GiB "
                          f"a state dict may hold in memory: export them instead "
                          f"(elastic-zero export {uri} OUT --format safetensors|hf)")
-    return {name: t.clone() for name, t in iter_weights(fs, directory)}
+    return {name: t.clone() for name, t in iter_weights(fs, directory, scratch=True)}
 
 
 def export(checkpoint_uri: str, out_uri: str, fmt: str, max_shard_bytes: int = HF_SHARD_BYTES) -> list[str]:
@@ -143,12 +148,12 @@ def export(checkpoint_uri: str, out_uri: str, fmt: str, max_shard_bytes: int = H
     out_fs, out_path = _output(out_uri, directory=fmt == "hf")
     if fmt == "torch":
         entries, aliases = _entries(fs, directory), read_manifest(fs, directory).extra.get("aliases", {})
-        return [_atomically(out_fs, out_path, lambda tmp: _torch_write(out_fs, tmp, entries, iter_weights(fs, directory),
-                                                                       aliases))]
+        return [_atomically(out_fs, out_path, lambda tmp: _torch_write(
+            out_fs, tmp, entries, iter_weights(fs, directory, scratch=True), aliases))]
     if fmt == "safetensors":
         entries = _entries(fs, directory)
-        return [_atomically(out_fs, out_path, lambda tmp: safetensors_format.write(out_fs, tmp, entries,
-                                                                                   iter_weights(fs, directory)))]
+        return [_atomically(out_fs, out_path, lambda tmp: safetensors_format.write(
+            out_fs, tmp, entries, iter_weights(fs, directory, scratch=True)))]
     config = read_manifest(fs, directory).extra.get("hf_config")
     if config is None:
         raise ValueError(f"{checkpoint_uri}: the job's model is not a Hugging Face model (its checkpoint has no "
@@ -210,7 +215,7 @@ def _write_hf(fs: pafs.FileSystem, path: str, config: dict, src_fs, directory: s
         size += _nbytes(entry)
     names = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    tensors = iter_weights(src_fs, directory)
+    tensors = iter_weights(src_fs, directory, scratch=True)
     for file_name, shard in zip(names, shards):
         safetensors_format.write(fs, f"{path}/{file_name}", shard, tensors)
     if len(shards) > 1:

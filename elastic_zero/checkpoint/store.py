@@ -171,12 +171,15 @@ def load_shard(fs: pafs.FileSystem, directory: str, layout: FlatLayout, world_si
 class BlockReader:
     """Flat ranges of a committed checkpoint's vectors, read block by block, each checked by its CRC.
     Files are opened once, and the last block read is kept: the small parameters that share a block
-    cost one read of it. `bytes_read` counts the bytes read from the files."""
+    cost one read of it. Every block is read into one buffer of the reader's own, so reading a
+    checkpoint of any size holds one block: buffers from Arrow's pool would each be a new allocation,
+    handed back to the system only after the pool's delay. `bytes_read` counts the bytes read."""
 
     def __init__(self, fs: pafs.FileSystem, directory: str, manifest: Manifest) -> None:
         self.fs, self.directory, self.manifest = fs, directory, manifest
         self._handles: dict[str, object] = {}
-        self._last: tuple = (None, None)  # ((path, byte offset), the block's tensor)
+        self._last: tuple = (None, None)  # ((path, byte offset), the block's tensor: a view of _buffer)
+        self._buffer = torch.empty(0, dtype=torch.uint8)
         self.bytes_read = 0
 
     def read(self, vector: str, start: int, stop: int, out: torch.Tensor) -> None:
@@ -196,15 +199,20 @@ class BlockReader:
             except FileNotFoundError:
                 raise ValueError(f"{path}: data file of a committed checkpoint is missing") from None
         size = DTYPE_SIZES[dtype]
-        data = self._handles[path].read_at(b.numel * size, b.offset)
-        self.bytes_read += len(data)
-        if len(data) != b.numel * size or zlib.crc32(data) != b.crc32:
-            what = "truncated" if len(data) != b.numel * size else "checksum mismatch"
+        nbytes = b.numel * size
+        if self._buffer.numel() < nbytes:
+            self._last = (None, None)
+            self._buffer = torch.empty(nbytes, dtype=torch.uint8)
+        data = memoryview(self._buffer.numpy())[:nbytes]
+        handle = self._handles[path]
+        handle.seek(b.offset)
+        got = handle.readinto(data)
+        self.bytes_read += got
+        if got != nbytes or zlib.crc32(data) != b.crc32:
+            what = "truncated" if got != nbytes else "checksum mismatch"
             raise ChecksumError(f"{path}: {what} in {vector!r} elements [{b.start}, {b.start + b.numel}) "
-                                f"at bytes [{b.offset}, {b.offset + b.numel * size})")
-        with warnings.catch_warnings():  # read-only bytes: we only copy out of them
-            warnings.simplefilter("ignore", UserWarning)
-            block = torch.frombuffer(data, dtype=_BIT_VIEWS[size]).view(_TORCH_DTYPES[dtype])
+                                f"at bytes [{b.offset}, {b.offset + nbytes})")
+        block = self._buffer[:nbytes].view(_BIT_VIEWS[size]).view(_TORCH_DTYPES[dtype])
         self._last = ((path, b.offset), block)
         return block
 

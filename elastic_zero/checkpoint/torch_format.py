@@ -92,7 +92,7 @@ def write(out, entries: list[tuple], tensors, aliases: dict[str, str]) -> None:
         if (tensor.dtype, tensor.numel()) != (storage.dtype, storage.numel):
             raise ValueError(f"{name}: read {tensor.dtype} x {tensor.numel()}, listed as {storage.dtype} x {storage.numel}")
         tensor = tensor.contiguous()
-        if tensor.untyped_storage().nbytes() != tensor.nbytes:  # a view of a larger storage: only its own bytes
+        if tensor.storage_offset():  # its bytes do not begin its storage's: a record is a storage's first bytes
             tensor = tensor.clone()
         writer.write_record(f"data/{storage.key}", tensor.untyped_storage(), tensor.nbytes)
     if written != len(storages):
