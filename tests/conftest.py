@@ -19,8 +19,10 @@ os.environ["ELASTIC_ZERO_CHECK_TRAFFIC"] = "1"
 
 # The tiers: `pytest -m unit` runs in seconds (pure logic and single-process engine checks);
 # `runtime` tests start Ray or local process groups; `slow` ones take a minute or more; `long` ones
-# run an example end to end over minutes, whose parts shorter tests cover: CI leaves them out
-# (README.md's command), `pytest -m long` runs them.
+# run an example or a bench end to end over minutes, whose parts shorter tests cover, or a behaviour
+# CI checks at another size or stage (CI's two cores are spent mostly importing torch in each worker
+# a test starts: 2-3 s of a core each): CI leaves them out (README.md's command), `pytest -m long`
+# runs them.
 _RUNTIME = {"test_runtime.py", "test_runtime_hardening.py", "test_cli.py", "test_example.py", "test_abortable.py",
             "test_engine_parity.py", "test_engine_reshard.py", "test_handover.py", "test_checkpoint.py",
             "test_engine_state.py", "test_engine_races.py", "test_gpu.py", "test_chaos.py", "test_own_model.py",
@@ -32,7 +34,8 @@ def pytest_configure(config):
     for name, text in (("unit", "pure logic and one-process checks: seconds"),
                        ("runtime", "starts Ray actors or local process groups"),
                        ("slow", "a minute or more"),
-                       ("long", "an example end to end, minutes: run by command (-m long), not by CI")):
+                       ("long", "an example or a bench end to end, or a repeat at another size: run by command "
+                                "(-m long), not by CI")):
         config.addinivalue_line("markers", f"{name}: {text}")
     if not hasattr(config, "workerinput"):  # once, in the process that hands out the tests
         _compile_bytecode()

@@ -60,6 +60,7 @@ def test_memory_check_every_process_of_a_zero3_job_against_its_state_and_the_exp
 
 
 @pytest.mark.runtime
+@pytest.mark.long  # a bench's own check, jobs end to end; the rules it reads by are tested below, in seconds
 @pytest.mark.usefixtures("local_ray")
 def test_the_state_size_bench_finds_every_event_of_its_jobs(tmp_path):
     from elastic_zero.bench.state_size import format_state_size, run_state_size_bench

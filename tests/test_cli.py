@@ -99,6 +99,7 @@ def test_checkpoint_ls_inspect_and_export(tmp_path):
     assert out.returncode == 2 and "no committed checkpoint" in out.stderr
 
 
+@pytest.mark.long  # a bench end to end against torch's DCP; the checkpoint's own tests run in CI
 def test_bench_checkpoint_json_compares_with_dcp_in_one_run():
     out = _run("bench", "checkpoint", "--preset", "gpt-tiny", "--rounds", "1", "--save-workers", "2",
                "--load-workers", "3", "--json")

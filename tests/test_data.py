@@ -1,6 +1,6 @@
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elastic_zero.plan.batches import loss_weight, micro_batch_count, micro_batches, rank_positions, rank_shares
@@ -54,3 +54,26 @@ def test_weighted_uneven_shares_give_the_global_mean_gradient():
     torch.testing.assert_close(sum(grads) / 3, want)
 
 
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 50), st.integers(1, 40), st.integers(0, 3), st.integers(1, 4),
+       st.lists(st.integers(0, 10**9), max_size=6))
+def test_a_synthetic_sample_is_its_own_walk_on_the_chain_whatever_batch_it_is_read_in(vocab, seq_len, seed,
+                                                                                    branching, indices):
+    """Oracle: each sample walked alone, position by position, from its own seeded generator."""
+    from elastic_zero.data.synthetic import MarkovTokens
+
+    branching = min(branching, vocab)
+    corpus = MarkovTokens(vocab, seq_len, seed, branching)
+    walks = corpus.tokens(indices)
+    assert walks.shape == (len(indices), seq_len + 1) and walks.dtype == torch.long
+    for row, i in zip(walks, indices):
+        g = torch.Generator().manual_seed(seed * 1_000_003 + i + 1)
+        token = int(torch.randint(0, vocab, (1,), generator=g))
+        choices = torch.randint(0, branching, (seq_len,), generator=g).tolist()
+        walk = [token]
+        for c in choices:
+            token = int(corpus.successors[token, c])
+            walk.append(token)
+        assert row.tolist() == walk

@@ -39,7 +39,7 @@ def _run_once(order: str, world_size: int, stage: int) -> list[tuple[int, str]]:
 
 
 @pytest.mark.runtime
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.long)])  # 3: the long tier
 @pytest.mark.parametrize("order", ORDERS)
 def test_every_teardown_order_exits_zero(order, world_size):
     failures = []

@@ -37,7 +37,8 @@ def test_parity_one_rank(oracles):
     _check(results, oracles)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+# 3 ranks split the flat vector unevenly (what 2 cannot show): CI runs it; 2 runs with the long tier
+@pytest.mark.parametrize("world", [pytest.param(2, marks=pytest.mark.long), 3])
 @pytest.mark.timeout(400)
 def test_parity_local_ranks(world, oracles):
     per_rank = run_local_group(_all_cases, world, timeout_s=360)

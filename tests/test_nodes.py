@@ -85,7 +85,7 @@ def _until(head, tmp_path, driver, job_id: str, what: str, check, timeout_s: flo
             return record
         assert driver.poll() is None, open(tmp_path / "driver.log").read()[-3000:]
         assert time.monotonic() < deadline, f"not {what}: {record}"
-        time.sleep(3)  # each look is a process that imports Ray and connects: not every second
+        time.sleep(1)
 
 
 def _on_nodes(record: dict, nodes) -> dict:

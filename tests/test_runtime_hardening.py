@@ -12,8 +12,9 @@ pytestmark = [pytest.mark.runtime, pytest.mark.usefixtures("local_ray")]
 
 @pytest.mark.parametrize("sections, field", [
     # synthetic data needs the model to say its vocabulary (preflight cannot know: it builds no model)
-    ({"model": {"preset": None, "factory": "torch.nn:Linear", "kwargs": {"in_features": 2, "out_features": 2}}},
-     "data.source"),
+    # (the same path as the raising factory's below: the long tier)
+    pytest.param({"model": {"preset": None, "factory": "torch.nn:Linear", "kwargs": {"in_features": 2, "out_features": 2}}},
+                 "data.source", marks=pytest.mark.long),
     ({"model": {"preset": None, "factory": "json:loads"}}, "model"),  # the factory raises (no argument)
 ])
 def test_a_worker_that_cannot_start_ends_the_job_with_one_line(tmp_path, sections, field):

@@ -89,29 +89,22 @@ def _one_line_error(result, code: int, *words: str) -> None:
         assert word in lines[0], lines[0]
 
 
-def _status(head, cwd, job_id, starting: bool = False) -> dict | None:
-    """Through a direct connection to the cluster (quicker than a control job; both are tested).
-    `starting`: None while the job has no coordinator yet, while Ray restarts it (seen in CI: a
-    status asked in that moment answers "is restarting; ask again in a few seconds"), or while the
-    head's GCS does not answer a connection (seen here with three clusters on two loaded cores)."""
-    result = _cli(head, cwd, "status", job_id, "--json", "--address", head.gcs_address)
-    if starting and result.returncode == 1 and ("no running elastic-zero job" in result.stderr
-                                                or "is restarting" in result.stderr
-                                                or "cannot reach the Ray cluster" in result.stderr):
-        return None
-    return json.loads(_ok(result))
+def _status(head, cwd, job_id) -> dict:
+    """Through the CLI, over a direct connection to the cluster (quicker than a control job; both are tested)."""
+    return json.loads(_ok(_cli(head, cwd, "status", job_id, "--json", "--address", head.gcs_address)))
 
 
-def _until(head, cwd, job_id, what, check, timeout_s=180.0, every_s=3.0) -> dict:
+def _until(head, cwd, job_id, what, check, timeout_s=180.0, every_s=1.0) -> dict:
+    """Looks through the head's own connected looker (RayHead.job_status: the same record as the
+    CLI's `status --json`, which the test asks too), None while the job has no coordinator or it
+    restarts."""
     deadline = time.monotonic() + timeout_s
     while True:
-        record = _status(head, cwd, job_id, starting=True)
+        record = head.job_status(job_id)
         if record is not None and check(record):
             return record
         assert record is None or record["state"] not in ("failed", "finished", "stopped"), record
         assert time.monotonic() < deadline, f"not {what} after {timeout_s:.0f} s: {record}"
-        # each look is a process that imports Ray and connects (2-3 s of a core on CI's two): looked
-        # at every second, the job waited for would share its cores with them
         time.sleep(every_s)
 
 
@@ -235,8 +228,7 @@ def test_job_on_an_open_head_outlives_its_driver(open_head, workdir):
     job_id = _ok(subprocess.run([sys.executable, "-c", submit], cwd=cwd, env=head.client_env(), capture_output=True,
                                 text=True, timeout=240)).strip()
     driver = _driver_pid(job_id)
-    # (looked at every second: the driver must still be there to be killed once the logs are read)
-    _until(head, cwd, job_id, "recovered", lambda r: r["recoveries"] == 1 and r["step"] >= 8, every_s=1.0)
+    _until(head, cwd, job_id, "recovered", lambda r: r["recoveries"] == 1 and r["step"] >= 8)
     # the driver's console: the kill is an event line, not Ray's error text
     logs = _ok(_cli(head, cwd, "logs", job_id, "--address", head.address))
     assert "worker w1 lost" in logs and "recovery: generation 1 goes on from step" in logs, logs[-2000:]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import select
 import signal
 import socket
 import subprocess
@@ -50,6 +51,20 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+# job_status's looker: a status record (or the one-line error) for each job id read, one JSON line each
+_STATUS_LOOKER = """
+import json, sys
+from elastic_zero.service.client import Client, ClusterError
+client = Client(sys.argv[1])
+for line in sys.stdin:
+    try:
+        answer = {"record": client.status(line.strip())}
+    except ClusterError as exc:
+        answer = {"error": str(exc)}
+    print(json.dumps(answer), flush=True)
+"""
+
+
 class _RayletSlowToRegister(RuntimeError):
     """`ray start` gave up waiting for its raylet to register with the GCS."""
 
@@ -80,6 +95,7 @@ class RayHead:
         # the jobs' entrypoints run `python` from the head's PATH: this interpreter's
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         self.server_env = env  # worker nodes start with it too
+        self._poller: subprocess.Popen | None = None  # job_status's looker, started at the first look
         args = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
                 "--node-ip-address", "127.0.0.1", "--temp-dir", os.path.join(self.dir, "ray"),
                 "--num-cpus", str(num_cpus), "--disable-usage-stats", "--include-dashboard", "true",
@@ -118,6 +134,7 @@ class RayHead:
     def stop(self) -> None:
         """SIGTERM to `ray start --block` (which stops the processes it started, one by one), and
         after a few seconds SIGKILL to it and to whatever is left of its descendants."""
+        self._stop_poller()
         pids = descendants(self.proc.pid)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -144,16 +161,34 @@ class RayHead:
                                     stderr=subprocess.STDOUT)
 
     def job_status(self, job_id: str, timeout_s: float = 60.0) -> dict | None:
-        """A job's `status --json` record through a direct connection; None while it has none, or when
-        the call did not end within `timeout_s` (CI saw one hang for two minutes after its connection
-        to the GCS timed out, on a loaded machine): the caller polls again until its own deadline."""
+        """A job's status record (`status --json`'s) through a direct connection; None while it has
+        none, or when no answer came within `timeout_s` (CI saw a look hang for two minutes after its
+        connection to the GCS timed out, on a loaded machine): the caller polls again until its own
+        deadline. The looks go through one process of this head's that stays connected: a process
+        each would import Ray and connect anew, 2-3 s of a core a look. One that does not answer in
+        time is killed, and the next look starts another."""
+        poller = self._poller
+        if poller is None or poller.poll() is not None:
+            poller = self._poller = subprocess.Popen(
+                [sys.executable, "-c", _STATUS_LOOKER, self.gcs_address], env=self.client_env(), text=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         try:
-            result = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "status", job_id, "--json", "--address",
-                                     self.gcs_address], env=self.client_env(), capture_output=True, text=True,
-                                    timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+            poller.stdin.write(job_id + "\n")
+            poller.stdin.flush()
+            ready, _, _ = select.select([poller.stdout], [], [], timeout_s)
+            line = poller.stdout.readline() if ready else ""
+        except OSError:  # it ended as we asked
+            line = ""
+        if not line:
+            self._stop_poller()
             return None
-        return json.loads(result.stdout) if result.returncode == 0 else None
+        return json.loads(line).get("record")
+
+    def _stop_poller(self) -> None:
+        if self._poller is not None:
+            self._poller.kill()
+            self._poller.wait()
+            self._poller = None
 
     def alive_nodes(self) -> list[dict]:
         """The nodes the head's state API reports alive."""

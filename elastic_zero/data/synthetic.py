@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy
 import torch
 
 
@@ -24,6 +25,7 @@ class MarkovTokens:
         self.vocab_size, self.seq_len, self.seed, self.branching = vocab_size, seq_len, seed, branching
         g = torch.Generator().manual_seed(seed)
         self.successors = torch.randint(0, vocab_size, (vocab_size, branching), generator=g)
+        self._successors_flat = self.successors.numpy().reshape(-1)
 
     def tokens(self, indices: Sequence[int]) -> torch.Tensor:
         """Token walks of length seq_len + 1, one row per global sample index."""
@@ -36,12 +38,15 @@ class MarkovTokens:
             choices.append(torch.randint(0, self.branching, (self.seq_len,), generator=g))
         if not starts:
             return torch.empty(0, self.seq_len + 1, dtype=torch.long)
-        out = torch.empty(len(starts), self.seq_len + 1, dtype=torch.long)
-        out[:, 0] = torch.cat(starts)
-        pick = torch.stack(choices)
+        # the walk is sequential in its positions: a step of it in numpy costs about a microsecond,
+        # in torch several (13.7 ms a batch of 8 x 1,024 tokens against 3.3 ms), on the step's path
+        out = numpy.empty((len(starts), self.seq_len + 1), dtype=numpy.int64)
+        position = out[:, 0] = torch.cat(starts).numpy()
+        pick = torch.stack(choices).numpy()
         for t in range(self.seq_len):
-            out[:, t + 1] = self.successors[out[:, t], pick[:, t]]
-        return out
+            position = self._successors_flat[position * self.branching + pick[:, t]]
+            out[:, t + 1] = position
+        return torch.from_numpy(out)
 
     def batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, next-token targets) for the given global sample indices."""
