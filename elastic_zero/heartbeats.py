@@ -23,7 +23,9 @@ collective timeout still ends the generation, as without heartbeats.
 
 The progress is what the worker's training thread marks on its ProgressBoard, a few bytes of shared
 memory the beat process reads at each beat (no lock the training thread waits on): the generation,
-the steps its engine has done, a count of marks (it moves whenever training does) and the phase.
+the steps its engine has done, a count of marks (it moves whenever training does), the phase, and
+the collectives the training group entered since the phase began (plan/stuck.py tells by them which
+rank the others wait for).
 When the worker's process ends, its beat process sends one last beat, flagged, with the board as the
 worker left it: the coordinator learns how many steps a killed worker had done, exactly (a node that
 vanishes sends nothing: its last beat is then all that is known).
@@ -49,12 +51,16 @@ import time
 TOKEN_BYTES = 16
 MAX_DATAGRAM = 512  # a token, the progress and an actor id
 # after the token: generation, steps done, marks, the worker's RSS and its peak (VmHWM since its
-# last reset), its node's used memory, phase, flags
-PROGRESS = struct.Struct("<qqqqqqBB")
+# last reset), its node's used memory, the collectives entered since the last mark, phase, flags
+PROGRESS = struct.Struct("<qqqqqqqBB")
 LAST_WORD = 1  # flag: the worker's process has ended; this is the board as it left it
 # what a worker's training thread does now (the board's phase, by index)
 PHASES = ("starting", "entering", "data", "compute", "agree", "update", "commit", "save", "eval", "idle")
-_BOARD = struct.Struct("<Qqqqq")  # sequence (odd while written), generation, steps done, marks, phase
+# sequence (odd while written), generation, steps done, marks, phase, the collectives entered when marked;
+# then, in a slot of its own, the collectives entered so far (counted from any thread: see collective())
+_BOARD = struct.Struct("<Qqqqqq")
+_COUNT = struct.Struct("<q")
+NO_PROGRESS = (-1, -1, 0, 0, 0)  # (generation, steps, marks, phase index, collectives since the mark)
 DRAIN_EVERY_S = 0.05  # the longest wait between two drains of the listener's socket
 MIN_DRAIN_WAIT_S = 0.002
 NODE_MEMORY_EVERY_S = 0.5  # how often a beat process reads its node's used memory (its worker's at every beat)
@@ -94,6 +100,8 @@ class HeartbeatListener:
         self.heard: dict[str, float] = {}
         # actor id -> Progress of its latest beat (the last word of an ended worker's beat process)
         self.progress: dict[str, Progress] = {}
+        # actor id -> when its progress last moved (a beat whose position differed from its previous one's)
+        self.moved: dict[str, float] = {}
         # the longest a drain came later than planned: a long one means this thread was starved
         self.longest_pause_s = 0.0
         self._closed = threading.Event()
@@ -120,6 +128,9 @@ class HeartbeatListener:
             # one update each (atomic under the GIL): readers see all of this drain or none of it
             told = {i.decode(errors="replace"): Progress(*unpack(d, n)) for i, d in said.items()}
             self.heard.update({a: started for a, p in told.items() if not p.last_word})  # a last word is no sign of life
+            previous_progress = self.progress
+            self.moved.update({a: started for a, p in told.items()
+                               if a not in previous_progress or previous_progress[a].position != p.position})
             self.progress.update(told)
             wait, previous = drain_wait_s(beats, started - previous, self.capacity), started
 
@@ -129,13 +140,14 @@ class HeartbeatListener:
 
 
 class Progress(tuple):
-    """What a beat says of its worker: (generation, steps, marks, rss, peak, node_used, phase, flags)."""
+    """What a beat says of its worker: (generation, steps, marks, rss, peak, node_used, collectives,
+    phase, flags)."""
 
     __slots__ = ()
 
     def __new__(cls, generation: int = -1, steps: int = -1, marks: int = 0, rss: int = 0, peak: int = 0,
-                node_used: int = 0, phase: int = 0, flags: int = 0):
-        return tuple.__new__(cls, (generation, steps, marks, rss, peak, node_used, phase, flags))
+                node_used: int = 0, collectives: int = 0, phase: int = 0, flags: int = 0):
+        return tuple.__new__(cls, (generation, steps, marks, rss, peak, node_used, collectives, phase, flags))
 
     generation = property(lambda self: self[0])
     steps = property(lambda self: self[1])  # the steps its engine had done (-1: none yet)
@@ -143,8 +155,11 @@ class Progress(tuple):
     rss = property(lambda self: self[3])  # the worker's resident memory (bytes; 0: not known)
     peak = property(lambda self: self[4])  # its peak since it entered its generation (VmHWM)
     node_used = property(lambda self: self[5])  # its node's used memory, as Ray's monitor counts it
-    phase = property(lambda self: PHASES[self[6]] if self[6] < len(PHASES) else "?")
-    last_word = property(lambda self: bool(self[7] & LAST_WORD))
+    collectives = property(lambda self: self[6])  # the training group's collectives entered since the mark
+    phase = property(lambda self: PHASES[self[7]] if self[7] < len(PHASES) else "?")
+    last_word = property(lambda self: bool(self[8] & LAST_WORD))
+    # where its training is: any change of it is a move (the memory figures are not)
+    position = property(lambda self: (self[0], self[1], self[2], self[6], self[7]))
 
 
 class ProgressBoard:
@@ -154,9 +169,10 @@ class ProgressBoard:
 
     def __init__(self, path: str, writable: bool) -> None:
         with open(path, "r+b" if writable else "rb") as f:
-            self._mm = mmap.mmap(f.fileno(), _BOARD.size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+            self._mm = mmap.mmap(f.fileno(), _BOARD.size + _COUNT.size,
+                                 access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
         self.path = path
-        self._seq, self._values = 0, [-1, -1, 0, 0]
+        self._seq, self._values, self._collectives = 0, [-1, -1, 0, 0, 0], 0
 
     @classmethod
     def create(cls) -> "ProgressBoard":
@@ -164,7 +180,7 @@ class ProgressBoard:
         unlinks it once its beat process has mapped it (unlink())."""
         where = "/dev/shm" if os.path.isdir("/dev/shm") else None
         fd, path = tempfile.mkstemp(prefix="elastic-zero-progress-", dir=where)
-        os.write(fd, bytes(_BOARD.size))
+        os.write(fd, bytes(_BOARD.size + _COUNT.size))
         os.close(fd)
         board = cls(path, writable=True)
         board.mark(phase="starting")
@@ -186,21 +202,31 @@ class ProgressBoard:
         values[2] += 1
         if phase is not None:
             values[3] = PHASES.index(phase)
+        values[4] = self._collectives
         self._seq += 1
         struct.pack_into("<Q", self._mm, 0, self._seq)  # odd: being written
         _BOARD.pack_into(self._mm, 0, self._seq, *values)
         self._seq += 1
         struct.pack_into("<Q", self._mm, 0, self._seq)
 
-    def read(self) -> tuple[int, int, int, int]:
-        """(generation, steps, marks, phase index) as last marked whole. A writer killed inside a
-        mark leaves it half written for ever: then the last whole one read before."""
+    def collective(self) -> None:
+        """The training group enters a collective (zero/comm.py calls this, from whichever thread
+        issues it: autograd's hooks too): one 8-byte store to a slot of its own, which a reader
+        takes whole."""
+        self._collectives += 1
+        _COUNT.pack_into(self._mm, _BOARD.size, self._collectives)
+
+    def read(self) -> tuple[int, int, int, int, int]:
+        """(generation, steps, marks, phase index, collectives entered since that mark) as last marked
+        whole. A writer killed inside a mark leaves it half written for ever: then the last whole
+        one read before."""
         for _ in range(1000):
             first = _BOARD.unpack_from(self._mm, 0)
             if first[0] % 2 == 0 and struct.unpack_from("<Q", self._mm, 0)[0] == first[0]:
                 self._read = first[1:]
                 break
-        return getattr(self, "_read", (-1, -1, 0, 0))
+        generation, steps, marks, phase, at_mark = getattr(self, "_read", NO_PROGRESS)
+        return generation, steps, marks, phase, max(0, _COUNT.unpack_from(self._mm, _BOARD.size)[0] - at_mark)
 
 
 class HeartbeatSender:
@@ -211,12 +237,12 @@ class HeartbeatSender:
         self._token, self._target = token, (host, port)
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
 
-    def beat(self, actor_id: str, progress: tuple = (-1, -1, 0, 0), flags: int = 0, memory: tuple = (0, 0, 0)) -> None:
-        """One beat; `progress`: (generation, steps, marks, phase index) from the worker's board;
-        `memory`: (the worker's RSS, its peak, its node's used memory) in bytes."""
-        generation, steps, marks, phase = progress
+    def beat(self, actor_id: str, progress: tuple = NO_PROGRESS, flags: int = 0, memory: tuple = (0, 0, 0)) -> None:
+        """One beat; `progress`: (generation, steps, marks, phase index, collectives since the mark)
+        from the worker's board; `memory`: (the worker's RSS, its peak, its node's used memory) in bytes."""
+        generation, steps, marks, phase, collectives = progress
         try:
-            self._sock.sendto(self._token + PROGRESS.pack(generation, steps, marks, *memory, phase, flags)
+            self._sock.sendto(self._token + PROGRESS.pack(generation, steps, marks, *memory, collectives, phase, flags)
                               + actor_id.encode(), self._target)
         except OSError:  # a beat lost (the network, the coordinator gone): the next one counts
             pass
@@ -271,7 +297,7 @@ def _beat_process() -> None:
     sender = HeartbeatSender(config["host"], config["port"], bytes.fromhex(config["token"]))
     actor_id, every_s, stdin = config["actor_id"], config["every_s"], sys.stdin.fileno()
     board = ProgressBoard(config["board"], writable=False) if config.get("board") else None
-    progress = board.read if board is not None else (lambda: (-1, -1, 0, 0))
+    progress = board.read if board is not None else (lambda: NO_PROGRESS)
     memory = _memory_of(os.getppid())
     next_beat = time.monotonic()
     sender.beat(actor_id, progress(), memory=memory())

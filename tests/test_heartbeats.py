@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from elastic_zero.heartbeats import (DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, PROGRESS, HeartbeatListener, HeartbeatSender,
+from elastic_zero.heartbeats import (DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, PHASES, PROGRESS, HeartbeatListener, HeartbeatSender,
                                      Progress, ProgressBoard, beat_token, beating_started, drain_wait_s,
                                      start_beat_process)
 
@@ -296,3 +296,45 @@ def test_a_board_read_never_returns_a_half_written_mark():
     board._values[1] = 99
     struct.pack_into("<qq", board._mm, 8, 2, 99)
     assert reader.read()[:2] == (2, 7)
+
+
+def test_a_board_counts_the_collectives_entered_since_its_last_mark_from_any_thread():
+    """What the stuck rule compares within a phase (plan/stuck.py): oracle, the calls made."""
+    import threading
+
+    board = ProgressBoard.create()
+    reader = ProgressBoard(board.path, writable=False)
+    board.unlink()
+    board.mark(generation=1, steps=3, phase="compute")
+    board.collective()
+    worker = threading.Thread(target=lambda: [board.collective() for _ in range(4)])  # autograd's hooks
+    worker.start()
+    worker.join()
+    assert reader.read() == (1, 3, 2, PHASES.index("compute"), 5)
+    board.mark(phase="agree")
+    assert reader.read()[3:] == (PHASES.index("agree"), 0)
+
+
+def test_the_listener_notes_when_each_members_position_last_changed():
+    listener = HeartbeatListener("127.0.0.1", b"s" * 32)
+    sender = HeartbeatSender("127.0.0.1", listener.port, beat_token(b"s" * 32))
+    try:
+        sender.beat("w0", (1, 3, 9, PHASES.index("compute"), 2))
+        deadline = time.monotonic() + 10
+        while "w0" not in listener.moved:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        first = listener.moved["w0"]
+        assert listener.progress["w0"].collectives == 2 and listener.progress["w0"].phase == "compute"
+        sender.beat("w0", (1, 3, 9, PHASES.index("compute"), 2), memory=(5, 6, 7))  # memory moves, training not
+        sender.beat("w1", (1, 3, 9, PHASES.index("compute"), 2))
+        while "w1" not in listener.moved:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert listener.moved["w0"] == first and listener.progress["w0"].rss == 5
+        sender.beat("w0", (1, 3, 9, PHASES.index("compute"), 3))  # one more collective: a move
+        while listener.moved["w0"] == first:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        listener.close()

@@ -59,10 +59,12 @@ def test_a_standby_worker_replaces_a_lost_one_in_the_recovery_itself(tmp_path, o
 
 
 def test_a_hung_worker_is_found_by_the_collective_timeout_and_replaced(tmp_path):
+    """With the stuck rule off: the collective timeout, the rule's fallback (all members at one place)."""
     timeout_s = 3.0
     code, summary, events, _ = _job(tmp_path, "hang", [{"at_step": 6, "action": "hang", "rank": 1}],
                                     train={"steps": 16},
-                                    elastic={"workers": 3, "max_workers": 3, "collective_timeout_s": timeout_s})
+                                    elastic={"workers": 3, "max_workers": 3, "collective_timeout_s": timeout_s,
+                                             "stuck_after_steps": 0})
     assert code == 0
     (recovery,) = summary["recoveries"]
     assert recovery["step"] == 6 and recovery["lost_steps"] == 0 and recovery["cause"] == "lost w1"
@@ -72,6 +74,25 @@ def test_a_hung_worker_is_found_by_the_collective_timeout_and_replaced(tmp_path)
     # the survivors waited one collective timeout, then w1 one more before it was declared lost
     failed_at = next(e["t"] for e in events if e["event"] == "worker_unresponsive")
     assert failed_at - starts[0]["t"] >= 2 * timeout_s
+    _exactly_once(summary)
+
+
+def test_a_hang_before_a_step_in_a_data_read_and_before_a_collective_is_found_stuck_within_its_bound(tmp_path):
+    """The default settings (collective timeout 30 s, stuck after 3 measured steps, at least 2 s): each
+    hang is found by the beats' positions, killed and recovered from memory, long before the
+    timeout. Oracles: the drills' own steps and ranks; every sample once."""
+    drills = [{"at_step": 8, "action": "hang", "rank": 1}, {"at_step": 16, "action": "hang_in_data", "rank": 1},
+              {"at_step": 24, "action": "hang_in_collective", "rank": 1}]
+    # 4 workers: each hang takes one, and the last still has a rank 1 whenever the replacements come
+    code, summary, events, _ = _job(tmp_path, "stuck", drills, train={"steps": 32},
+                                    elastic={"workers": 4, "max_workers": 4})
+    assert code == 0, summary.get("error")
+    stuck = [e for e in events if e["event"] == "worker_stuck"]
+    assert [e["where"].split(" (")[1].split(",")[0] for e in stuck] == ["idle", "data", "compute"], stuck
+    assert all(2.0 <= e["still_s"] < 6.0 for e in stuck), stuck  # the 2 s floor, then a look and a beat
+    assert [r["step"] for r in summary["recoveries"]] == [8, 16, 24], summary["recoveries"]
+    assert all(r["lost_steps"] == 0 for r in summary["recoveries"]), summary["recoveries"]
+    assert not [e for e in events if e["event"] == "worker_unresponsive"]  # no collective timeout
     _exactly_once(summary)
 
 

@@ -35,7 +35,7 @@ from elastic_zero.coordinator.death_causes import is_memory_kill, memory_kill
 from elastic_zero.coordinator.final_save import FinalSave
 from elastic_zero.coordinator.memory_watch import MemoryWatch
 from elastic_zero.coordinator.resume import resume_point
-from elastic_zero.coordinator.node_watch import NodeWatch
+from elastic_zero.coordinator.node_watch import STUCK_POLL_S, NodeWatch
 from elastic_zero.coordinator.spawner import WorkerSpawner
 from elastic_zero.coordinator.state import (
     CheckpointNow, CoordinatorState, Fail, Finish, GenerationEnded, MemorySeen, RequestSafePoint, Retire, Spawn, Start,
@@ -172,7 +172,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             # cannot restore starts the job over
             self.state = dataclasses.replace(self.state, committed=resumed is not None)
         self._apply(Start())
-        last_tick = next_listen = time.monotonic()
+        last_tick = next_listen = next_stuck_look = time.monotonic()
         while self._result is None:
             while not self._inbox.empty():
                 item = self._inbox.get_nowait()
@@ -187,6 +187,9 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
                 if time.monotonic() >= next_listen:  # a thousand reports take a while: silence is not put off
                     next_listen = self._notice_silent_workers()
             self._kill_unresponsive()
+            if time.monotonic() >= next_stuck_look:
+                next_stuck_look = time.monotonic() + STUCK_POLL_S
+                self._notice_stuck_workers()
             if time.monotonic() >= next_listen:
                 next_listen = self._notice_silent_workers()
             if self._plan is not None and not self._train_refs:

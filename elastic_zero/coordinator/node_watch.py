@@ -4,7 +4,8 @@ a node becomes a preemption notice for each of the job's workers there (they han
 at the next safe point), keeps new workers off that node, and, once the node's workers are gone,
 is acknowledged where the cloud wants it (Azure). Workers whose heartbeats (heartbeats.py) stopped
 (their node vanished) are counted lost here, and their node is kept out of new placements for a
-while. Mixed into the Coordinator actor."""
+while; workers whose beats say their training stopped behind their peers' (plan/stuck.py) are
+killed here and counted lost, their node kept. Mixed into the Coordinator actor."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import time
 import ray
 
 from elastic_zero.coordinator.events import MemorySeen, NodeNotice, PreemptionNotice
-from elastic_zero.heartbeats import HeartbeatListener
+from elastic_zero.heartbeats import PHASES, HeartbeatListener
 from elastic_zero.plan.liveness import next_silence_at, nodes_gone_silent, silent_members
+from elastic_zero.plan.stuck import Where, stuck_bound_s, stuck_members
 from elastic_zero.preemption.notices import Notice
 from elastic_zero.preemption.ray_drain import RayDrains
 from elastic_zero.protocol import Outcome, Report
@@ -25,6 +27,7 @@ ACK_TIMEOUT_S = 5.0
 LOST_NODE_AVOID_S = 120.0  # Ray counts a vanished node alive until its health checks give up
 SILENCE_POLL_S = 0.5  # the longest between two looks for silent members (a generation starting, beats resuming)
 SILENCE_MIN_GAP_S = 0.002  # the shortest: a member heard just now is not looked at again at once
+STUCK_POLL_S = 0.25  # between two looks for stuck members: a bound is seconds long
 
 
 class NodeWatch:
@@ -95,6 +98,31 @@ class NodeWatch:
         self._retire(lost, "silent: presumed lost (with its node, unless others are heard there)", lost=True)
         self._generation_failed()
         return now + SILENCE_MIN_GAP_S
+
+    def _notice_stuck_workers(self) -> None:
+        """A participant alive but not training while its peers went on past it (plan/stuck.py) is
+        killed and counted lost from when it last moved; the generation fails, and the survivors
+        recover as from any loss. Its node stays: its other workers may be well."""
+        e = self.spec.elastic
+        bound_s = stuck_bound_s(self.live.median_step_s(), e.stuck_after_steps, e.stuck_min_s)
+        if bound_s is None or self._plan is None or self._failure_seen_at is not None or len(self._train_refs) < 2:
+            return
+        now, beats, moved = time.monotonic(), self.heartbeats.progress, self.heartbeats.moved
+        where = {a: Where(p.generation, p.steps, p.phase, p.collectives) for a in self._train_refs.values()
+                 if (p := beats.get(a)) is not None and p.phase in PHASES}
+        stuck, reason = stuck_members(where, moved, self._train_refs.values(), self._plan.number, now, bound_s)
+        if not stuck:
+            return
+        self._log("decision", on="Stuck", reason=reason)
+        for ref, actor_id in list(self._train_refs.items()):
+            if actor_id in stuck:
+                del self._train_refs[ref]
+                stopped_at = time.time() - (now - moved[actor_id])
+                self._results[actor_id] = Report(Outcome(actor_id, "dead", error=f"stuck: {reason}"), ended_at=stopped_at)
+                self._log("worker_stuck", actor_id=actor_id, still_s=round(now - moved[actor_id], 2),
+                          where=where[actor_id].describe())
+        self._retire(stuck, "stuck: killed (its training stopped behind its peers')", lost=True)
+        self._generation_failed()
 
     def _last_words(self, generation: int) -> dict[str, int]:
         """The steps each worker of `generation` whose process ended had done, as its beat process

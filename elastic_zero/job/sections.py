@@ -190,6 +190,8 @@ class ElasticSpec:
     collective_timeout_s: float = 30.0  # a collective waiting longer fails the generation; its hung member is killed
     min_wait_s: float = 60.0  # how long to wait for workers while below min_workers
     heartbeat_timeout_s: float = 1.0  # a member silent this long, while others are heard, is lost (0: off)
+    stuck_after_steps: float = 3.0  # a member that did not move for this many measured steps (at least stuck_min_s) while its peers went on past it is stuck: killed, and recovered as a loss (0: off; plan/stuck.py)
+    stuck_min_s: float = 2.0  # the least time a member behind its peers may stay put before it is stuck
     join_window_s: float = 5.0  # a ready joiner waits this long at most for workers still starting, to join with them
     memory_per_node_gib: Optional[float] = None  # the most the job's workers on one node may hold together (default: as much as Ray's memory monitor allows, less what else runs there)
 
@@ -208,6 +210,8 @@ class ElasticSpec:
             _fail("elastic.collective_timeout_s", f"must be > 0, got {self.collective_timeout_s!r}")
         _at_least("elastic.min_wait_s", self.min_wait_s, 0.0)
         _at_least("elastic.heartbeat_timeout_s", self.heartbeat_timeout_s, 0.0)
+        _at_least("elastic.stuck_after_steps", self.stuck_after_steps, 0.0)
+        _at_least("elastic.stuck_min_s", self.stuck_min_s, 0.0)
         if 0 < self.heartbeat_timeout_s < 4 * HEARTBEAT_EVERY_S:
             _fail("elastic.heartbeat_timeout_s", f"must be 0 (off) or >= {4 * HEARTBEAT_EVERY_S:g} (4 heartbeats), "
                                                  f"got {self.heartbeat_timeout_s!r}")
@@ -286,19 +290,22 @@ class PreemptionSpec:
 # the worker's process exits ("device_error": a CUDA error is raised in the step, which ends it)
 KILL_ACTIONS = ("kill", "kill_after_save", "kill_in_handover", "kill_after_handover", "kill_in_final_save",
                 "kill_in_eval", "device_error")
+# alive but not training: before the step, inside its data read, or before the step's second collective
+# (its peers already inside it)
+HANG_ACTIONS = ("hang", "hang_in_data", "hang_in_collective")
 
 
 @dataclass(frozen=True)
 class FaultSpec:
     at_step: int  # the step it happens at (for the handover and final-save drills: from it on)
-    action: str  # one of KILL_ACTIONS, "hang", "raise", "preempt" or "scale"
+    action: str  # one of KILL_ACTIONS, HANG_ACTIONS, "raise", "preempt" or "scale"
     rank: Optional[int] = None  # the rank it hits, in the generation of the moment
     workers: Optional[int] = None  # scale: the world size asked for
     deadline_s: Optional[float] = None  # preempt: seconds until the worker goes
 
     def validate(self, where: str) -> None:
         _at_least(f"{where}.at_step", self.at_step, 0)
-        _choice(f"{where}.action", self.action, [*KILL_ACTIONS, "hang", "raise", "preempt", "scale"])
+        _choice(f"{where}.action", self.action, [*KILL_ACTIONS, *HANG_ACTIONS, "raise", "preempt", "scale"])
         if self.action != "scale" and self.rank is None:
             _fail(f"{where}.rank", f"is required for action {self.action!r}")
         _at_least(f"{where}.rank", self.rank, 0)

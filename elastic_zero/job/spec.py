@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_zero.job.sections import (
-    DEFAULT_PRESET, DEFAULT_STEPS, HEARTBEAT_EVERY_S, KILL_ACTIONS, WATCH_SOURCES, CheckpointSpec, DataSpec,
+    DEFAULT_PRESET, DEFAULT_STEPS, HEARTBEAT_EVERY_S, HANG_ACTIONS, KILL_ACTIONS, WATCH_SOURCES, CheckpointSpec, DataSpec,
     ElasticSpec, EvalSpec, FaultSpec, TrackingSpec, ModelSpec, OptimizerSpec, PreemptionSpec, SpecError, TrainSpec, ZeroSpec, _fail,
 )
 
 # the sections are part of this module's API: `from elastic_zero.job.spec import FaultSpec` and the like
 __all__ = ["JobSpec", "spec_from_dict", "load_spec", "apply_override", "SpecError", "ModelSpec", "DataSpec",
            "EvalSpec", "TrackingSpec", "TrainSpec", "OptimizerSpec", "ZeroSpec", "ElasticSpec", "CheckpointSpec", "PreemptionSpec", "FaultSpec",
-           "DEFAULT_PRESET", "DEFAULT_STEPS", "HEARTBEAT_EVERY_S", "KILL_ACTIONS", "WATCH_SOURCES"]
+           "DEFAULT_PRESET", "DEFAULT_STEPS", "HEARTBEAT_EVERY_S", "HANG_ACTIONS", "KILL_ACTIONS", "WATCH_SOURCES"]
 
 
 @dataclass(frozen=True)

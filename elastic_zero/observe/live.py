@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 RATE_WINDOW_S = 10.0
+STEP_TIMES_KEPT = 21  # the step times the median of the measured step is taken over (plan/stuck.py)
 STATUS_SCHEMA = 4  # 2: "eval"; 3: "memory"; 4: "replicas"
 # every status record has exactly these keys (None where unknown), in this order
 STATUS_KEYS = ("schema", "job_id", "name", "state", "ray_job_status", "generation", "world_size", "target_workers",
@@ -31,6 +32,7 @@ class LiveProgress:
     eval: dict | None = None  # the latest evaluation rank 0 told of: step, loss, perplexity
     replicas: dict | None = None  # the replica cadence the latest generation agreed on (auto), and its cost
     _notes: deque = field(default_factory=deque)  # (time, step)
+    _step_seconds: deque = field(default_factory=lambda: deque(maxlen=STEP_TIMES_KEPT))  # the notes' latest
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def note(self, step: int, loss: float | None, step_seconds: float | None, at: float) -> None:
@@ -41,9 +43,16 @@ class LiveProgress:
             if self._notes and step < self._notes[-1][1]:  # a recovery went back to an earlier step
                 self._notes.clear()
             self.step, self.loss, self.step_seconds = step, loss, step_seconds
+            if step_seconds is not None:
+                self._step_seconds.append(step_seconds)
             self._notes.append((at, step))
             while len(self._notes) > 2 and at - self._notes[0][0] > RATE_WINDOW_S:
                 self._notes.popleft()
+
+    def median_step_s(self) -> float | None:
+        """The median of the latest steps' times the notes told (None: none yet)."""
+        times = sorted(tuple(self._step_seconds))
+        return times[len(times) // 2] if times else None
 
     def samples_per_s(self) -> float | None:
         notes = tuple(self._notes)

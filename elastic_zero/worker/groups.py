@@ -83,7 +83,9 @@ class GenerationGroups:
         return built
 
     def _train_comm(self) -> TorchComm:
-        return TorchComm(self._gate.groups["train"], role="train")
+        comm = TorchComm(self._gate.groups["train"], role="train")
+        comm.on_collective = self._collective_entered  # counted on the progress board (node_duties.py)
+        return comm
 
     def _host_comm(self) -> TorchComm:
         groups = self._gate.groups

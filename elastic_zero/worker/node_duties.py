@@ -39,11 +39,30 @@ class NodeDuties:
     _cloud_watcher: CloudWatcher | None = None
     _beats = None  # the beat process (it ends with this worker's process)
     board: ProgressBoard | None = None  # this worker's progress, which its beats carry (heartbeats.py)
+    _hang_in: str | None = None  # a hang drill armed for later in the step: "data" or "collective"
+    _collectives_armed = 0  # the collectives entered since a "collective" hang was armed
 
     def _mark(self, **progress) -> None:
         """The training thread's progress (generation, steps, phase) on the board its beats read."""
         if self.board is not None:
             self.board.mark(**progress)
+        if self._hang_in is not None and progress.get("phase") == self._hang_in:
+            threading.Event().wait()  # the drill: inside the data read, alive and silent for ever
+
+    def _collective_entered(self) -> None:
+        """The training group enters a collective (zero/comm.py's on_collective): counted on the board."""
+        if self._hang_in == "collective":
+            self._collectives_armed += 1
+            if self._collectives_armed == 2:  # the drill: its peers entered this one, it never does
+                threading.Event().wait()
+        if self.board is not None:
+            self.board.collective()
+
+    def _hang(self, action: str) -> None:
+        """A hang drill (job/sections.py HANG_ACTIONS): now ("hang"), or armed for later in this step."""
+        if action == "hang":
+            threading.Event().wait()
+        self._hang_in, self._collectives_armed = action.removeprefix("hang_in_"), 0
 
     def hello(self) -> Hello:
         """Where this worker runs; raises WorkerStartError (one line) if it could not start."""

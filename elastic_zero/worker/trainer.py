@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 
 import torch
@@ -28,7 +27,7 @@ from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_pos
 from elastic_zero.plan.evaluation import eval_due
 from elastic_zero.protocol import GenerationPlan, Outcome, Report
 from elastic_zero.rendezvous import connect
-from elastic_zero.job.spec import KILL_ACTIONS, spec_from_dict
+from elastic_zero.job.spec import HANG_ACTIONS, KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.cadence_meter import CadenceMeter
 from elastic_zero.worker.drills import due_drills
 from elastic_zero.worker.entry import GenerationEntry, committed_key
@@ -377,8 +376,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                 if fault.action == "device_error":  # as a failing GPU shows itself: train() ends the process
                     raise RuntimeError(f"CUDA error: an illegal memory access was encountered (injected by faults[{i}])")
                 os._exit(1)
-            if fault.action == "hang":  # alive but silent: the peers' collectives time out
-                threading.Event().wait()
+            if fault.action in HANG_ACTIONS:  # alive, not training: found stuck (plan/stuck.py)
+                self._hang(fault.action)
             coordinator = coordinator_handle(self._coordinator, self._namespace)
             if fault.action == "preempt":
                 coordinator.preemption_notice.remote(self.actor_id, fault.deadline_s)

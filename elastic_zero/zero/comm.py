@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -145,8 +145,13 @@ class TorchComm:
         self.role = role
         self._device_type = "cuda" if self.backend == "nccl" else "cpu"
         self._check_buffers = checking_traffic()
+        # called as each collective is entered (a worker counts them on its progress board: which rank
+        # the others wait for shows in the counts)
+        self.on_collective: Callable[[], None] | None = None
 
     def _check(self, op: str, *tensors: torch.Tensor) -> None:
+        if self.on_collective is not None:
+            self.on_collective()
         if self.role is None:
             return
         for t in tensors:

@@ -1,0 +1,71 @@
+"""Which member of a running generation is stuck: its process alive (its beats come) but its training
+not moving, while its peers went on past it: a hang in a data read, in a kernel, before a collective
+the others already entered. Its peers then wait inside that collective, and without this rule the
+generation would end only at the collective timeout (elastic.collective_timeout_s, 30 s by default).
+
+Each beat carries where its worker's training is (heartbeats.py): the steps done, the phase, and the
+collectives its training group entered since the phase began. Every rank of a generation goes
+through the same phases and, within each, the same collectives, so these positions are comparable
+across ranks. A member is stuck when some peer of its generation is further on and its own position
+has not changed for longer than the bound: `factor` times the measured step (a straggler 3x slower
+moves at least once a step, and its peers' steps are as slow as its own: they wait for it), at
+least `floor_s`. A member entering its generation (restoring, building groups) is not judged: its
+peers wait for it by design. When every member is at the same place, nobody is behind anybody, and
+the collective timeout still ends the generation. Pure: the clock is an argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+# a step's phases in the order a rank goes through them, its step count moving at "commit"
+# (worker/trainer.py): at the same step count, a later phase is further on
+PHASE_ORDER = ("starting", "entering", "commit", "save", "idle", "eval", "data", "compute", "agree", "update")
+JUDGED_PHASES = frozenset(PHASE_ORDER[2:])  # the training loop's
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a member's training is, as its latest beat said."""
+
+    generation: int
+    steps: int
+    phase: str
+    collectives: int  # entered since the phase began
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return self.steps, PHASE_ORDER.index(self.phase), self.collectives
+
+    def describe(self) -> str:
+        return f"step {self.steps} ({self.phase}, collective {self.collectives})"
+
+
+def stuck_bound_s(median_step_s: float | None, factor: float, floor_s: float) -> float | None:
+    """How long a member behind its peers may stay put: `factor` times the measured step, at least
+    `floor_s`; None (nobody is judged) while no step was measured, or with the rule off (factor 0)."""
+    if factor <= 0 or median_step_s is None:
+        return None
+    return max(floor_s, factor * median_step_s)
+
+
+def stuck_members(where: Mapping[str, Where], moved_at: Mapping[str, float], watched: Iterable[str],
+                  generation: int, now: float, bound_s: float | None) -> tuple[tuple[str, ...], str]:
+    """(the watched members of `generation` that are stuck, why), or ((), why not). `where[a]`: its
+    latest beat's position; `moved_at[a]`: when that position last changed."""
+    if bound_s is None:
+        return (), "no bound: the rule is off, or no step was measured yet"
+    judged = {a: where[a] for a in watched
+              if a in where and where[a].generation == generation and where[a].phase in JUDGED_PHASES}
+    if len(judged) < 2:
+        return (), "fewer than two members to compare"
+    ahead = max(judged.values(), key=lambda w: w.key)
+    stuck = tuple(sorted(a for a, w in judged.items()
+                         if w.key < ahead.key and now - moved_at.get(a, now) > bound_s))
+    if not stuck:
+        return (), "every member behind its peers moved within the bound"
+    peers = sorted(a for a, w in judged.items() if w.key == ahead.key)
+    worst = max(stuck, key=lambda a: now - moved_at[a])
+    return stuck, (f"{', '.join(stuck)} did not move for {now - moved_at[worst]:.1f} s (bound {bound_s:.1f} s) at "
+                   f"{judged[worst].describe()} while {', '.join(peers)} went on to {ahead.describe()}")

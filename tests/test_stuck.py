@@ -1,0 +1,67 @@
+"""The stuck rule (plan/stuck.py), pure: the clock is an argument. Oracles: a timeline made by hand,
+whose laggard and moments are known; a straggler that moves once a period shorter than the bound."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elastic_zero.plan.stuck import PHASE_ORDER, Where, stuck_bound_s, stuck_members
+
+pytestmark = pytest.mark.unit
+
+
+def _at(steps, phase, collectives=0, generation=4):
+    return Where(generation, steps, phase, collectives)
+
+
+def test_the_bound_is_steps_of_the_measured_step_at_least_the_floor_and_none_before_a_step_or_when_off():
+    assert stuck_bound_s(0.1, 3.0, 2.0) == 2.0
+    assert stuck_bound_s(1.5, 3.0, 2.0) == 4.5
+    assert stuck_bound_s(None, 3.0, 2.0) is None
+    assert stuck_bound_s(1.5, 0.0, 2.0) is None
+
+
+def test_a_member_behind_its_peers_and_still_past_the_bound_is_stuck_with_the_reason():
+    where = {"w0": _at(20, "compute", 1), "w1": _at(20, "data"), "w2": _at(20, "compute", 1)}
+    moved = {"w0": 10.5, "w1": 10.0, "w2": 10.6}
+    assert stuck_members(where, moved, where, 4, now=11.9, bound_s=2.0)[0] == ()  # not yet
+    stuck, reason = stuck_members(where, moved, where, 4, now=12.1, bound_s=2.0)
+    assert stuck == ("w1",)
+    assert reason == ("w1 did not move for 2.1 s (bound 2.0 s) at step 20 (data, collective 0) while w0, w2 "
+                      "went on to step 20 (compute, collective 1)")
+
+
+def test_a_hang_before_a_collective_the_others_entered_is_told_apart_by_the_counts():
+    where = {"w0": _at(7, "compute", 2), "w1": _at(7, "compute", 1)}
+    assert stuck_members(where, {"w0": 0.0, "w1": 0.0}, where, 4, now=5.0, bound_s=2.0)[0] == ("w1",)
+
+
+def test_nobody_is_stuck_when_all_are_at_one_place_or_the_one_behind_enters_or_is_of_another_generation():
+    same = {"w0": _at(9, "compute", 3), "w1": _at(9, "compute", 3)}
+    assert stuck_members(same, {"w0": 0.0, "w1": 0.0}, same, 4, now=60.0, bound_s=2.0)[0] == ()
+    entering = {"w0": _at(9, "compute", 1), "w1": Where(4, 9, "entering", 0)}  # restoring: its peers wait by design
+    assert stuck_members(entering, {"w0": 0.0, "w1": 0.0}, entering, 4, now=60.0, bound_s=2.0)[0] == ()
+    older = {"w0": _at(9, "compute", 1), "w1": _at(3, "data", generation=3)}  # its beat from before: not judged
+    assert stuck_members(older, {"w0": 0.0, "w1": 0.0}, older, 4, now=60.0, bound_s=2.0)[0] == ()
+    assert stuck_members(same, {}, same, 4, now=60.0, bound_s=None)[0] == ()
+
+
+def test_only_the_watched_are_judged_and_a_member_never_seen_moving_counts_from_now():
+    where = {"w0": _at(5, "agree"), "w1": _at(5, "data"), "w2": _at(5, "data")}
+    assert stuck_members(where, {"w0": 0.0, "w1": 0.0}, ["w0", "w1"], 4, now=9.0, bound_s=2.0)[0] == ("w1",)
+    assert stuck_members(where, {"w0": 0.0}, where, 4, now=9.0, bound_s=2.0)[0] == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(period=st.floats(0.01, 1.99), ranks=st.integers(2, 6), laps=st.integers(1, 400), offset=st.floats(0, 1.99))
+def test_a_straggler_that_moves_within_the_bound_is_never_stuck(period, ranks, laps, offset):
+    """A straggler behind every peer whatever its lap, moving once every `period` (< the 2 s bound):
+    looked at any moment up to a period after its last move, it is never stuck."""
+    steps, phase = divmod(laps, len(PHASE_ORDER) - 2)
+    straggler = _at(steps, PHASE_ORDER[2 + phase])
+    peers = {f"w{i}": _at(steps + 1, "data", 5) for i in range(1, ranks)}
+    where = {"w0": straggler, **peers}
+    last_move = laps * period
+    moved = {"w0": last_move, **{a: 0.0 for a in peers}}
+    now = last_move + min(offset, period)
+    assert stuck_members(where, moved, where, 4, now=now, bound_s=2.0)[0] == ()
