@@ -1,0 +1,87 @@
+"""`elastic-zero bench recovery --fault hang` (or hang_in_data, hang_in_collective): a worker alive but
+not training, against a kill of the same rank at the same step and the same job without a fault,
+in one run, with the default settings (collective timeout 30 s, stuck after 3 measured steps, at
+least 2 s). Reported: how long the hung worker stood still before it was found (plan/stuck.py), the
+fault to the next completed step for the hang and the kill, and what each cost the job: its
+training time (first step done to last) over the fault-free job's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+from elastic_zero.job.spec import HANG_ACTIONS
+from elastic_zero.models import PRESETS
+
+
+def _run(name: str, preset: str, workers: int, steps: int, micro_batch: int, faults: list, work_dir: str):
+    from elastic_zero.api import RunConfig, run_job
+    from elastic_zero.job.spec import spec_from_dict
+
+    spec = spec_from_dict({
+        "name": f"bench-{name}", "model": {"preset": preset},
+        "train": {"steps": steps, "global_batch": micro_batch * workers, "micro_batch": micro_batch},
+        "optimizer": {"name": "adamw", "lr": 1e-3},
+        "elastic": {"workers": workers, "min_workers": 1, "max_workers": workers}, "faults": faults,
+    })
+    run_dir = os.path.join(work_dir, name)
+    if run_job(spec, RunConfig(run_dir=run_dir, progress=False)) != 0:
+        raise RuntimeError(f"the {name} run failed; see {run_dir}")
+    with open(os.path.join(run_dir, "summary.json")) as fh:
+        summary = json.load(fh)
+    with open(os.path.join(run_dir, "events.jsonl")) as fh:
+        events = [json.loads(line) for line in fh]
+    ends = [t for _, t in summary["step_end_curve"]]
+    return summary, events, max(ends) - min(ends)
+
+
+def run_hang_bench(fault: str, preset: str = "gpt-small", workers: int = 3, steps: int = 60, hang_step: int = 20,
+                   micro_batch: int = 8) -> dict:
+    import ray
+
+    if fault not in HANG_ACTIONS:
+        raise ValueError(f"--fault: got {fault!r}; allowed: kill, {', '.join(HANG_ACTIONS)}")
+    if workers < 2 or not 0 < hang_step < steps:
+        raise ValueError("need --workers >= 2 and 0 < --kill-step < --steps")
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(sorted(PRESETS))}")
+    work_dir = tempfile.mkdtemp(prefix="elastic-zero-bench-")
+    ray.init(num_cpus=workers + 2, include_dashboard=False, logging_level="ERROR", namespace="elastic_zero")
+    try:
+        runs = {name: _run(name, preset, workers, steps, micro_batch, faults, work_dir) for name, faults in (
+            ("clean", []), (fault, [{"at_step": hang_step, "action": fault, "rank": 1}]),
+            ("kill", [{"at_step": hang_step, "action": "kill", "rank": 1}]))}
+    finally:
+        ray.shutdown()
+    clean_s = runs["clean"][2]
+
+    def recovery(name: str) -> dict:
+        summary = runs[name][0]
+        if not summary["recoveries"]:
+            raise RuntimeError(f"the {name} run recorded no recovery; see {os.path.join(work_dir, name)}")
+        return min(summary["recoveries"], key=lambda r: r["failed_at"])
+
+    stuck = [e for e in runs[fault][1] if e["event"] == "worker_stuck"]
+    return {"preset": preset, "workers": workers, "steps": steps, "hang_step": hang_step, "fault": fault,
+            "found_by": "stuck rule" if stuck else "collective timeout",
+            "still_before_found_s": stuck[0]["still_s"] if stuck else None,
+            "hang_to_next_step_s": recovery(fault)["to_next_step_done_s"],
+            "kill_to_next_step_s": recovery("kill")["to_next_step_done_s"],
+            "training_s": {name: round(run[2], 3) for name, run in runs.items()},
+            "hang_extra_s": runs[fault][2] - clean_s, "kill_extra_s": runs["kill"][2] - clean_s,
+            "step_time_s_median": runs["clean"][0]["step_time_s_median"]}
+
+
+def format_hang(r: dict) -> str:
+    found = (f"found stuck after {r['still_before_found_s']:.2f} s still" if r["still_before_found_s"] is not None
+             else "found by the collective timeout")
+    return "\n".join([
+        f"bench recovery --fault {r['fault']}: {r['preset']}, {r['workers']} CPU workers, rank 1 at step "
+        f"{r['hang_step']} of {r['steps']} (median step {r['step_time_s_median']:.3f} s)",
+        f"  {r['fault']:<18} {found}; fault -> next step done {r['hang_to_next_step_s']:.2f} s; the job's "
+        f"training {r['training_s'][r['fault']]:.2f} s, {r['hang_extra_s']:+.2f} s on the fault-free job's "
+        f"{r['training_s']['clean']:.2f} s",
+        f"  {'kill':<18} fault -> next step done {r['kill_to_next_step_s']:.2f} s; the job's training "
+        f"{r['training_s']['kill']:.2f} s, {r['kill_extra_s']:+.2f} s"])
