@@ -12,8 +12,8 @@ import json
 import os
 import tempfile
 
+from elastic_zero.bench.recovery import check_fault_run
 from elastic_zero.job.spec import HANG_ACTIONS
-from elastic_zero.models import PRESETS
 
 
 def _run(name: str, preset: str, workers: int, steps: int, micro_batch: int, faults: list, work_dir: str):
@@ -43,10 +43,7 @@ def run_hang_bench(fault: str, preset: str = "gpt-small", workers: int = 3, step
 
     if fault not in HANG_ACTIONS:
         raise ValueError(f"--fault: got {fault!r}; allowed: kill, {', '.join(HANG_ACTIONS)}")
-    if workers < 2 or not 0 < hang_step < steps:
-        raise ValueError("need --workers >= 2 and 0 < --kill-step < --steps")
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(sorted(PRESETS))}")
+    check_fault_run(preset, workers, steps, hang_step)
     work_dir = tempfile.mkdtemp(prefix="elastic-zero-bench-")
     ray.init(num_cpus=workers + 2, include_dashboard=False, logging_level="ERROR", namespace="elastic_zero")
     try:

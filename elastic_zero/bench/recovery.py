@@ -58,6 +58,14 @@ def first_recovery(summary: dict, run_dir: str) -> dict:
     return first
 
 
+def check_fault_run(preset: str, workers: int, steps: int, fault_step: int) -> None:
+    """A fault bench's job, checked: one line naming what is wrong."""
+    if workers < 2 or not 0 < fault_step < steps:
+        raise ValueError("need --workers >= 2 and 0 < --kill-step < --steps")
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(sorted(PRESETS))}")
+
+
 def _ray_train(preset, workers, steps, kill_step, micro_batch, checkpoint_every, work_dir) -> dict:
     from elastic_zero.bench.ray_train_job import run_trainer
 
@@ -139,10 +147,7 @@ def run_recovery_bench(preset: str = "gpt-small", workers: int = 3, steps: int =
 
     if against not in AGAINST:
         raise ValueError(f"--against: got {against!r}; allowed: {', '.join(AGAINST)}")
-    if workers < 2 or not 0 < kill_step < steps:
-        raise ValueError("need --workers >= 2 and 0 < --kill-step < --steps")
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(sorted(PRESETS))}")
+    check_fault_run(preset, workers, steps, kill_step)
     if against == "torchft":
         from elastic_zero.bench.torchft_cluster import MISSING, torchft_installed
 
