@@ -66,7 +66,9 @@ def spec_reference() -> str:
         lines += [f"## [{section}]", ""] + _table(cls) + [""]
     lines += ["## [[faults]]", "",
               "Drills, for tests and demos: each is a table in the `faults` array.", ""] + _table(spec_sections.FaultSpec)
-    lines += ["", f"Kill actions: {', '.join(f'`{a}`' for a in spec_sections.KILL_ACTIONS)}.", ""]
+    lines += ["", f"Kill actions: {', '.join(f'`{a}`' for a in spec_sections.KILL_ACTIONS)}.", "",
+              f"Hang actions (alive, not training: found stuck, `plan/stuck.py`): "
+              f"{', '.join(f'`{a}`' for a in spec_sections.HANG_ACTIONS)}.", ""]
     return "\n".join(lines)
 
 
