@@ -96,6 +96,36 @@ def test_a_hang_before_a_step_in_a_data_read_and_before_a_collective_is_found_st
     _exactly_once(summary)
 
 
+def _a_straggler(lock: str, pause_s: float):
+    """The default loss, `pause_s` slower in one worker process: the first to call it (it creates `lock`)."""
+    def loss(model, batch):
+        import os
+
+        from elastic_zero.losses import next_token_loss
+
+        if not hasattr(loss, "slow"):  # each worker unpickles a copy of its own
+            try:
+                os.close(os.open(lock, os.O_CREAT | os.O_EXCL))
+                loss.slow = True
+            except FileExistsError:
+                loss.slow = False
+        if loss.slow:
+            time.sleep(pause_s)
+        return next_token_loss(model, batch)
+    return loss
+
+
+def test_a_straggler_that_stands_still_most_of_each_step_is_never_found_stuck(tmp_path):
+    """One worker stands still 0.6 s in each forward while its peer waits ahead of it in the step's first
+    collective; the floor is lowered to 0.5 s, so only the rule's measure of the step (3 x the median,
+    which the straggler sets) keeps it: at a factor of 0.5 it was found stuck at once."""
+    code, summary, events, _ = _job(tmp_path, "straggler", train={"steps": 12, "loss": _a_straggler(
+        str(tmp_path / "slow"), 0.6)}, elastic={"workers": 2, "max_workers": 2, "stuck_min_s": 0.5})
+    assert code == 0, summary.get("error")
+    assert not [e for e in events if e["event"] in ("worker_stuck", "worker_lost")]
+    assert summary["recoveries"] == [] and summary["step_time_s_median"] >= 0.6
+
+
 # stage 2, the default of the other runtime tests, meets each of these faults there (CI time); stage 1,
 # whose state is stage 2's less the gradient shards, runs with the long tier
 @pytest.mark.parametrize("stage", [pytest.param(1, marks=pytest.mark.long), 3])
