@@ -203,9 +203,18 @@ class ProgressBoard:
         if phase is not None:
             values[3] = PHASES.index(phase)
         values[4] = self._collectives
+        self._publish()
+
+    def tick(self) -> None:
+        """A sign that training moves within its phase (a micro batch, an eval batch): a mark that
+        changes nothing else, and keeps the phase's count of collectives (plan/stuck.py orders by it)."""
+        self._values[2] += 1
+        self._publish()
+
+    def _publish(self) -> None:
         self._seq += 1
         struct.pack_into("<Q", self._mm, 0, self._seq)  # odd: being written
-        _BOARD.pack_into(self._mm, 0, self._seq, *values)
+        _BOARD.pack_into(self._mm, 0, self._seq, *self._values)
         self._seq += 1
         struct.pack_into("<Q", self._mm, 0, self._seq)
 

@@ -338,3 +338,13 @@ def test_the_listener_notes_when_each_members_position_last_changed():
             time.sleep(0.01)
     finally:
         listener.close()
+
+
+def test_a_tick_moves_the_marks_and_keeps_the_phases_count_of_collectives():
+    board = ProgressBoard.create()
+    reader = ProgressBoard(board.path, writable=False)
+    board.unlink()
+    board.mark(generation=1, steps=3, phase="compute")
+    board.collective()
+    board.tick()  # a micro batch: a move, and still one collective into the phase
+    assert reader.read() == (1, 3, 3, PHASES.index("compute"), 1)  # marks: created, compute, the tick

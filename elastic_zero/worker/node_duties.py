@@ -49,6 +49,12 @@ class NodeDuties:
         if self._hang_in is not None and progress.get("phase") == self._hang_in:
             threading.Event().wait()  # the drill: inside the data read, alive and silent for ever
 
+    def _tick(self) -> None:
+        """A micro batch or an eval batch begins: training moves, though no collective or phase shows it
+        (an evaluation at stage 1 or 2 enters none until its end)."""
+        if self.board is not None:
+            self.board.tick()
+
     def _collective_entered(self) -> None:
         """The training group enters a collective (zero/comm.py's on_collective): counted on the board."""
         if self._hang_in == "collective":

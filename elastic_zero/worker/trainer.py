@@ -349,6 +349,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         return sum(weights), loss_sum, metric_sums or {}
 
     def _call_loss(self, batch: dict, loss_fn=None, where: str = "train.loss"):
+        self._tick()  # a sign of life on the progress board, each micro batch and eval batch
         try:
             return (loss_fn or self.loss_fn)(self.engine.module, batch)
         except Exception as exc:
