@@ -24,8 +24,8 @@ def test_the_bound_is_steps_of_the_measured_step_at_least_the_floor_and_none_bef
 def test_a_member_behind_its_peers_and_still_past_the_bound_is_stuck_with_the_reason():
     where = {"w0": _at(20, "compute", 1), "w1": _at(20, "data"), "w2": _at(20, "compute", 1)}
     moved = {"w0": 10.5, "w1": 10.0, "w2": 10.6}
-    assert stuck_members(where, moved, where, 4, now=11.9, bound_s=2.0)[0] == ()  # not yet
-    stuck, reason = stuck_members(where, moved, where, 4, now=12.1, bound_s=2.0)
+    assert stuck_members(where, moved, where, 4, 0, now=11.9, bound_s=2.0)[0] == ()  # not yet
+    stuck, reason = stuck_members(where, moved, where, 4, 0, now=12.1, bound_s=2.0)
     assert stuck == ("w1",)
     assert reason == ("w1 did not move for 2.1 s (bound 2.0 s) at step 20 (data, collective 0) while w0, w2 "
                       "went on to step 20 (compute, collective 1)")
@@ -33,23 +33,32 @@ def test_a_member_behind_its_peers_and_still_past_the_bound_is_stuck_with_the_re
 
 def test_a_hang_before_a_collective_the_others_entered_is_told_apart_by_the_counts():
     where = {"w0": _at(7, "compute", 2), "w1": _at(7, "compute", 1)}
-    assert stuck_members(where, {"w0": 0.0, "w1": 0.0}, where, 4, now=5.0, bound_s=2.0)[0] == ("w1",)
+    assert stuck_members(where, {"w0": 0.0, "w1": 0.0}, where, 4, 0, now=5.0, bound_s=2.0)[0] == ("w1",)
 
 
 def test_nobody_is_stuck_when_all_are_at_one_place_or_the_one_behind_enters_or_is_of_another_generation():
     same = {"w0": _at(9, "compute", 3), "w1": _at(9, "compute", 3)}
-    assert stuck_members(same, {"w0": 0.0, "w1": 0.0}, same, 4, now=60.0, bound_s=2.0)[0] == ()
+    assert stuck_members(same, {"w0": 0.0, "w1": 0.0}, same, 4, 0, now=60.0, bound_s=2.0)[0] == ()
     entering = {"w0": _at(9, "compute", 1), "w1": Where(4, 9, "entering", 0)}  # restoring: its peers wait by design
-    assert stuck_members(entering, {"w0": 0.0, "w1": 0.0}, entering, 4, now=60.0, bound_s=2.0)[0] == ()
+    assert stuck_members(entering, {"w0": 0.0, "w1": 0.0}, entering, 4, 0, now=60.0, bound_s=2.0)[0] == ()
     older = {"w0": _at(9, "compute", 1), "w1": _at(3, "data", generation=3)}  # its beat from before: not judged
-    assert stuck_members(older, {"w0": 0.0, "w1": 0.0}, older, 4, now=60.0, bound_s=2.0)[0] == ()
-    assert stuck_members(same, {}, same, 4, now=60.0, bound_s=None)[0] == ()
+    assert stuck_members(older, {"w0": 0.0, "w1": 0.0}, older, 4, 0, now=60.0, bound_s=2.0)[0] == ()
+    assert stuck_members(same, {}, same, 4, 0, now=60.0, bound_s=None)[0] == ()
+
+
+def test_a_joiner_in_the_generations_first_step_is_not_judged_a_member_from_before_is():
+    """That step pays a joiner's one-off costs (CUDA's handles, kernels' first runs)."""
+    where = {"w0": _at(12, "compute", 1), "w1": _at(12, "compute")}
+    moved = {"w0": 0.0, "w1": 0.0}
+    assert stuck_members(where, moved, where, 4, 12, now=60.0, bound_s=2.0, joiners={"w1"})[0] == ()
+    assert stuck_members(where, moved, where, 4, 11, now=60.0, bound_s=2.0, joiners={"w1"})[0] == ("w1",)
+    assert stuck_members(where, moved, where, 4, 12, now=60.0, bound_s=2.0)[0] == ("w1",)
 
 
 def test_only_the_watched_are_judged_and_a_member_never_seen_moving_counts_from_now():
     where = {"w0": _at(5, "agree"), "w1": _at(5, "data"), "w2": _at(5, "data")}
-    assert stuck_members(where, {"w0": 0.0, "w1": 0.0}, ["w0", "w1"], 4, now=9.0, bound_s=2.0)[0] == ("w1",)
-    assert stuck_members(where, {"w0": 0.0}, where, 4, now=9.0, bound_s=2.0)[0] == ()
+    assert stuck_members(where, {"w0": 0.0, "w1": 0.0}, ["w0", "w1"], 4, 0, now=9.0, bound_s=2.0)[0] == ("w1",)
+    assert stuck_members(where, {"w0": 0.0}, where, 4, 0, now=9.0, bound_s=2.0)[0] == ()
 
 
 @settings(max_examples=200, deadline=None)
@@ -64,4 +73,4 @@ def test_a_straggler_that_moves_within_the_bound_is_never_stuck(period, ranks, l
     last_move = laps * period
     moved = {"w0": last_move, **{a: 0.0 for a in peers}}
     now = last_move + min(offset, period)
-    assert stuck_members(where, moved, where, 4, now=now, bound_s=2.0)[0] == ()
+    assert stuck_members(where, moved, where, 4, -1, now=now, bound_s=2.0)[0] == ()

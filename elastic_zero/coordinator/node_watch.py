@@ -110,7 +110,11 @@ class NodeWatch:
         now, beats, moved = time.monotonic(), self.heartbeats.progress, self.heartbeats.moved
         where = {a: Where(p.generation, p.steps, p.phase, p.collectives) for a in self._train_refs.values()
                  if (p := beats.get(a)) is not None and p.phase in PHASES}
-        stuck, reason = stuck_members(where, moved, self._train_refs.values(), self._plan.number, now, bound_s)
+        plan = self._plan
+        before = {m.actor_id for m in plan.previous.members} if plan.previous is not None else set()
+        joiners = {m.actor_id for m in plan.generation.members} - before
+        stuck, reason = stuck_members(where, moved, self._train_refs.values(), plan.number, plan.step, now, bound_s,
+                                      joiners)
         if not stuck:
             return
         self._log("decision", on="Stuck", reason=reason)

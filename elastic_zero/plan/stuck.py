@@ -9,15 +9,16 @@ through the same phases and, within each, the same collectives, so these positio
 across ranks. A member is stuck when some peer of its generation is further on and its own position
 has not changed for longer than the bound: `factor` times the measured step (a straggler 3x slower
 moves at least once a step, and its peers' steps are as slow as its own: they wait for it), at
-least `floor_s`. A member entering its generation (restoring, building groups) is not judged: its
-peers wait for it by design. When every member is at the same place, nobody is behind anybody, and
+least `floor_s`. A member entering its generation (restoring, building groups), or a joiner in the
+generation's first step (which pays its one-off costs: CUDA's handles, kernels' first runs), is not
+judged: its peers wait for it by design. When every member is at the same place, nobody is behind anybody, and
 the collective timeout still ends the generation. Pure: the clock is an argument.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Collection, Iterable, Mapping
 
 # a step's phases in the order a rank goes through them, its step count moving at "commit"
 # (worker/trainer.py): at the same step count, a later phase is further on
@@ -51,9 +52,11 @@ def stuck_bound_s(median_step_s: float | None, factor: float, floor_s: float) ->
 
 
 def stuck_members(where: Mapping[str, Where], moved_at: Mapping[str, float], watched: Iterable[str],
-                  generation: int, now: float, bound_s: float | None) -> tuple[tuple[str, ...], str]:
-    """(the watched members of `generation` that are stuck, why), or ((), why not). `where[a]`: its
-    latest beat's position; `moved_at[a]`: when that position last changed."""
+                  generation: int, first_step: int, now: float, bound_s: float | None,
+                  joiners: Collection[str] = ()) -> tuple[tuple[str, ...], str]:
+    """(the watched members of `generation`, which began at step `first_step` with `joiners` new
+    to it, that are stuck, why), or ((), why not). `where[a]`: its latest beat's position;
+    `moved_at[a]`: when that position last changed."""
     if bound_s is None:
         return (), "no bound: the rule is off, or no step was measured yet"
     judged = {a: where[a] for a in watched
@@ -62,7 +65,8 @@ def stuck_members(where: Mapping[str, Where], moved_at: Mapping[str, float], wat
         return (), "fewer than two members to compare"
     ahead = max(judged.values(), key=lambda w: w.key)
     stuck = tuple(sorted(a for a, w in judged.items()
-                         if w.key < ahead.key and now - moved_at.get(a, now) > bound_s))
+                         if (a not in joiners or w.steps > first_step) and w.key < ahead.key
+                         and now - moved_at.get(a, now) > bound_s))
     if not stuck:
         return (), "every member behind its peers moved within the bound"
     peers = sorted(a for a, w in judged.items() if w.key == ahead.key)
