@@ -11,8 +11,8 @@ has not changed for longer than the bound: `factor` times the measured step (a s
 moves at least once a step, and its peers' steps are as slow as its own: they wait for it), at
 least `floor_s`. A member entering its generation (restoring, building groups), or a joiner in the
 generation's first step (which pays its one-off costs: CUDA's handles, kernels' first runs), is not
-judged: its peers wait for it by design. When every member is at the same place, nobody is behind anybody, and
-the collective timeout still ends the generation. Pure: the clock is an argument.
+judged: its peers wait for it by design. When every member is at the same place, nobody is behind
+anybody, and the collective timeout still ends the generation. Pure: the clock is an argument.
 """
 
 from __future__ import annotations

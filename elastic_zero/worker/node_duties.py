@@ -47,7 +47,7 @@ class NodeDuties:
         if self.board is not None:
             self.board.mark(**progress)
         if self._hang_in is not None and progress.get("phase") == self._hang_in:
-            threading.Event().wait()  # the drill: inside the data read, alive and silent for ever
+            threading.Event().wait()  # the drill: inside the data read, alive (beating), never training again
 
     def _tick(self) -> None:
         """A micro batch or an eval batch begins: training moves, though no collective or phase shows it
