@@ -122,7 +122,8 @@ class NodeWatch:
             if actor_id in stuck:
                 del self._train_refs[ref]
                 stopped_at = time.time() - (now - moved[actor_id])
-                self._results[actor_id] = Report(Outcome(actor_id, "dead", error=f"stuck: {reason}"), ended_at=stopped_at)
+                self._results[actor_id] = Report(Outcome(actor_id, "dead", error=f"stuck: {reason}"),
+                                                 ended_at=stopped_at)
                 self._log("worker_stuck", actor_id=actor_id, still_s=round(now - moved[actor_id], 2),
                           where=where[actor_id].describe())
         self._retire(stuck, "stuck: killed (its training stopped behind its peers')", lost=True)
