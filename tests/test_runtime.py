@@ -34,13 +34,35 @@ def test_a_killed_worker_leaves_the_survivors_running(tmp_path):
     assert all(i > stepped for i in later_spawns), "a replacement was spawned during the recovery"
 
 
+def _once_ready(events_path: str, workers: int):
+    """The default loss, whose first call in each worker waits until the job's event log says
+    `workers` workers are ready (the job starts as soon as its own are: a standby may come later)."""
+    def loss(model, batch):
+        import json
+        import os
+
+        from elastic_zero.losses import next_token_loss
+
+        deadline = time.monotonic() + 120
+        while not hasattr(loss, "seen") and time.monotonic() < deadline:
+            lines = open(events_path).read().splitlines() if os.path.exists(events_path) else []
+            if sum(json.loads(line)["event"] == "worker_ready" for line in lines if line.strip()) >= workers:
+                loss.seen = True
+            else:
+                time.sleep(0.05)
+        return next_token_loss(model, batch)
+    return loss
+
+
 def test_a_standby_worker_replaces_a_lost_one_in_the_recovery_itself(tmp_path, one_worker):
     """elastic.standby_workers = 1: a third worker starts with the job and waits, ready; the kill's
     recovery takes it at once (the world never drops to 1, no worker is spawned for it), and a new
-    standby is asked for once the recovery stepped. Oracle: one uninterrupted worker."""
+    standby is asked for once the recovery stepped. Oracle: one uninterrupted worker. The first step
+    waits for the standby's hello: under CI's load it once came after the kill at step 10."""
     reference = one_worker(30)
+    loss = _once_ready(str(tmp_path / "standby" / "events.jsonl"), 3)
     code, summary, events, weights = _job(tmp_path, "standby", [{"at_step": 10, "action": "kill", "rank": 1}],
-                                          train={"steps": 30},
+                                          train={"steps": 30, "loss": loss},
                                           elastic={"workers": 2, "max_workers": 2, "standby_workers": 1})
     assert code == 0, summary.get("error")
     kinds = [e["event"] for e in events]
