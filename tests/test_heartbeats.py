@@ -282,12 +282,18 @@ def test_a_beat_carries_its_workers_progress_and_the_last_word_of_its_end():
         listener.close()
 
 
-def test_a_board_read_never_returns_a_half_written_mark():
-    """The sequence lock: a reader meets a write in progress (odd), or one that changed under it, and
-    takes the last whole mark; a writer killed inside a mark leaves that one, for ever."""
+def _board_and_reader() -> tuple[ProgressBoard, ProgressBoard]:
+    """A worker's board and its beat process's view of it (the file unlinked, as the worker does)."""
     board = ProgressBoard.create()
     reader = ProgressBoard(board.path, writable=False)
     board.unlink()
+    return board, reader
+
+
+def test_a_board_read_never_returns_a_half_written_mark():
+    """The sequence lock: a reader meets a write in progress (odd), or one that changed under it, and
+    takes the last whole mark; a writer killed inside a mark leaves that one, for ever."""
+    board, reader = _board_and_reader()
     board.mark(generation=2, steps=7, phase="agree")
     assert reader.read()[:2] == (2, 7)
     import struct
@@ -302,9 +308,7 @@ def test_a_board_counts_the_collectives_entered_since_its_last_mark_from_any_thr
     """What the stuck rule compares within a phase (plan/stuck.py): oracle, the calls made."""
     import threading
 
-    board = ProgressBoard.create()
-    reader = ProgressBoard(board.path, writable=False)
-    board.unlink()
+    board, reader = _board_and_reader()
     board.mark(generation=1, steps=3, phase="compute")
     board.collective()
     worker = threading.Thread(target=lambda: [board.collective() for _ in range(4)])  # autograd's hooks
@@ -341,9 +345,7 @@ def test_the_listener_notes_when_each_members_position_last_changed():
 
 
 def test_a_tick_moves_the_marks_and_keeps_the_phases_count_of_collectives():
-    board = ProgressBoard.create()
-    reader = ProgressBoard(board.path, writable=False)
-    board.unlink()
+    board, reader = _board_and_reader()
     board.mark(generation=1, steps=3, phase="compute")
     board.collective()
     board.tick()  # a micro batch: a move, and still one collective into the phase
