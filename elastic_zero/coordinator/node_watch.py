@@ -15,7 +15,7 @@ import time
 import ray
 
 from elastic_zero.coordinator.events import MemorySeen, NodeNotice, PreemptionNotice
-from elastic_zero.heartbeats import PHASES, HeartbeatListener
+from elastic_zero.heartbeats import HeartbeatListener
 from elastic_zero.plan.liveness import next_silence_at, nodes_gone_silent, silent_members
 from elastic_zero.plan.stuck import Where, stuck_bound_s, stuck_members
 from elastic_zero.preemption.notices import Notice
@@ -86,11 +86,7 @@ class NodeWatch:
         if not lost:
             due = next_silence_at(self._heard, self._train_refs.values(), now, timeout_s)
             return max(now + SILENCE_MIN_GAP_S, min(now + SILENCE_POLL_S, (due or now) + SILENCE_MIN_GAP_S))
-        for ref, actor_id in list(self._train_refs.items()):
-            if actor_id in lost:
-                del self._train_refs[ref]
-                last_seen = time.time() - (now - self._heard[actor_id])
-                self._results[actor_id] = Report(Outcome(actor_id, "dead", error=reason), ended_at=last_seen)
+        self._count_dead(lost, reason, {a: self._heard[a] for a in lost}, now)
         self._log("decision", on="Silence", reason=reason)
         for actor_id in lost:
             self._log("worker_lost", actor_id=actor_id, silent_s=round(now - self._heard[actor_id], 2))
@@ -109,7 +105,7 @@ class NodeWatch:
             return
         now, beats, moved = time.monotonic(), self.heartbeats.progress, self.heartbeats.moved
         where = {a: Where(p.generation, p.steps, p.phase, p.collectives) for a in self._train_refs.values()
-                 if (p := beats.get(a)) is not None and p.phase in PHASES}
+                 if (p := beats.get(a)) is not None}
         plan = self._plan
         before = {m.actor_id for m in plan.previous.members} if plan.previous is not None else set()
         joiners = {m.actor_id for m in plan.generation.members} - before
@@ -117,17 +113,22 @@ class NodeWatch:
                                       joiners)
         if not stuck:
             return
+        self._count_dead(stuck, f"stuck: {reason}", {a: moved[a] for a in stuck}, now)
         self._log("decision", on="Stuck", reason=reason)
-        for ref, actor_id in list(self._train_refs.items()):
-            if actor_id in stuck:
-                del self._train_refs[ref]
-                stopped_at = time.time() - (now - moved[actor_id])
-                self._results[actor_id] = Report(Outcome(actor_id, "dead", error=f"stuck: {reason}"),
-                                                 ended_at=stopped_at)
-                self._log("worker_stuck", actor_id=actor_id, still_s=round(now - moved[actor_id], 2),
-                          where=where[actor_id].describe())
+        for actor_id in stuck:
+            self._log("worker_stuck", actor_id=actor_id, still_s=round(now - moved[actor_id], 2),
+                      where=where[actor_id].describe())
         self._retire(stuck, "stuck: killed (its training stopped behind its peers')", lost=True)
         self._generation_failed()
+
+    def _count_dead(self, actor_ids, error: str, last_sign: dict[str, float], now: float) -> None:
+        """Participants given up on before their reports came: dead, from their last sign of life
+        (`last_sign`, monotonic; `now` too), their reports no longer awaited."""
+        for ref, actor_id in list(self._train_refs.items()):
+            if actor_id in actor_ids:
+                del self._train_refs[ref]
+                ended_at = time.time() - (now - last_sign[actor_id])
+                self._results[actor_id] = Report(Outcome(actor_id, "dead", error=error), ended_at=ended_at)
 
     def _last_words(self, generation: int) -> dict[str, int]:
         """The steps each worker of `generation` whose process ended had done, as its beat process
