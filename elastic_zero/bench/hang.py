@@ -12,29 +12,17 @@ import json
 import os
 import tempfile
 
-from elastic_zero.bench.recovery import check_fault_run
+from elastic_zero.bench.recovery import check_fault_run, first_recovery, run_fault_job
 from elastic_zero.job.spec import HANG_ACTIONS
 
 
 def _run(name: str, preset: str, workers: int, steps: int, micro_batch: int, faults: list, work_dir: str):
-    from elastic_zero.api import RunConfig, run_job
-    from elastic_zero.job.spec import spec_from_dict
-
-    spec = spec_from_dict({
-        "name": f"bench-{name}", "model": {"preset": preset},
-        "train": {"steps": steps, "global_batch": micro_batch * workers, "micro_batch": micro_batch},
-        "optimizer": {"name": "adamw", "lr": 1e-3},
-        "elastic": {"workers": workers, "min_workers": 1, "max_workers": workers}, "faults": faults,
-    })
-    run_dir = os.path.join(work_dir, name)
-    if run_job(spec, RunConfig(run_dir=run_dir, progress=False)) != 0:
-        raise RuntimeError(f"the {name} run failed; see {run_dir}")
-    with open(os.path.join(run_dir, "summary.json")) as fh:
-        summary = json.load(fh)
+    """(summary, events, the training's seconds: its first step done to its last) of one job."""
+    summary, run_dir = run_fault_job(name, preset, workers, steps, micro_batch, faults, work_dir)
     with open(os.path.join(run_dir, "events.jsonl")) as fh:
         events = [json.loads(line) for line in fh]
     ends = [t for _, t in summary["step_end_curve"]]
-    return summary, events, max(ends) - min(ends)
+    return summary, events, max(ends) - min(ends), first_recovery(summary, run_dir) if faults else None
 
 
 def run_hang_bench(fault: str, preset: str = "gpt-small", workers: int = 3, steps: int = 60, hang_step: int = 20,
@@ -53,19 +41,12 @@ def run_hang_bench(fault: str, preset: str = "gpt-small", workers: int = 3, step
     finally:
         ray.shutdown()
     clean_s = runs["clean"][2]
-
-    def recovery(name: str) -> dict:
-        summary = runs[name][0]
-        if not summary["recoveries"]:
-            raise RuntimeError(f"the {name} run recorded no recovery; see {os.path.join(work_dir, name)}")
-        return min(summary["recoveries"], key=lambda r: r["failed_at"])
-
     stuck = [e for e in runs[fault][1] if e["event"] == "worker_stuck"]
     return {"preset": preset, "workers": workers, "steps": steps, "hang_step": hang_step, "fault": fault,
             "found_by": "stuck rule" if stuck else "collective timeout",
             "still_before_found_s": stuck[0]["still_s"] if stuck else None,
-            "hang_to_next_step_s": recovery(fault)["to_next_step_done_s"],
-            "kill_to_next_step_s": recovery("kill")["to_next_step_done_s"],
+            "hang_to_next_step_s": runs[fault][3]["to_next_step_done_s"],
+            "kill_to_next_step_s": runs["kill"][3]["to_next_step_done_s"],
             "training_s": {name: round(run[2], 3) for name, run in runs.items()},
             "hang_extra_s": runs[fault][2] - clean_s, "kill_extra_s": runs["kill"][2] - clean_s,
             "step_time_s_median": runs["clean"][0]["step_time_s_median"]}

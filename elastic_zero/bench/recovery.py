@@ -17,23 +17,31 @@ import tempfile
 from elastic_zero.models import PRESETS
 
 
-def _elastic_zero(preset, workers, steps, kill_step, micro_batch, work_dir) -> dict:
+def run_fault_job(name: str, preset: str, workers: int, steps: int, micro_batch: int, faults: list,
+                  work_dir: str, job_name: str | None = None) -> tuple[dict, str]:
+    """A fault bench's job (`job_name`, default bench-NAME) on the running Ray, its outputs in
+    `work_dir/name`: (its summary, that directory)."""
     from elastic_zero.api import RunConfig, run_job
     from elastic_zero.job.spec import spec_from_dict
 
     spec = spec_from_dict({
-        "name": "bench-recovery",
+        "name": job_name or f"bench-{name}",
         "model": {"preset": preset},
         "train": {"steps": steps, "global_batch": micro_batch * workers, "micro_batch": micro_batch},
         "optimizer": {"name": "adamw", "lr": 1e-3},
         "elastic": {"workers": workers, "min_workers": 1, "max_workers": workers},
-        "faults": [{"at_step": kill_step, "action": "kill", "rank": 1}],
+        "faults": faults,
     })
-    run_dir = os.path.join(work_dir, "elastic_zero")
+    run_dir = os.path.join(work_dir, name)
     if run_job(spec, RunConfig(run_dir=run_dir, progress=False)) != 0:
-        raise RuntimeError("the elastic_zero run failed; see " + run_dir)
+        raise RuntimeError(f"the {name} run failed; see {run_dir}")
     with open(os.path.join(run_dir, "summary.json")) as fh:
-        summary = json.load(fh)
+        return json.load(fh), run_dir
+
+
+def _elastic_zero(preset, workers, steps, kill_step, micro_batch, work_dir) -> dict:
+    summary, run_dir = run_fault_job("elastic_zero", preset, workers, steps, micro_batch,
+                                     [{"at_step": kill_step, "action": "kill", "rank": 1}], work_dir, "bench-recovery")
     rec = first_recovery(summary, run_dir)
     ups = [c for c in summary["reconfigurations"] if c["to"] > c["from"]]
     # the replacement trains again when the generation it joined completes its first step
