@@ -8,8 +8,8 @@ checkpoint every `checkpoint_every` steps to the same kind of storage (a local d
 asked to stop at the window's end. elastic_zero watches Ray's drains (the notice is one) and keeps
 its in-memory replicas; Ray Train uses its own preemption notice (`get_preemption_info`, a
 just-in-time checkpoint) and restarts its worker group from the latest checkpoint on a loss, a
-preemption and each resize. torchft (`_torchft`) runs a replica group per worker, two to a "node"
-of processes frozen or killed together, with no checkpoint and no notice.
+preemption and each resize. torchft (goodput_torchft.py) runs a replica group per worker, two to a
+"node" of processes frozen or killed together, with no checkpoint and no notice.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import textwrap
 import time
 
 from elastic_zero.bench.goodput_schedule import (
-    START_NODES, ClusterEvent, elastic_zero_figures, goodput_schedule, ray_train_figures, torchft_figures,
+    START_NODES, ClusterEvent, elastic_zero_figures, goodput_schedule, ray_train_figures,
 )
 from elastic_zero.bench.local_cluster import RayHead, RayNode
 from elastic_zero.observe.event_log import read_events
@@ -32,7 +32,6 @@ from elastic_zero.observe.event_log import read_events
 WORKERS, CPUS_PER_NODE, GLOBAL_BATCH, MICRO_BATCH = 4, 2, 16, 4
 SYSTEMS = ("elastic_zero", "ray_train", "torchft")
 DEFAULT_SYSTEMS = ("elastic_zero", "ray_train")  # with neither --systems nor --against
-MAX_RESTARTS = 10  # a torchft group's, as torchft's torchx component passes to torchrun
 
 
 class BenchCluster:
@@ -228,89 +227,6 @@ def _ray_train(preset: str, schedule, checkpoint_every: int, work_dir: str, cloc
             "wall_s": round(wall, 1), "played": played, **ray_train_figures(records, GLOBAL_BATCH, launched_at, wall)}
 
 
-def _torchft(preset: str, schedule, checkpoint_every: int, work_dir: str, clock: str, stock_ddp_hook: bool) -> dict:
-    """torchft's replica groups (bench/torchft_job.py), two to a node as our workers are, each group
-    a slot (a share of the global batch). A frozen node's groups are stopped (SIGSTOP), a node that is
-    gone has its groups killed, a new node starts groups in the free slots. torchft has no preemption
-    notice: the drain goes unseen and the node is killed at its deadline. It writes no checkpoint:
-    its examples heal from live peers, and no event here takes every group at once
-    (`checkpoint_every` does not apply). `stock_ddp_hook`: torchft's own DDP comm hook, which ends a
-    group whose all-reduce fails (see `_ddp` in bench/torchft_job.py)."""
-    from elastic_zero.bench.torchft_cluster import TorchftCluster, supervise
-
-    stop_file = os.path.join(work_dir, "stop_at")
-    config = {"preset": preset, "steps": 10 ** 9, "micro_batch": MICRO_BATCH, "global_batch": GLOBAL_BATCH,
-              "stop_file": stop_file, "stock_ddp_hook": stock_ddp_hook}
-    nodes: dict[str, list[int]] = {}
-    played: list = []
-    crashes: list[int] = []  # the slot of each group that exited with an error and was started again
-    launched_at = time.time()
-    with TorchftCluster(config, WORKERS, work_dir) as cluster:
-        def add(node: str) -> None:
-            taken = {slot for slots in nodes.values() for slot in slots}
-            nodes[node] = [slot for slot in range(WORKERS) if slot not in taken][:CPUS_PER_NODE]
-            for slot in nodes[node]:
-                cluster.start(slot)
-
-        def gone(node: str) -> None:
-            for slot in nodes.pop(node):
-                cluster.kill(slot)
-
-        def stop_job() -> None:
-            # a step every group reaches: a group may be a step past the last one logged
-            last = max((r["step"] for r in cluster.records() if r["committed"]), default=0)
-            with open(stop_file + ".tmp", "w") as fh:
-                fh.write(str(last + 3))
-            os.replace(stop_file + ".tmp", stop_file)
-
-        def play(event: ClusterEvent) -> None:
-            if event.action == "node_lost":
-                for slot in nodes[event.node]:
-                    cluster.freeze(slot)
-            elif event.action == "node_back":
-                gone(event.node)
-                add(event.replaced_by)
-            elif event.action == "preempted":
-                gone(event.node)
-            elif event.action == "scale_up":
-                add(event.node)
-            elif event.action == "end":
-                stop_job()
-            # "notice": nothing in torchft listens for one
-
-        def restarted(slot: int, code: int) -> bool:
-            """A group that crashed is started again, as torchrun does for torchft's torchx component
-            (`--max_restarts=10`): torchft's DDP hook fails the process when an all-reduce times out."""
-            if crashes.count(slot) >= MAX_RESTARTS:
-                return False
-            crashes.append(slot)
-            cluster.start(slot)
-            return True
-
-        def ended() -> bool:
-            """Whether every group has finished; a group that failed is started again (or it is an error)."""
-            for slot, code in cluster.wait_exits(0).items():
-                if code != 0 and not restarted(slot, code):
-                    raise cluster.failed(slot, code)
-            return not cluster.procs
-
-        def first_step() -> float | None:
-            return min((r["done"] for r in cluster.records() if r["committed"]), default=None)
-
-        try:
-            for node in START_NODES:
-                add(node)
-            played = _run_schedule(schedule, play, ended, (lambda: launched_at) if clock == "launch" else first_step)
-            supervise(cluster, lambda: not cluster.procs, 300, "stop", restarted)
-        except RuntimeError as e:  # a group or the lighthouse failed: named in the report
-            return {"rc": 1, "error": str(e), "wall_s": round(time.time() - launched_at, 1), "played": played}
-        wall = time.time() - launched_at
-        records = cluster.records()
-    return {"rc": 0, "error": None, "wall_s": round(wall, 1), "played": played, "groups_started": cluster.started,
-            "ddp_hook": "stock" if stock_ddp_hook else "error-tolerant",
-            **torchft_figures(records, GLOBAL_BATCH, launched_at, wall, restarts=len(crashes))}
-
-
 def _wait(driver: subprocess.Popen, timeout_s: float = 300) -> int:
     try:
         return driver.wait(timeout=timeout_s)
@@ -364,7 +280,9 @@ def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: 
     report: dict = {"preset": preset, "window_s": window_s, "seed": seed, "notice_s": notice_s, "clock": clock,
                     "checkpoint_every": checkpoint_every, "loss_file": loss_file,
                     "schedule": [{"at_s": e.at_s, "action": e.action, "node": e.replaced_by or e.node} for e in schedule]}
-    runners = {"elastic_zero": _elastic_zero, "ray_train": _ray_train, "torchft": _torchft}
+    from elastic_zero.bench.goodput_torchft import play_to_torchft
+
+    runners = {"elastic_zero": _elastic_zero, "ray_train": _ray_train, "torchft": play_to_torchft}
     extra = {"torchft": {"stock_ddp_hook": torchft_stock_ddp_hook}, "elastic_zero": {"loss_file": loss_file}}
     for name in systems:
         work_dir = tempfile.mkdtemp(prefix=f"ez-goodput-{name}-", dir=work_root)
