@@ -205,9 +205,12 @@ def test_a_job_run_again_resumes_from_its_latest_good_checkpoint_at_another_size
 def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_path, one_worker):
     """Ranks 0 and 1 die in the same step; rank 1 holds rank 0's replica (buddies on one node are
     the next rank), so memory holds no complete step: the survivor and the replacements restart
-    from the checkpoint of step 10. Oracle: one uninterrupted worker."""
+    from the checkpoint of step 10. Rank 0's sample records are nobody's report (its buddy died with
+    it): they come from the checkpoint, whose manifest holds every step of the generation, though
+    keep = 1 pruned the save of step 5 that first held steps 0 to 4 (a gap of 5 steps when each save
+    held only the steps since the one before). Oracle: one uninterrupted worker."""
     reference = one_worker(30)
-    ckpt = {"uri": str(tmp_path / "ckpt"), "every": 5, "keep": 2}
+    ckpt = {"uri": str(tmp_path / "ckpt"), "every": 5, "keep": 1}
     drill = [{"at_step": 12, "action": "kill", "rank": 0}, {"at_step": 12, "action": "kill", "rank": 1}]
     code, summary, events, weights = _job(tmp_path, "both", drill, train={"steps": 30}, checkpoint=ckpt,
                                           elastic={"workers": 3, "max_workers": 3})

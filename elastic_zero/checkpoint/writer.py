@@ -21,6 +21,7 @@ import time
 from elastic_zero.checkpoint import safetensors_format
 from elastic_zero.checkpoint.export import MODEL_TENSORS_FILE, MODEL_TENSORS_KEY
 from elastic_zero.checkpoint.manifest import datafile_from_dict, datafile_to_dict
+from elastic_zero.checkpoint.sample_runs import encode_runs
 from elastic_zero.checkpoint.store import commit, free_step_dir, make_manifest, open_store, write_rank_file
 from elastic_zero.zero.shard import ShardState
 
@@ -45,7 +46,8 @@ class AsyncCheckpointWriter:
              model_tensors: dict | None = None, copied=None) -> float:
         """Start saving `snapshot` (a copy no one else mutates); returns the seconds spent waiting
         for the previous save. `tag` names this save uniquely across the job (generation and step);
-        `sample_log` rows (what this rank trained on since its last save) go into the manifest;
+        `sample_log` rows (what this rank trained in this generation, and earlier ones not yet
+        reported) go into the manifest, as runs (sample_runs.py);
         `model_tensors` (rank 0, with the final weights: buffers and frozen parameters, host copies)
         go into a safetensors file beside the shards. `copied`: a CUDA event the snapshot's copy
         off the device completes at, which the writing thread waits for (the step does not)."""
@@ -95,7 +97,8 @@ class AsyncCheckpointWriter:
             else:
                 directory = self._wait_for([f"ckpt/{tag}/dir"], abandoned)[0].decode()
             entry = write_rank_file(self.fs, directory, snapshot, tag=tag)
-            self.store.set(f"ckpt/{tag}/{rank}", json.dumps({"file": datafile_to_dict(entry), "sample_log": sample_log}))
+            self.store.set(f"ckpt/{tag}/{rank}", json.dumps({"file": datafile_to_dict(entry),
+                                                             "sample_runs": encode_runs(sample_log)}))
             if rank != 0:
                 return
             if model_tensors:
@@ -104,8 +107,8 @@ class AsyncCheckpointWriter:
             keys = [f"ckpt/{tag}/{r}" for r in range(snapshot.partition.world_size)]
             posted = [json.loads(v) for v in self._wait_for(keys, abandoned)]
             files = [datafile_from_dict(p["file"]) for p in posted]
-            rows = sorted(tuple(row) for p in posted for row in p["sample_log"])
-            manifest = make_manifest(snapshot, files, self.stage, {**extra, "sample_log": rows})
+            runs = sorted(tuple(run) for p in posted for run in p["sample_runs"])  # each rank's own
+            manifest = make_manifest(snapshot, files, self.stage, {**extra, "sample_runs": runs})
             if abandoned.is_set():
                 raise SaveAbandoned("the generation failed before the commit")
             done = commit(self.fs, self.root, manifest, self.keep, directory)

@@ -360,12 +360,13 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         """What a checkpoint generation may restore: the committed checkpoints, newest commit first.
         Their sample records are read now: pruning may remove them while the generation trains."""
         from elastic_zero.checkpoint import open_store, read_manifest, restore_candidates
+        from elastic_zero.checkpoint.sample_runs import manifest_rows
 
         fs, root = open_store(self.spec.checkpoint.uri)
         candidates = tuple(restore_candidates(fs, root))
         if not candidates:
             raise ValueError(f"{root}: no committed checkpoint")
-        self._candidate_logs = [(d, read_manifest(fs, d).extra.get("sample_log", ())) for d in reversed(candidates)]
+        self._candidate_logs = [(d, manifest_rows(read_manifest(fs, d).extra)) for d in reversed(candidates)]
         return candidates
 
     def _add_checkpoint_logs(self, restored: str) -> None:

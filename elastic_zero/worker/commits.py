@@ -96,7 +96,7 @@ class StepCommits:
     def _keep_uncommitted(self, plan: GenerationPlan, report: dict, rows: list) -> None:
         """The sample records of the steps a commit made safe are kept: into the report and the next
         checkpoint."""
-        self._unsaved_log.extend((plan.number, *row) for row in rows if row[0] > self._saved_through)
+        self._untold_log.extend((plan.number, *row) for row in rows if row[0] > self._saved_through)
         report["log"].extend(rows)
 
     def _keep_step_records(self, plan: GenerationPlan, report: dict, step: int, world: int, rank: int) -> None:

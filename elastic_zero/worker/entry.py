@@ -206,7 +206,7 @@ class GenerationEntry:
 
     def _forget_log_from(self, step: int) -> None:
         """Steps from `step` on are trained again: their earlier sample records are void."""
-        self._unsaved_log = [row for row in self._unsaved_log if row[1] < step]
+        self._untold_log = [row for row in self._untold_log if row[1] < step]
         self._saved_through = min(self._saved_through, step - 1)
 
     def _member_groups(self, plan: GenerationPlan, rank: int, host: bool = True) -> dict:

@@ -42,8 +42,8 @@ class CheckpointSaves:
                  "generation": plan.number, "optimizer": dict(vars(self.spec.optimizer)), **self._model_extra}
         # the checkpoint commits every step up to its own, replicated yet or not (checkpoint.every
         # need not be a multiple of replicate_every): their sample records go with it
-        rows = self._unsaved_log + [(plan.number, *row) for row in in_flight_rows + report["uncommitted"]]
-        self._unsaved_log, self._saved_through = [], step - 1  # rows name a step by its index
+        rows = self._untold_log + [(plan.number, *row) for row in in_flight_rows + report["uncommitted"]]
+        self._untold_log, self._saved_through = rows, step - 1  # rows name a step by its index
         # a save the caller waits for may follow one of the same step that did not commit: a tag of its own
         tag = f"g{plan.number}-s{step}" + ("-now" if waited else "")
         model_tensors = self._untrained_tensors() if final and self.engine.rank == 0 else None

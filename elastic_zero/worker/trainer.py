@@ -88,7 +88,10 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         self._safe_point_for = -1  # the latest generation a safe point was requested for
         # the generation entered, its groups, whether it was aborted: an abort for g never reaches g + 1
         self._gate = GenerationGate()
-        self._unsaved_log: list[tuple] = []  # (generation, step, rank, start, count) not yet in a checkpoint
+        # (generation, step, rank, start, count) of the steps this generation committed: every checkpoint
+        # carries them all, standing for the generation's reports should every member be lost (the
+        # older checkpoints that held part of them may have been pruned by then)
+        self._untold_log: list[tuple] = []
         self._saved_through = -1  # the index of the last step whose sample records went into a checkpoint
         self._coordinator, self._namespace = coordinator, namespace
         self._progress_told_at = 0.0
@@ -154,6 +157,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                   "checkpoints": [], "checkpoints_skipped": [], "restored_from": None}
         if self._ends is not None:
             self._ends.watch(plan.number)
+        # the coordinator holds what the last generation's report told: a new generation's saves carry its own
+        self._untold_log, self._saved_through = [], -1
         self.cadence.new_generation()  # measured anew: the world size sets a shard's bytes
         try:
             if self.device.type == "cuda":  # set_device holds per thread, and Ray may call on another

@@ -1,0 +1,61 @@
+"""Sample records as runs, the way a checkpoint's manifest keeps them.
+
+A sample record is one row (generation, step, rank, start, count): the global sample positions a
+rank trained on at a step. A checkpoint carries the records of every step its generation trained
+(they stand for the generation's reports should every member be lost), so the rows grow with the
+generation's length. Within a generation a rank's rows follow a pattern (the next step, the start
+one global batch further, the same count), so they are kept as runs: (generation, rank, first
+step, steps, first start, count, start stride). Pure: no torch, no files.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+Row = tuple[int, int, int, int, int]  # generation, step, rank, start, count
+Run = tuple[int, int, int, int, int, int, int]  # generation, rank, first step, steps, first start, count, stride
+
+
+def encode_runs(rows: Iterable[Row]) -> list[Run]:
+    """The rows as runs; a (generation, step, rank) given twice keeps its first row, as the
+    coordinator's books do."""
+    first_seen: dict[tuple[int, int, int], Row] = {}
+    for row in rows:
+        generation, step, rank, start, count = (int(v) for v in row)
+        first_seen.setdefault((generation, rank, step), (generation, step, rank, start, count))
+    runs: list[list[int]] = []
+    for (generation, rank, step), (_, _, _, start, count) in sorted(first_seen.items()):
+        last = runs[-1] if runs else None
+        if last is not None and _extends(last, generation, rank, step, start, count):
+            if last[3] == 1:
+                last[6] = start - last[4]
+            last[3] += 1
+        else:
+            runs.append([generation, rank, step, 1, start, count, 0])
+    return [tuple(run) for run in runs]
+
+
+def _extends(run: list[int], generation: int, rank: int, step: int, start: int, count: int) -> bool:
+    gen, r, first_step, steps, first_start, run_count, stride = run
+    if (gen, r) != (generation, rank) or step != first_step + steps or count != run_count:
+        return False
+    if steps == 1:  # the second row sets the stride
+        return True
+    return start == first_start + steps * stride
+
+
+def decode_runs(runs: Iterable[Run]) -> list[Row]:
+    """Every row the runs stand for, in (generation, rank, step) order."""
+    rows = []
+    for run in runs:
+        generation, rank, first_step, steps, first_start, count, stride = (int(v) for v in run)
+        if steps < 1 or count < 0:
+            raise ValueError(f"sample run {list(run)}: steps must be at least 1 and count at least 0")
+        rows.extend((generation, first_step + i, rank, first_start + i * stride, count) for i in range(steps))
+    return rows
+
+
+def manifest_rows(extra: dict) -> list[Row]:
+    """The sample records a checkpoint's manifest holds (`extra`): its runs, or the rows of a
+    checkpoint written before runs."""
+    return decode_runs(extra.get("sample_runs", ())) + [tuple(row) for row in extra.get("sample_log", ())]
