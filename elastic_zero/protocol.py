@@ -26,6 +26,7 @@ class Hello:
     # its node's memory (capacity, Ray's threshold, used), its own RSS and its model's tensors in
     # it, and the model's state facts (plan/memory.py ModelMemory): what the coordinator plans with
     memory: dict = field(default_factory=dict)
+    node_up_at: float | None = None  # when its node's raylet started (epoch seconds; None: unknown)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,13 @@ def test_example_spec_loads_and_overrides_apply():
         ({"data": {"source": "x.parquet", "columns": []}}, "data.columns: must be a non-empty list"),
         ({"elastic": {"heartbeat_timeout_s": 0.1}}, "elastic.heartbeat_timeout_s: must be 0 (off) or >= 0.4"),
         ({"elastic": {"heartbeat_timeout_s": -1}}, "elastic.heartbeat_timeout_s: must be >= 0.0"),
+        ({"elastic": {"worker_labels": ["spot"]}}, "elastic.worker_labels: must be a table"),
+        ({"elastic": {"worker_labels": {"ray.io/market-type": 1}}},
+         "elastic.worker_labels.ray.io/market-type: must be a non-empty label value (a string), got 1"),
+        ({"elastic": {"worker_resources": {"spot": 0}}}, "elastic.worker_resources.spot: must be a number > 0, got 0"),
+        ({"elastic": {"worker_resources": {"spot": "one"}}},
+         "elastic.worker_resources.spot: must be a number > 0, got 'one'"),
+        ({"elastic": {"worker_resources": {"GPU": 1}}}, "elastic.worker_resources.GPU: is set by the job"),
     ],
 )
 def test_every_bad_field_is_named(data, message):

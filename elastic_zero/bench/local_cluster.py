@@ -51,6 +51,21 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def processes_naming(text: str) -> list[int]:
+    """The processes whose command line holds `text` (a cluster's temp dir), read from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if text.encode() in fh.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
 # job_status's looker: a status record (or the one-line error) for each job id read, one JSON line each
 _STATUS_LOOKER = """
 import json, sys
@@ -70,7 +85,11 @@ class _RayletSlowToRegister(RuntimeError):
 
 
 class RayHead:
-    def __init__(self, auth: bool, num_cpus: int = 6, env: dict | None = None) -> None:
+    def __init__(self, auth: bool, num_cpus: int = 6, env: dict | None = None,
+                 autoscaling_config: dict | None = None) -> None:
+        """`autoscaling_config`: a cluster config of Ray's fake multi-node provider
+        (autoscaled_cluster.py): the head runs Ray's autoscaler, which starts and stops worker nodes
+        on this machine as their demand comes and goes."""
         self.dir = tempfile.mkdtemp(prefix="ezhead", dir="/tmp")  # short: Ray's socket paths have a length limit
         self.home = os.path.join(self.dir, "home")
         os.makedirs(self.home)
@@ -101,6 +120,13 @@ class RayHead:
                 "--num-cpus", str(num_cpus), "--disable-usage-stats", "--include-dashboard", "true",
                 "--dashboard-host", "127.0.0.1", "--min-worker-port", str(low), "--max-worker-port", str(low + 99)]
         args += [f"--{name}={port}" for name, port in ports.items()]
+        if autoscaling_config is not None:
+            config = {**autoscaling_config, "provider": {**autoscaling_config["provider"], "gcs_address": self.gcs_address}}
+            config_path = os.path.join(self.dir, "autoscaling.json")
+            with open(config_path, "w") as fh:
+                json.dump(config, fh)
+            args += ["--autoscaling-config", config_path]
+            env["RAY_FAKE_CLUSTER"] = "1"  # the fake provider refuses to start without it
         self.log = open(os.path.join(self.dir, "head.log"), "w")
         self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_ready()
@@ -144,20 +170,22 @@ class RayHead:
                 pids += descendants(self.proc.pid)
                 self.proc.kill()
                 self.proc.wait()
-        for pid in pids + descendants(self.proc.pid):
+        # the nodes an autoscaler started outlive the monitor that started them; every process of this
+        # cluster names its temp dir
+        for pid in pids + descendants(self.proc.pid) + processes_naming(self.dir):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         self.log.close()
 
-    def run_job(self, work_dir: str, spec_file: str, job_id: str) -> subprocess.Popen:
+    def run_job(self, work_dir: str, spec_file: str, job_id: str, args: tuple = ()) -> subprocess.Popen:
         """`elastic-zero run` of a spec in `work_dir` as this cluster's driver, outputs in
-        `work_dir/out`, its console in `work_dir/driver.log`."""
+        `work_dir/out`, its console in `work_dir/driver.log`; `args`: more of run's options."""
         with open(os.path.join(work_dir, "driver.log"), "w") as log:
             return subprocess.Popen([sys.executable, "-m", "elastic_zero.cli", "run", spec_file, "--address",
                                      self.gcs_address, "--job-id", job_id, "--run-dir", os.path.join(work_dir, "out"),
-                                     "--no-progress"], cwd=work_dir, env=self.client_env(), stdout=log,
+                                     "--no-progress", *args], cwd=work_dir, env=self.client_env(), stdout=log,
                                     stderr=subprocess.STDOUT)
 
     def job_status(self, job_id: str, timeout_s: float = 60.0) -> dict | None:

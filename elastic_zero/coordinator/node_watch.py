@@ -204,11 +204,14 @@ class NodeWatch:
             self._lost_nodes[node] = now + LOST_NODE_AVOID_S
 
     def _spawn_options(self) -> dict:
-        """Keep new workers off the nodes that go."""
+        """The nodes a new worker may start on: those with the job's labels, and not one that goes. A
+        pending worker's selector is its demand as an autoscaler reads it: a node of a type that has
+        the labels, and a new one where only nodes that go have room."""
+        selector = dict(self.spec.elastic.worker_labels)
         avoid = self._nodes_that_go()
-        if not avoid:
-            return {}
-        return {"label_selector": {NODE_ID_LABEL: f"!in({','.join(sorted(avoid))})"}}
+        if avoid:
+            selector[NODE_ID_LABEL] = f"!in({','.join(sorted(avoid))})"
+        return {"label_selector": selector} if selector else {}
 
     def _leaving_worker_retired(self, actor_id: str, handle, lost: bool = False) -> None:
         """Before a worker goes: if it watched a node, another of the node's workers takes over, or,

@@ -41,7 +41,10 @@ class WorkerSpawner:
         self.workforce = workforce or RayWorkforce()
 
     def _spawn(self, count: int) -> None:
-        opts = {"num_gpus": 1} if self.spec.elastic.use_gpu else {"num_cpus": 1}
+        elastic = self.spec.elastic
+        opts = {"num_gpus": 1} if elastic.use_gpu else {"num_cpus": 1}
+        if elastic.worker_resources:
+            opts["resources"] = dict(elastic.worker_resources)
         joiner = self.state.generation is not None  # it will receive its shard by handover
         for _ in range(count):
             actor_id = f"w{self._spawned}"
@@ -65,7 +68,8 @@ class WorkerSpawner:
             self._log("worker_start_failed", actor_id=actor_id, error=error)
             self._apply(WorkerStartFailed(actor_id, error, lost=lost_while_starting(exc)))
             return
-        self._log("worker_ready", actor_id=actor_id, node=hello.member.node, pid=hello.pid)
+        self._log("worker_ready", actor_id=actor_id, node=hello.member.node, pid=hello.pid,
+                  node_up_t=None if hello.node_up_at is None else round(hello.node_up_at, 3))
         if hello.member.node in self._nodes_that_go():  # placed there before Ray or we knew: another is asked for
             self._retire((actor_id,), "it started on a node that goes")
             self._apply(WorkerStartFailed(actor_id, "it started on a node that goes", lost=True))

@@ -179,6 +179,9 @@ class ZeroSpec:
 HEARTBEAT_EVERY_S = 0.1  # how often a worker tells the coordinator it is alive
 
 
+WORKER_RESOURCES_SET_BY_THE_JOB = ("CPU", "GPU", "memory", "object_store_memory")
+
+
 @dataclass(frozen=True)
 class ElasticSpec:
     workers: int = 2  # the workers the job starts with and tops back up to
@@ -194,6 +197,8 @@ class ElasticSpec:
     stuck_min_s: float = 2.0  # the least time a member behind its peers may stay put before it is stuck
     join_window_s: float = 5.0  # a ready joiner waits this long at most for workers still starting, to join with them
     memory_per_node_gib: Optional[float] = None  # the most the job's workers on one node may hold together (default: as much as Ray's memory monitor allows, less what else runs there)
+    worker_labels: dict = field(default_factory=dict)  # Ray node labels a worker's node must have, as a label selector (e.g. {"ray.io/market-type" = "spot"}); an autoscaler sees them in a pending worker's demand and starts a node of a type that has them
+    worker_resources: dict = field(default_factory=dict)  # custom Ray resources each worker asks for beside its CPU or GPU (e.g. {spot = 1}): what a node type must offer to host one
 
     def validate(self) -> None:
         _at_least("elastic.min_workers", self.min_workers, 1)
@@ -201,6 +206,14 @@ class ElasticSpec:
         if self.memory_per_node_gib is not None and not self.memory_per_node_gib > 0:
             _fail("elastic.memory_per_node_gib", f"must be > 0 (or unset), got {self.memory_per_node_gib!r}")
         _at_least("elastic.join_window_s", self.join_window_s, 0.0)
+        for key, value in self.worker_labels.items():
+            if not isinstance(value, str) or not key or not value:
+                _fail(f"elastic.worker_labels.{key}", f"must be a non-empty label value (a string), got {value!r}")
+        for name, amount in self.worker_resources.items():
+            if name in WORKER_RESOURCES_SET_BY_THE_JOB:
+                _fail(f"elastic.worker_resources.{name}", "is set by the job (one CPU, or one GPU with use_gpu)")
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
+                _fail(f"elastic.worker_resources.{name}", f"must be a number > 0, got {amount!r}")
         if self.replicate_every != "auto" and (isinstance(self.replicate_every, str) or self.replicate_every < 0):
             _fail("elastic.replicate_every", f"must be an integer >= 0 or \"auto\", got {self.replicate_every!r}")
         if not self.min_workers <= self.workers <= self.max_workers:

@@ -23,6 +23,7 @@ from elastic_zero.job.build import DTYPES
 from elastic_zero.protocol import Hello
 from elastic_zero.zero.memory_facts import model_memory, own_tensor_bytes
 from elastic_zero.worker.faults import WorkerStartError, ray_node_id
+from elastic_zero.worker.node_age import raylet_started_at
 
 
 BEAT_START_TIMEOUT_S = 30.0  # a Python process's start, on a machine as busy as CI's: well under this
@@ -80,7 +81,8 @@ class NodeDuties:
             if node is None:  # buddies may then share this machine: said, not hidden
                 node, warning = f"unknown-{self.actor_id}", f"the Ray node of {self.actor_id} is unknown ({problem})"
         return Hello(Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")),
-                     "; ".join(filter(None, (warning, self._beats_started()))), os.getpid(), self._memory_facts())
+                     "; ".join(filter(None, (warning, self._beats_started()))), os.getpid(), self._memory_facts(),
+                     raylet_started_at())
 
     def _memory_facts(self) -> dict:
         """What the coordinator plans memory with (plan/memory.py): the node's capacity and Ray's
