@@ -24,7 +24,7 @@ CheckpointConfig = CheckpointSpec
 ModelConfig, DataConfig, TrainConfig = ModelSpec, DataSpec, TrainSpec
 EvalConfig, TrackingConfig = EvalSpec, TrackingSpec
 
-EXIT_OK, EXIT_FAILED = 0, 1  # a bad spec raises SpecError: the CLI exits 2 with it
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2  # a bad spec raises SpecError: the CLI exits 2 with it
 # where a job with no checkpoint.uri writes its final weights: its run directory (on a cluster of
 # several nodes, that directory must be shared, or the job must name a checkpoint.uri they all reach)
 FINAL_CHECKPOINTS = "checkpoints"
@@ -51,6 +51,7 @@ class Result:
     checkpoint: str | None = None  # the newest checkpoint the job committed, if any
     error: str | None = None  # why training failed, in one line
     final_checkpoint: str | None = None  # the checkpoint of the final weights (a URI), on success
+    bad_input: bool = False  # it failed on what the spec asks and the cluster cannot give (a field named in error)
 
     @functools.cached_property
     def state_dict(self) -> dict | None:
@@ -89,13 +90,17 @@ def run(job: JobSpec, run_config: RunConfig | None = None, *, started_at: float 
         job = replace(job, checkpoint=replace(job.checkpoint, uri=os.path.join(path, FINAL_CHECKPOINTS)))
     outcome = drive(job, job_id or job.name, path, run_config, started_at)
     return Result(ok=outcome["ok"], metrics=outcome["summary"], path=path, checkpoint=outcome.get("checkpoint"),
-                  error=outcome.get("error"), final_checkpoint=outcome.get("final_checkpoint") if outcome["ok"] else None)
+                  error=outcome.get("error"), final_checkpoint=outcome.get("final_checkpoint") if outcome["ok"] else None,
+                  bad_input=bool(outcome.get("bad_input")))
 
 
 def run_job(spec: JobSpec, run_config: RunConfig, final_weights: str | None = None, started_at: float | None = None,
             job_id: str | None = None) -> int:
     """`elastic-zero run`: the exit code, a line on stdout (success) or stderr (failure)."""
     result = run(spec, run_config, started_at=started_at, job_id=job_id)
+    if not result.ok and result.bad_input:  # the spec asks what this cluster cannot give: as a bad spec
+        print(f"elastic-zero: {result.error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if not result.ok:
         print(f"elastic-zero: training failed: {result.error}", file=sys.stderr)
         return EXIT_FAILED

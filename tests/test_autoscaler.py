@@ -11,6 +11,8 @@ every sample of every step once, and the final weights of one uninterrupted work
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 import time
 
@@ -22,17 +24,19 @@ from runtime_jobs import relative
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
-STEPS = 120
+STEPS = 200
 # the default loss; a step at 2 workers (a rank's share of the global batch of 8 is then 4) sleeps,
-# so that the job, at 2 while the autoscaler brings a node, is still training when the worker joins
+# so that the job, at 2 while the autoscaler brings a node or takes one back, is still training
+# then; until the test, done watching, leaves the file DONE_WATCHING (the nodes are on this machine)
 SLOW_AT_TWO = '''
+import os
 import time
 
 from elastic_zero.losses import next_token_loss
 
 
 def loss(model, batch):
-    if len(batch["input_ids"]) == 4:
+    if len(batch["input_ids"]) == 4 and not os.path.exists({done!r}):
         time.sleep(0.5)
     return next_token_loss(model, batch)
 '''
@@ -89,15 +93,21 @@ def _until_event(path, driver, log, what: str, check, timeout_s: float = 180) ->
         time.sleep(0.2)
 
 
-def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_the_job_grows_back(cluster, tmp_path, one_worker):
+def _starts(events) -> list[dict]:
+    return [e for e in events if e["event"] == "generation_start"]
+
+
+def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gives_a_node_back(
+        cluster, tmp_path, one_worker):
+    """Then `elastic-zero scale JOB 2`: a worker hands over and goes, and the autoscaler removes its
+    node once idle (the job holds nothing there), while the job trains on."""
     reference = one_worker(STEPS)
-    (tmp_path / "slow_at_two.py").write_text(SLOW_AT_TWO)
+    (tmp_path / "slow_at_two.py").write_text(SLOW_AT_TWO.format(done=str(tmp_path / "done_watching")))
     (tmp_path / "job.toml").write_text(_spec())
     weights, events_path, log = tmp_path / "final.pt", tmp_path / "out" / "events.jsonl", tmp_path / "driver.log"
     driver = cluster.head.run_job(str(tmp_path), "job.toml", "autoscaled", args=("--final-weights", str(weights)))
     try:
-        _until_event(events_path, driver, log, "training on 3 workers",
-                     lambda ev: any(e["event"] == "generation_start" for e in ev))
+        _until_event(events_path, driver, log, "training on 3 workers", lambda ev: _starts(ev))
         deadline = time.monotonic() + 120
         while ((cluster.head.job_status("autoscaled") or {}).get("step") or 0) < 5:  # a few steps at 3
             assert driver.poll() is None and time.monotonic() < deadline, open(log).read()[-3000:]
@@ -106,28 +116,73 @@ def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_the_job_grows_b
         node_of = {e["actor_id"]: e["node"] for e in events if e["event"] == "worker_ready"}
         assert len(node_of) == 3 and len(set(node_of.values())) == 3, node_of  # the autoscaler's nodes, one worker each
         spot = {n["node_id"]: n for n in cluster.worker_nodes()}
+        # the head has room for a worker too: the label keeps them off it
         assert set(node_of.values()) <= set(spot), (node_of, list(spot))
         assert all(spot[n]["labels"].get("ray.io/market-type") == "spot" for n in node_of.values())
-        victim = node_of["w1"]
         reclaimed_at = time.time()
-        assert cluster.reclaim(victim) > 0
-        events = _until_event(events_path, driver, log, "back at 3 workers",
-                              lambda ev: len([e for e in ev if e["event"] == "generation_start"]) >= 3
-                              and len([e for e in ev if e["event"] == "generation_start"][-1]["workers"]) == 3)
+        assert cluster.reclaim(node_of["w1"]) > 0
+        _until_event(events_path, driver, log, "back at 3 workers",
+                     lambda ev: len(_starts(ev)) >= 3 and len(_starts(ev)[-1]["workers"]) == 3)
+        scale = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "scale", "autoscaled", "2", "--address",
+                                cluster.head.gcs_address], env=cluster.head.client_env(), capture_output=True,
+                               text=True, timeout=120)
+        assert scale.returncode == 0, scale.stderr[-2000:]
+        events = _until_event(events_path, driver, log, "scaled down to 2",
+                              lambda ev: len(_starts(ev)) >= 4 and len(_starts(ev)[-1]["workers"]) == 2)
+        (leaver,) = set(_starts(events)[2]["workers"]) - set(_starts(events)[3]["workers"])
+        left_at = _starts(events)[3]["t"]
+        leaver_node = {e["actor_id"]: e["node"] for e in events if e["event"] == "worker_ready"}[leaver]
+        deadline = time.monotonic() + 90
+        while leaver_node in {n["node_id"] for n in cluster.worker_nodes()}:
+            assert driver.poll() is None, "the job ended before the autoscaler gave the idle node back"
+            assert time.monotonic() < deadline, f"the autoscaler kept the idle node {leaver_node}"
+            time.sleep(0.5)
+        given_back_s = time.time() - left_at
+        assert driver.poll() is None  # while the job trains on
+        (tmp_path / "done_watching").touch()  # its steps at 2 need not wait any more
         assert driver.wait(timeout=300) == 0, open(log).read()[-3000:]
     finally:
         if driver.poll() is None:
             driver.kill()
     events = _events(events_path)
     summary = json.load(open(tmp_path / "out" / "summary.json"))
-    starts = [e for e in events if e["event"] == "generation_start"]
+    starts = _starts(events)
     (lost,) = [e for e in events if e["event"] == "worker_lost"]
     assert lost["actor_id"] == "w1" and lost.get("silent_s"), lost  # by its silence
     assert starts[1]["source"] == "snapshot" and sorted(starts[1]["workers"]) == ["w0", "w2"], starts[1]
     (replacement,) = [e for e in events if e["event"] == "worker_ready" and e["actor_id"] not in node_of]
     assert replacement["node"] not in node_of.values()  # a node the autoscaler started for it
     assert starts[2]["source"] == "live" and replacement["actor_id"] in starts[2]["workers"], starts[2]
+    assert starts[3]["source"] == "live" and len(summary["recoveries"]) == 1, summary["recoveries"]
     assert summary["ok"] and summary["duplicate_samples"] == 0 and summary["skipped_samples"] == 0, summary
     assert relative(reference, torch.load(weights, weights_only=True)) <= 1e-4
-    print(f"reclaim -> replacement ready {replacement['t'] - reclaimed_at:.1f} s, "
-          f"-> back at 3 {starts[2]['t'] - reclaimed_at:.1f} s")
+    recovery = summary["recoveries"][0]
+    print(f"reclaim -> next step done {recovery['failed_at'] + recovery['to_next_step_done_s'] - reclaimed_at:.1f} s, "
+          f"-> node up {replacement['node_up_t'] - reclaimed_at:.1f} s; node up -> joined "
+          f"{starts[2]['t'] - replacement['node_up_t']:.1f} s; reclaim -> back at 3 {starts[2]['t'] - reclaimed_at:.1f} s; "
+          f"scaled down -> node given back {given_back_s:.1f} s")
+
+
+def test_a_worker_no_node_type_can_host_fails_the_job_in_one_line_not_a_wait_for_ever(cluster, tmp_path):
+    """A job asking its workers for a resource no node type of the autoscaler's config offers: the
+    autoscaler calls the request infeasible, the job fails within seconds, one line naming the field,
+    exit 2 (a spec the cluster cannot serve), and no worker was started."""
+    (tmp_path / "job.toml").write_text(_spec().replace('worker_labels = {"ray.io/market-type" = "spot"}',
+                                                       'worker_resources = {a100 = 1}'))
+    started = time.monotonic()
+    driver = cluster.head.run_job(str(tmp_path), "job.toml", "unplaceable")
+    try:
+        code = driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    took = time.monotonic() - started
+    printed = (tmp_path / "driver.log").read_text()
+    lines = [line for line in printed.splitlines() if line.startswith("elastic-zero: ")]
+    assert code == 2, printed[-3000:]
+    assert lines == ["elastic-zero: worker w0 failed to start: elastic.worker_resources: no node type of the "
+                     "cluster's autoscaler offers a worker's CPU 1, a100 1 (one CPU a worker; Ray's autoscaler "
+                     "calls the request infeasible)"], printed[-3000:]
+    events = _events(tmp_path / "out" / "events.jsonl")
+    assert not [e for e in events if e["event"] in ("worker_ready", "generation_start")]
+    print(f"asked for an a100 -> failed in {took:.1f} s (a driver's start included)")

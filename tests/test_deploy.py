@@ -158,3 +158,30 @@ def test_the_dockerfile_builds_on_a_cuda_ray_image_with_cuda_torch_and_the_packa
     assert "torch==2.13.0" in torch_install and f"download.pytorch.org/whl/cu{cuda}" in torch_install
     assert any(line.startswith("RUN pip install") and "/home/ray/elastic_zero" in line for line in lines)
     assert IMAGE.endswith(f"-cu{cuda}")
+
+
+def test_the_recipes_ask_for_the_nodes_that_the_autoscaled_test_cluster_proves():
+    """deploy/local-autoscaler/cluster.yaml is the config tests/test_autoscaler.py runs Ray's
+    autoscaler (v2) on: a reclaimed node replaced, an idle one given back. The recipes must carry
+    the same worker node labels, the job's spec must ask for them, the autoscaler must pack them
+    (KubeRay's v2) and give idle nodes back (an idle timeout)."""
+    (local,) = _docs("local-autoscaler/cluster.yaml")
+    (spot,) = [t for n, t in local["available_node_types"].items() if n != local["head_node_type"]]
+    labels = spot["labels"]
+    assert labels == {"ray.io/market-type": "spot"} and local["idle_timeout_minutes"] > 0
+    for name in ("aws-spot.yaml", "gcp-spot.yaml"):
+        (config,) = _docs(f"cluster-launcher/{name}")
+        (worker,) = [t for n, t in config["available_node_types"].items() if n != config["head_node_type"]]
+        assert worker["labels"] == labels, name
+        assert config["idle_timeout_minutes"] > 0, name
+        # the cluster launcher's autoscaler (v1 in Ray 2.60) packs resources, not labels: only the spot
+        # node type may offer what a worker asks for (the head has neither CPUs nor GPUs to give)
+        assert config["available_node_types"][config["head_node_type"]]["resources"] == {"CPU": 0}, name
+    (cluster,) = _docs("kuberay/raycluster.yaml")
+    config_map, job = _docs("kuberay/rayjob.yaml")
+    for spec in (cluster["spec"], job["spec"]["rayClusterSpec"]):
+        assert spec["autoscalerOptions"]["version"] == "v2" and spec["autoscalerOptions"]["idleTimeoutSeconds"] > 0
+        for group in spec["workerGroupSpecs"]:
+            assert group["labels"] == labels and group["template"]["metadata"]["labels"] == labels
+    job_spec = spec_from_dict(tomllib.loads(config_map["data"]["job.toml"])).validate()
+    assert job_spec.elastic.worker_labels == labels

@@ -197,6 +197,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             if time.monotonic() - last_tick > 0.5:
                 last_tick = time.monotonic()
                 self._refresh_memory()
+                self._notice_unplaceable_workers()
                 self._apply(Tick())
 
     def _collect(self, ref) -> None:
@@ -228,9 +229,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         announce_end(self.rendezvous.store, self._plan.number, aborted=True)
 
     def _ask_one_member(self, method: str) -> None:
-        """A safe point or a checkpoint is asked of one member of the running generation: each rank adds
-        its request into the step's closing all-reduce (a sum, worker/trainer.py), so every rank acts
-        at the same step. Asking all 1,024 took the coordinator 1.4 s of Ray calls."""
+        """A safe point or a checkpoint is asked of one member: each rank adds its request into the step's
+        closing all-reduce (worker/trainer.py), so all act at one step (asking 1,024 took 1.4 s)."""
         gen = self.state.generation
         getattr(self._workers[gen.members[0].actor_id], method).remote(gen.number)
 
@@ -322,7 +322,8 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         elif isinstance(command, Fail):
             self._log("job_failed", message=command.message)
             self._retire(tuple(self._workers), "job failed")
-            self._result = {"ok": False, "error": command.message, "summary": self.books.summary(None)}
+            self._result = {"ok": False, "error": command.message, "summary": self.books.summary(None),
+                            "bad_input": command.bad_input}
 
     def _start(self, plan) -> None:
         now = time.time()
@@ -370,8 +371,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         return candidates
 
     def _add_checkpoint_logs(self, restored: str) -> None:
-        """The sample records saved with the restored checkpoint and the commits before it go into
-        the books: they stand for ranks whose own reports were lost."""
+        """The sample records of the restored checkpoint and older commits, for reports that were lost."""
         for directory, rows in self._candidate_logs:  # oldest commit first
             self.books.add_checkpoint_log(rows)
             if directory == restored:

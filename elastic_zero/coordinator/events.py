@@ -24,6 +24,7 @@ class WorkerStartFailed:
     actor_id: str
     error: str
     lost: bool = False  # its process or node died (Ray's error), rather than its start failing
+    bad_input: bool = False  # the job asks for what the cluster cannot give (the error names the field)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ class Stop:
 @dataclass(frozen=True)
 class Fail:
     message: str
+    bad_input: bool = False  # what the spec asks cannot be had: the CLI exits 2, as for a bad spec
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,21 @@ their hello, retiring them. A mixin of Coordinator (actor.py), which owns the ha
 
 Workers are spawned off the nodes that go (node_watch.py). A worker that could not start is told as
 one line: its own message when it raised one (a WorkerStartError names the field), else the first
-line of Ray's.
+line of Ray's; one that no node of the cluster's autoscaler can host, as a line naming what it asks.
 """
 
 from __future__ import annotations
 
+import time
+
 import ray
 
+from elastic_zero.coordinator.autoscaler_view import infeasible_requests
 from elastic_zero.coordinator.events import WorkersReady, WorkerStartFailed
 from elastic_zero.coordinator.workforce import RayWorkforce
+from elastic_zero.plan.worker_demand import unplaceable, worker_bundle
+
+PLACEMENT_LOOK_S = 2.0  # how often, while workers start, the autoscaler is asked what it cannot place
 
 
 def start_error(exc: Exception) -> str:
@@ -38,6 +44,7 @@ class WorkerSpawner:
         self._workers: dict[str, object] = {}  # actor id -> handle, from spawn to retirement
         self._ready_refs: dict = {}  # hello() in flight -> actor id
         self._spawned = 0
+        self._next_placement_look = 0.0  # when to ask the autoscaler again what it cannot place
         self.workforce = workforce or RayWorkforce()
 
     def _spawn(self, count: int) -> None:
@@ -81,6 +88,24 @@ class WorkerSpawner:
             self._log("warning", actor_id=actor_id, message=hello.warning)
             self.books.warnings.append(hello.warning)
         self._apply(WorkersReady((hello.member,)))
+
+    def _notice_unplaceable_workers(self) -> None:
+        """Workers still starting that no node type of the cluster's autoscaler can host (it says
+        their request is infeasible) would wait for ever: each fails to start, with a line naming
+        what the job asks for (plan/worker_demand.py), and the state machine ends the job."""
+        if not self._ready_refs or time.monotonic() < self._next_placement_look:
+            return
+        self._next_placement_look = time.monotonic() + PLACEMENT_LOOK_S
+        elastic = self.spec.elastic
+        reason = unplaceable(worker_bundle(elastic.use_gpu, elastic.worker_resources), elastic.worker_labels,
+                             infeasible_requests())
+        if reason is None:
+            return
+        for ref, actor_id in list(self._ready_refs.items()):
+            del self._ready_refs[ref]  # its hello, when the kill ends it, is not waited for
+            self._log("worker_start_failed", actor_id=actor_id, error=reason)
+            self._retire((actor_id,), "no node can host it")
+            self._apply(WorkerStartFailed(actor_id, reason, bad_input=True))
 
     def _retire(self, actor_ids, why: str, lost: bool = False) -> None:
         for actor_id in actor_ids:

@@ -234,7 +234,7 @@ def _on_start_failure(state, event: WorkerStartFailed):
         if state.generation is not None:
             return state, (), f"{message}; {MAX_START_LOSSES + 1} starts in a row were lost: no replacement for now"
     if state.generation is None or event.error in state.errors_seen:
-        return replace(state, done=True), (Fail(message),), "a worker cannot start"
+        return replace(state, done=True), (Fail(message, event.bad_input),), "a worker cannot start"
     state, spawn = top_up(replace(state, errors_seen=state.errors_seen | {event.error}))
     return state, spawn, f"{message}; another is asked for"
 
