@@ -24,10 +24,12 @@ from runtime_jobs import relative
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
-STEPS = 200
-# the default loss; a step at 2 workers (a rank's share of the global batch of 8 is then 4) sleeps,
-# so that the job, at 2 while the autoscaler brings a node or takes one back, is still training
-# then; until the test, done watching, leaves the file DONE_WATCHING (the nodes are on this machine)
+STEPS = 400
+# the default loss, paced until the test is done watching (it leaves a file: the nodes are on this
+# machine): a step at 3 workers takes 0.1 s more, one at 2 (a rank's share of the global batch of 8
+# is then 4) 0.5 s, so that the job is still training while the autoscaler brings a node or takes
+# one back, however loaded the machine (seen in CI: 200 steps paced at 2 only ran out before the
+# scaled-down node was given back); then the rest runs unpaced
 SLOW_AT_TWO = '''
 import os
 import time
@@ -36,8 +38,8 @@ from elastic_zero.losses import next_token_loss
 
 
 def loss(model, batch):
-    if len(batch["input_ids"]) == 4 and not os.path.exists({done!r}):
-        time.sleep(0.5)
+    if not os.path.exists({done!r}):
+        time.sleep(0.5 if len(batch["input_ids"]) == 4 else 0.1)
     return next_token_loss(model, batch)
 '''
 
@@ -139,7 +141,7 @@ def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gi
             time.sleep(0.5)
         given_back_s = time.time() - left_at
         assert driver.poll() is None  # while the job trains on
-        (tmp_path / "done_watching").touch()  # its steps at 2 need not wait any more
+        (tmp_path / "done_watching").touch()  # the rest of its steps need not wait any more
         assert driver.wait(timeout=300) == 0, open(log).read()[-3000:]
     finally:
         if driver.poll() is None:

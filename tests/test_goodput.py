@@ -4,7 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_zero.bench.goodput_schedule import ACTIONS, START_NODES, goodput, goodput_schedule, kept_steps
+from elastic_zero.bench.goodput_schedule import (
+    ACTIONS, AUTOSCALED_ACTIONS, START_NODES, autoscaled_schedule, goodput, goodput_schedule, kept_steps,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -26,6 +28,28 @@ def test_the_schedule_is_ordered_and_each_node_is_used_as_it_exists(window, seed
     notice = next(e for e in schedule if e.action == "notice")
     preempted = next(e for e in schedule if e.action == "preempted")
     assert preempted.at_s == pytest.approx(notice.at_s + notice.deadline_s, abs=0.1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(window=st.floats(200, 3600), seed=st.integers(0, 10**6), notice=st.floats(1, 35))
+def test_the_autoscaled_schedule_reclaims_one_node_then_notices_another_and_reclaims_it_at_its_deadline(
+        window, seed, notice):
+    schedule = autoscaled_schedule(window, seed, notice)
+    assert [(e.action, e.node) for e in schedule] == [("reclaim", "first"), ("notice", "second"),
+                                                      ("reclaim", "second"), ("end", None)]
+    assert all(a.at_s < b.at_s for a, b in zip(schedule, schedule[1:])), schedule
+    assert schedule[-1].at_s == window and {e.action for e in schedule} <= set(AUTOSCALED_ACTIONS)
+    assert schedule[2].at_s == pytest.approx(schedule[1].at_s + notice, abs=0.1)
+    assert autoscaled_schedule(window, seed, notice) == schedule
+
+
+def test_an_autoscaled_window_too_short_for_its_notice_or_torchft_on_it_is_one_line():
+    from elastic_zero.bench.goodput import run_goodput_bench
+
+    with pytest.raises(ValueError, match="window_s 100 is too short for a 30 s notice: need window_s > 150"):
+        autoscaled_schedule(100, 0, 30)
+    with pytest.raises(ValueError, match="--autoscaler plays to elastic_zero and ray_train"):
+        run_goodput_bench(systems=("elastic_zero", "torchft"), autoscaler=True)
 
 
 def test_the_same_seed_gives_the_same_schedule_and_another_seed_another():

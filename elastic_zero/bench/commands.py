@@ -56,6 +56,9 @@ def add_bench_parsers(sub) -> None:
                     help="torchft's DDP comm hook as released, which ends a group whose all-reduce fails")
     gp.add_argument("--clock", default="launch", choices=("launch", "first_step"),
                     help="the schedule counts from each job's launch (default) or from its first step")
+    gp.add_argument("--autoscaler", action="store_true",
+                    help="a schedule of its own on clusters whose nodes Ray's autoscaler starts and stops: "
+                         "a node reclaimed, another noticed and reclaimed at its deadline, nothing added by hand")
     gp.add_argument("--json", action="store_true", help="print one JSON object")
     su = bench_sub.add_parser("startup", help="where the time to the first step goes, against Ray Train")
     su.add_argument("--preset", default="gpt-small")
@@ -174,7 +177,7 @@ def run_bench(args) -> int:
 
         report = run_goodput_bench(args.preset, args.window, args.seed, args.notice, args.checkpoint_every,
                                    goodput_systems(args.systems, args.against), clock=args.clock,
-                                   torchft_stock_ddp_hook=args.torchft_stock_ddp_hook)
+                                   torchft_stock_ddp_hook=args.torchft_stock_ddp_hook, autoscaler=args.autoscaler)
         print(json.dumps(report) if args.json else format_goodput(report))
         return 0
     if args.bench == "startup":

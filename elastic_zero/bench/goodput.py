@@ -23,10 +23,12 @@ import tempfile
 import textwrap
 import time
 
+from elastic_zero.bench.autoscaled_cluster import AutoscaledCluster
+from elastic_zero.bench.goodput_autoscaled import WORKERS_AUTOSCALED, AutoscaledPlayer, spot_labels
 from elastic_zero.bench.goodput_schedule import (
-    START_NODES, ClusterEvent, elastic_zero_figures, goodput_schedule, ray_train_figures,
+    START_NODES, ClusterEvent, autoscaled_schedule, elastic_zero_figures, goodput_schedule, ray_train_figures,
 )
-from elastic_zero.bench.local_cluster import RayHead, RayNode
+from elastic_zero.bench.local_cluster import RayHead, RayNode, drain_node
 from elastic_zero.observe.event_log import read_events
 
 WORKERS, CPUS_PER_NODE, GLOBAL_BATCH, MICRO_BATCH = 4, 2, 16, 4
@@ -53,13 +55,7 @@ class BenchCluster:
         self._started += 1
 
     def drain(self, name: str, deadline_s: float) -> None:
-        result = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "drain-node", "--address",
-                                 self.head.gcs_address, "--node-id", self.nodes[name].node_id, "--reason",
-                                 "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot instance reclaimed",
-                                 "--deadline-remaining-seconds", str(int(deadline_s))],
-                                env=self.head.server_env, capture_output=True, text=True, timeout=60)
-        if result.returncode != 0:
-            raise RuntimeError(f"ray drain-node failed: {result.stderr.strip()[-500:]}")
+        drain_node(self.head, self.nodes[name].node_id, deadline_s)
 
     def stop(self) -> None:
         for node in self.nodes.values():
@@ -130,8 +126,10 @@ def _elastic_zero_first_step(events_path: str) -> float | None:
     return None
 
 
-def _elastic_zero_spec(preset: str, checkpoint_uri: str, checkpoint_every: int, loss: str | None) -> str:
+def _elastic_zero_spec(preset: str, checkpoint_uri: str, checkpoint_every: int, loss: str | None,
+                       workers: int = WORKERS, labels: dict | None = None) -> str:
     loss_line = f'loss = "{loss}"' if loss else ""
+    labels_line = "worker_labels = {" + ", ".join(f'"{k}" = "{v}"' for k, v in labels.items()) + "}" if labels else ""
     return textwrap.dedent(f"""\
         name = "bench-goodput"
         [model]
@@ -142,9 +140,10 @@ def _elastic_zero_spec(preset: str, checkpoint_uri: str, checkpoint_every: int, 
         global_batch = {GLOBAL_BATCH}
         micro_batch = {MICRO_BATCH}
         [elastic]
-        workers = {WORKERS}
+        workers = {workers}
         min_workers = 1
-        max_workers = {WORKERS}
+        max_workers = {workers}
+        {labels_line}
         [checkpoint]
         uri = "{checkpoint_uri}"
         every = {checkpoint_every}
@@ -154,14 +153,15 @@ def _elastic_zero_spec(preset: str, checkpoint_uri: str, checkpoint_every: int, 
 
 
 def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str, clock: str,
-                  loss_file: str | None = None) -> dict:
+                  loss_file: str | None = None, autoscaled: bool = False) -> dict:
     if loss_file:  # beside job.toml, in the driver's directory, which Ray puts on the workers' sys.path
         shutil.copy(loss_file, work_dir)
     loss = os.path.basename(loss_file)[:-len(".py")] + ":loss" if loss_file else None
-    cluster = BenchCluster()
+    cluster = AutoscaledCluster() if autoscaled else BenchCluster()
     try:
         with open(os.path.join(work_dir, "job.toml"), "w") as fh:
-            fh.write(_elastic_zero_spec(preset, f"file://{work_dir}/checkpoints", checkpoint_every, loss))
+            fh.write(_elastic_zero_spec(preset, f"file://{work_dir}/checkpoints", checkpoint_every, loss,
+                                        *((WORKERS_AUTOSCALED, spot_labels()) if autoscaled else ())))
         launched_at = time.time()
         driver = cluster.head.run_job(work_dir, "job.toml", "goodput")
 
@@ -175,8 +175,8 @@ def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str, c
         try:
             events_path = os.path.join(work_dir, "out", "events.jsonl")
             origin = (lambda: launched_at) if clock == "launch" else (lambda: _elastic_zero_first_step(events_path))
-            played = _run_schedule(schedule, lambda e: _play(e, cluster, stop_job), lambda: driver.poll() is not None,
-                                   origin)
+            play = AutoscaledPlayer(cluster, stop_job) if autoscaled else (lambda e: _play(e, cluster, stop_job))
+            played = _run_schedule(schedule, play, lambda: driver.poll() is not None, origin)
             rc = _wait(driver)
             wall = time.time() - launched_at
         finally:
@@ -193,13 +193,14 @@ def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str, c
             **elastic_zero_figures(summary, events, launched_at, wall)}
 
 
-def _ray_train(preset: str, schedule, checkpoint_every: int, work_dir: str, clock: str) -> dict:
+def _ray_train(preset: str, schedule, checkpoint_every: int, work_dir: str, clock: str, autoscaled: bool = False) -> dict:
     log, stop_file = os.path.join(work_dir, "steps.jsonl"), os.path.join(work_dir, "stop")
-    job = {"min_workers": 1, "max_workers": WORKERS, "storage": os.path.join(work_dir, "ray_train"),
-           "name": "bench-goodput",
+    job = {"min_workers": 1, "max_workers": WORKERS_AUTOSCALED if autoscaled else WORKERS,
+           "storage": os.path.join(work_dir, "ray_train"), "name": "bench-goodput",
+           "label_selector": spot_labels() if autoscaled else None,
            "config": {"preset": preset, "steps": 1000000, "global_batch": GLOBAL_BATCH, "micro_batch": MICRO_BATCH,
                       "checkpoint_every": checkpoint_every, "log": log, "stop_file": stop_file, "preemption": True}}
-    cluster = BenchCluster()
+    cluster = AutoscaledCluster() if autoscaled else BenchCluster()
     try:
         job["address"] = cluster.head.gcs_address
         with open(os.path.join(work_dir, "job.json"), "w") as fh:
@@ -213,8 +214,8 @@ def _ray_train(preset: str, schedule, checkpoint_every: int, work_dir: str, cloc
             def stop_job():
                 open(stop_file, "w").close()
 
-            played = _run_schedule(schedule, lambda e: _play(e, cluster, stop_job),
-                                   lambda: driver.poll() is not None, origin)
+            play = AutoscaledPlayer(cluster, stop_job) if autoscaled else (lambda e: _play(e, cluster, stop_job))
+            played = _run_schedule(schedule, play, lambda: driver.poll() is not None, origin)
             rc = _wait(driver)
             wall = time.time() - launched_at
         finally:
@@ -252,12 +253,14 @@ def goodput_systems(systems: str | None, against: str | None) -> tuple[str, ...]
 
 def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: int = 0, notice_s: float = 30.0,
                       checkpoint_every: int = 20, systems=DEFAULT_SYSTEMS, work_root: str | None = None,
-                      clock: str = "launch", torchft_stock_ddp_hook: bool = False, loss_file: str | None = None) -> dict:
+                      clock: str = "launch", torchft_stock_ddp_hook: bool = False, loss_file: str | None = None,
+                      autoscaler: bool = False) -> dict:
     """Each system's run keeps its outputs in a directory of its own (under `work_root` if given).
     `clock`: the schedule counts from each job's launch, or ("first_step") from its first step.
     `torchft_stock_ddp_hook`: torchft with its DDP comm hook as released (see bench/torchft_job.py).
     `loss_file`: a Python file whose `loss(model, batch)` elastic_zero's job trains with (the short
-    test's paces its steps, so that the job leaves the CPU to the tests beside it)."""
+    test's paces its steps, so that the job leaves the CPU to the tests beside it). `autoscaler`: the
+    autoscaled schedule, on clusters whose nodes Ray's autoscaler starts (goodput_autoscaled.py)."""
     from elastic_zero.models import PRESETS
 
     if preset not in PRESETS:
@@ -276,14 +279,19 @@ def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: 
 
         if not torchft_installed():
             raise ValueError(f"bench goodput: {MISSING}")
-    schedule = goodput_schedule(window_s, seed, notice_s)
+    if autoscaler and "torchft" in systems:
+        raise ValueError("bench goodput: --autoscaler plays to elastic_zero and ray_train; torchft's replica "
+                         "groups are processes of this machine, not Ray nodes")
+    schedule = (autoscaled_schedule if autoscaler else goodput_schedule)(window_s, seed, notice_s)
     report: dict = {"preset": preset, "window_s": window_s, "seed": seed, "notice_s": notice_s, "clock": clock,
+                    "autoscaler": autoscaler,
                     "checkpoint_every": checkpoint_every, "loss_file": loss_file,
                     "schedule": [{"at_s": e.at_s, "action": e.action, "node": e.replaced_by or e.node} for e in schedule]}
     from elastic_zero.bench.goodput_torchft import play_to_torchft
 
     runners = {"elastic_zero": _elastic_zero, "ray_train": _ray_train, "torchft": play_to_torchft}
-    extra = {"torchft": {"stock_ddp_hook": torchft_stock_ddp_hook}, "elastic_zero": {"loss_file": loss_file}}
+    extra = {"torchft": {"stock_ddp_hook": torchft_stock_ddp_hook},
+             "elastic_zero": {"loss_file": loss_file, "autoscaled": autoscaler}, "ray_train": {"autoscaled": autoscaler}}
     for name in systems:
         work_dir = tempfile.mkdtemp(prefix=f"ez-goodput-{name}-", dir=work_root)
         report[name] = runners[name](preset, schedule, checkpoint_every, work_dir, clock, **extra.get(name, {}))
@@ -292,7 +300,9 @@ def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: 
 
 
 def format_goodput(r: dict) -> str:
-    lines = [f"bench goodput: {r['preset']}, {WORKERS} workers on nodes of {CPUS_PER_NODE}, window {r['window_s']:g} s, "
+    where = (f"{WORKERS_AUTOSCALED} workers on the autoscaler's nodes of 1" if r.get("autoscaler") else
+             f"{WORKERS} workers on nodes of {CPUS_PER_NODE}")
+    lines = [f"bench goodput: {r['preset']}, {where}, window {r['window_s']:g} s, "
              f"seed {r['seed']}, checkpoint every {r['checkpoint_every']} steps",
              "  schedule: " + ", ".join(f"{e['at_s']:g} s {e['action']}" + (f" {e['node']}" if e["node"] else "")
                                        for e in r["schedule"]),

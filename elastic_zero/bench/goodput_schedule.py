@@ -53,6 +53,32 @@ def goodput_schedule(window_s: float, seed: int, notice_s: float = 30.0) -> tupl
             ClusterEvent(float(window_s), "end"))
 
 
+AUTOSCALED_ACTIONS = ("reclaim", "notice", "end")
+
+
+def autoscaled_schedule(window_s: float, seed: int, notice_s: float = 30.0) -> tuple[ClusterEvent, ...]:
+    """The schedule on a cluster whose nodes Ray's autoscaler starts and stops (`--autoscaler`): no
+    node is added by hand. A node the job trains on is reclaimed without warning (its processes
+    killed); later another is told it goes `notice_s` ahead (a Ray drain with that deadline) and is
+    reclaimed at the deadline; the autoscaler brings a node back for each; at the window's end the
+    job is asked to stop. The nodes are picked when played, oldest first ("first", "second"): their
+    ids are the autoscaler's."""
+    if not window_s > 0:
+        raise ValueError(f"window_s must be > 0, got {window_s}")
+    if not notice_s >= 1:
+        raise ValueError(f"notice_s must be >= 1, got {notice_s}")
+    if notice_s >= 0.2 * window_s:  # the noticed node must be gone well before the window ends
+        raise ValueError(f"window_s {window_s:g} is too short for a {notice_s:g} s notice: "
+                         f"need window_s > {notice_s / 0.2:.0f}")
+    rng = random.Random(seed)
+    reclaim = rng.uniform(0.15, 0.25) * window_s
+    notice = rng.uniform(0.5, 0.6) * window_s
+    return (ClusterEvent(round(reclaim, 1), "reclaim", "first"),
+            ClusterEvent(round(notice, 1), "notice", "second", deadline_s=notice_s),
+            ClusterEvent(round(notice + notice_s, 1), "reclaim", "second"),
+            ClusterEvent(float(window_s), "end"))
+
+
 def kept_steps(records: list[dict]) -> tuple[dict, int]:
     """Per-step records (`step`, `done`, ...) of every run of every step, in any order: the run of
     each step the final model keeps (its last), and how many completed runs were thrown away."""

@@ -80,6 +80,17 @@ for line in sys.stdin:
 """
 
 
+def drain_node(head, node_id: str, deadline_s: float) -> None:
+    """`ray drain-node` as a cloud's preemption: the node goes in `deadline_s` seconds (whole ones)."""
+    result = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "drain-node", "--address",
+                             head.gcs_address, "--node-id", node_id, "--reason", "DRAIN_NODE_REASON_PREEMPTION",
+                             "--reason-message", "spot instance reclaimed",
+                             "--deadline-remaining-seconds", str(int(deadline_s))],
+                            env=head.server_env, capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise RuntimeError(f"ray drain-node failed: {result.stderr.strip()[-500:]}")
+
+
 class _RayletSlowToRegister(RuntimeError):
     """`ray start` gave up waiting for its raylet to register with the GCS."""
 

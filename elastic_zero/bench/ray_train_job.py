@@ -92,14 +92,16 @@ def train_loop(config: dict) -> None:
             saved_for_notice = True
 
 
-def run_trainer(config: dict, min_workers: int, max_workers: int, storage: str, name: str) -> None:
+def run_trainer(config: dict, min_workers: int, max_workers: int, storage: str, name: str,
+                label_selector: dict | None = None) -> None:
+    """`label_selector`: the node labels each worker asks for (an autoscaled cluster's spot nodes)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     TorchTrainer(
         train_loop, train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=(min_workers, max_workers), use_gpu=False,
-                                     resources_per_worker={"CPU": 1}),
+                                     resources_per_worker={"CPU": 1}, label_selector=label_selector),
         run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=10),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)),
     ).fit()
@@ -107,13 +109,14 @@ def run_trainer(config: dict, min_workers: int, max_workers: int, storage: str, 
 
 def main(argv: list[str]) -> int:
     """As a cluster's driver: `CONFIG.json` holds `address`, `min_workers`, `max_workers`, `storage`,
-    `name` and the training function's config."""
+    `name`, the training function's config and optionally a `label_selector`."""
     import ray
 
     with open(argv[0]) as fh:
         job = json.load(fh)
     ray.init(address=job["address"], logging_level="ERROR")
-    run_trainer(job["config"], job["min_workers"], job["max_workers"], job["storage"], job["name"])
+    run_trainer(job["config"], job["min_workers"], job["max_workers"], job["storage"], job["name"],
+                job.get("label_selector"))
     return 0
 
 
