@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from elastic_zero.bench.autoscaled_cluster import AutoscaledCluster
+from elastic_zero.bench.local_cluster import drain_node
 from runtime_jobs import relative
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
@@ -101,8 +102,10 @@ def _starts(events) -> list[dict]:
 
 def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gives_a_node_back(
         cluster, tmp_path, one_worker):
-    """Then `elastic-zero scale JOB 2`: a worker hands over and goes, and the autoscaler removes its
-    node once idle (the job holds nothing there), while the job trains on."""
+    """Then a drain with a deadline (as the autoscaler and KubeRay issue for a spot node): a hand-off
+    at a safe point, the node reclaimed, and the same loop. Then `elastic-zero scale JOB 2`: a worker
+    hands over and goes, and the autoscaler removes its node once idle (the job holds nothing
+    there), while the job trains on."""
     reference = one_worker(STEPS)
     (tmp_path / "slow_at_two.py").write_text(SLOW_AT_TWO.format(done=str(tmp_path / "done_watching")))
     (tmp_path / "job.toml").write_text(_spec())
@@ -125,14 +128,20 @@ def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gi
         assert cluster.reclaim(node_of["w1"]) > 0
         _until_event(events_path, driver, log, "back at 3 workers",
                      lambda ev: len(_starts(ev)) >= 3 and len(_starts(ev)[-1]["workers"]) == 3)
+        drained_at = time.time()
+        drain_node(cluster.head, node_of["w0"], deadline_s=60)
+        events = _until_event(events_path, driver, log, "w0 handed over, replaced, back at 3",
+                              lambda ev: any("w0" not in s["workers"] and len(s["workers"]) == 3 for s in _starts(ev)))
+        cluster.reclaim(node_of["w0"])  # the cloud takes it (it holds nothing of the job's now)
+        drain_mark = len(_starts(events))
         scale = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "scale", "autoscaled", "2", "--address",
                                 cluster.head.gcs_address], env=cluster.head.client_env(), capture_output=True,
                                text=True, timeout=120)
         assert scale.returncode == 0, scale.stderr[-2000:]
         events = _until_event(events_path, driver, log, "scaled down to 2",
-                              lambda ev: len(_starts(ev)) >= 4 and len(_starts(ev)[-1]["workers"]) == 2)
-        (leaver,) = set(_starts(events)[2]["workers"]) - set(_starts(events)[3]["workers"])
-        left_at = _starts(events)[3]["t"]
+                              lambda ev: len(_starts(ev)) > drain_mark and len(_starts(ev)[-1]["workers"]) == 2)
+        (leaver,) = set(_starts(events)[drain_mark - 1]["workers"]) - set(_starts(events)[drain_mark]["workers"])
+        left_at = _starts(events)[drain_mark]["t"]
         leaver_node = {e["actor_id"]: e["node"] for e in events if e["event"] == "worker_ready"}[leaver]
         deadline = time.monotonic() + 90
         while leaver_node in {n["node_id"] for n in cluster.worker_nodes()}:
@@ -152,17 +161,22 @@ def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gi
     (lost,) = [e for e in events if e["event"] == "worker_lost"]
     assert lost["actor_id"] == "w1" and lost.get("silent_s"), lost  # by its silence
     assert starts[1]["source"] == "snapshot" and sorted(starts[1]["workers"]) == ["w0", "w2"], starts[1]
-    (replacement,) = [e for e in events if e["event"] == "worker_ready" and e["actor_id"] not in node_of]
+    replacement, drain_replacement = [e for e in events if e["event"] == "worker_ready" and e["actor_id"] not in node_of]
     assert replacement["node"] not in node_of.values()  # a node the autoscaler started for it
     assert starts[2]["source"] == "live" and replacement["actor_id"] in starts[2]["workers"], starts[2]
-    assert starts[3]["source"] == "live" and len(summary["recoveries"]) == 1, summary["recoveries"]
+    # the drain: a notice, a hand-off (no second recovery) and a replacement on a new node
+    (notice,) = [e for e in events if e["event"] == "preemption_notice"]
+    assert notice["source"] == "ray-drain" and notice["actor_ids"] == ["w0"], notice
+    assert drain_replacement["node"] not in set(node_of.values()) | {replacement["node"]}
+    assert all(s["source"] == "live" for s in starts[3:]) and len(summary["recoveries"]) == 1, summary["recoveries"]
     assert summary["ok"] and summary["duplicate_samples"] == 0 and summary["skipped_samples"] == 0, summary
     assert relative(reference, torch.load(weights, weights_only=True)) <= 1e-4
     recovery = summary["recoveries"][0]
     print(f"reclaim -> next step done {recovery['failed_at'] + recovery['to_next_step_done_s'] - reclaimed_at:.1f} s, "
           f"-> node up {replacement['node_up_t'] - reclaimed_at:.1f} s; node up -> joined "
           f"{starts[2]['t'] - replacement['node_up_t']:.1f} s; reclaim -> back at 3 {starts[2]['t'] - reclaimed_at:.1f} s; "
-          f"scaled down -> node given back {given_back_s:.1f} s")
+          f"scaled down -> node given back {given_back_s:.1f} s; drain -> back at 3 with a new node "
+          f"{starts[drain_mark - 1]['t'] - drained_at:.1f} s")
 
 
 def test_a_worker_no_node_type_can_host_fails_the_job_in_one_line_not_a_wait_for_ever(cluster, tmp_path):
