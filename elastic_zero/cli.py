@@ -159,6 +159,10 @@ def _service(args) -> int:
     return 0
 
 
+def _clock(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t is not None else "-"
+
+
 def format_status(r: dict) -> str:
     from elastic_zero.observe.progress import describe, hms
 
@@ -174,6 +178,9 @@ def format_status(r: dict) -> str:
                      f"{num(r['samples_per_s'], '.1f')} samples/s{eta}")
         lines.append("workers: " + ", ".join(f"{m['actor_id']} (rank {m['rank']}, node {m['node'][:12]})" for m in r["members"]))
         lines.append("world size: " + " -> ".join(f"{n} at step {'?' if s is None else s}" for s, n in r["world_size_history"]))
+        for w in [w for w in r.get("workers") or [] if w["joined_t"] is None]:  # a replacement on its way
+            lines.append(f"starting: {w['actor_id']}, asked {_clock(w['asked_t'])}, node up {_clock(w['node_up_t'])}, "
+                         f"ready {_clock(w['ready_t'])}")
         lines.append(f"recoveries {r['recoveries']}, reconfigurations {r['reconfigurations']}, "
                      f"coordinator restarts {r['restarts']}, latest checkpoint {r['checkpoint'] or '-'}")
     if r.get("run_dir"):

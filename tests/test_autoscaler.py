@@ -128,6 +128,13 @@ def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gi
         assert cluster.reclaim(node_of["w1"]) > 0
         _until_event(events_path, driver, log, "back at 3 workers",
                      lambda ev: len(_starts(ev)) >= 3 and len(_starts(ev)[-1]["workers"]) == 3)
+        # status tells the replacement's way in: asked for, then its node (started for it) up, ready, joined
+        record, deadline = None, time.monotonic() + 180
+        while record is None:  # None: no answer in time (a loaded machine), asked again
+            assert time.monotonic() < deadline, "status never answered"
+            record = cluster.head.job_status("autoscaled")
+        (joined,) = [w for w in record["workers"] if w["actor_id"] not in node_of]
+        assert reclaimed_at < joined["asked_t"] < joined["node_up_t"] < joined["ready_t"] <= joined["joined_t"], joined
         drained_at = time.time()
         drain_node(cluster.head, node_of["w0"], deadline_s=60)
         events = _until_event(events_path, driver, log, "w0 handed over, replaced, back at 3",
@@ -198,7 +205,7 @@ def test_a_worker_no_node_type_can_host_fails_the_job_in_one_line_not_a_wait_for
     assert code == 2, printed[-3000:]
     assert lines == ["elastic-zero: worker w0 failed to start: elastic.worker_resources: no node type of the "
                      "cluster's autoscaler offers a worker's CPU 1, a100 1 (one CPU a worker; Ray's autoscaler "
-                     "calls the request infeasible)"], printed[-3000:]
+                     "calls the request infeasible, and no node has it)"], printed[-3000:]
     events = _events(tmp_path / "out" / "events.jsonl")
     assert not [e for e in events if e["event"] in ("worker_ready", "generation_start")]
     print(f"asked for an a100 -> failed in {took:.1f} s (a driver's start included)")

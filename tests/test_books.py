@@ -133,3 +133,16 @@ def test_the_steps_reached_are_what_members_said_and_unknown_when_nobody_did():
     books.add_generation_results(2, [_report("w2", 0, [0.5], [0.0], first_step_at=13.0, step=16)])
     (recovery,) = books.summary(None)["recoveries"]
     assert (recovery["step"], recovery["lost_steps"], recovery["recomputed_steps"]) == (10, 3, 4)
+
+
+def test_a_checkpoints_records_of_the_run_this_job_resumed_from_are_not_this_jobs():
+    """A resumed job (its first step 100) restores, after a whole loss, a checkpoint whose manifest
+    also holds the earlier run's steps (a generation's records reach back to its start): those are
+    not counted; the restored generation's own are."""
+    books = Books(global_batch=8, steps=130, started_at=0.0)
+    for step in range(100, 110):
+        books._record(3, step, 0, step * 8, 8)
+    books.add_checkpoint_log([(2, step, 0, step * 8, 8) for step in range(90, 120)])
+    summary = books.summary(None)
+    assert summary["resumed_from_step"] == 100 and summary["samples_consumed"] == 20 * 8
+    assert summary["duplicate_samples"] == 0

@@ -274,14 +274,14 @@ def run_goodput_bench(preset: str = "gpt-small", window_s: float = 600.0, seed: 
     unknown = set(systems) - set(SYSTEMS)
     if unknown or not systems:
         raise ValueError(f"unknown system(s) {sorted(unknown)}; allowed: {', '.join(SYSTEMS)}")
+    if autoscaler and "torchft" in systems:
+        raise ValueError("bench goodput: --autoscaler plays to elastic_zero and ray_train; torchft's replica "
+                         "groups are processes of this machine, not Ray nodes")
     if "torchft" in systems:
         from elastic_zero.bench.torchft_cluster import MISSING, torchft_installed
 
         if not torchft_installed():
             raise ValueError(f"bench goodput: {MISSING}")
-    if autoscaler and "torchft" in systems:
-        raise ValueError("bench goodput: --autoscaler plays to elastic_zero and ray_train; torchft's replica "
-                         "groups are processes of this machine, not Ray nodes")
     schedule = (autoscaled_schedule if autoscaler else goodput_schedule)(window_s, seed, notice_s)
     report: dict = {"preset": preset, "window_s": window_s, "seed": seed, "notice_s": notice_s, "clock": clock,
                     "autoscaler": autoscaler,

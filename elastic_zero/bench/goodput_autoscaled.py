@@ -6,6 +6,8 @@ autoscaler starts one for every worker that waits."""
 
 from __future__ import annotations
 
+import time
+
 from elastic_zero.bench.autoscaled_cluster import AutoscaledCluster, load_config
 from elastic_zero.bench.local_cluster import drain_node
 
@@ -39,10 +41,16 @@ class AutoscaledPlayer:
         else:
             raise ValueError(f"an autoscaled schedule has no action {event.action!r}")
 
-    def _pick(self, name: str) -> str:
-        nodes = sorted(self.cluster.worker_nodes(), key=lambda n: n.get("start_time_ms") or 0)
-        free = [n["node_id"] for n in nodes if n["node_id"] not in self.picked.values()]
-        if not free:
-            raise RuntimeError(f"no node of the autoscaler's left to play {name!r} to")
-        self.picked[name] = free[0]
-        return free[0]
+    def _pick(self, name: str, wait_s: float = 120.0) -> str:
+        """The oldest node not picked yet; while there is none (the autoscaler still starting the
+        nodes: a schedule counted from the launch), waits for one, up to `wait_s`."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            nodes = sorted(self.cluster.worker_nodes(), key=lambda n: n.get("start_time_ms") or 0)
+            free = [n["node_id"] for n in nodes if n["node_id"] not in self.picked.values()]
+            if free:
+                self.picked[name] = free[0]
+                return free[0]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no node of the autoscaler's to play {name!r} to after {wait_s:.0f} s")
+            time.sleep(1.0)

@@ -113,9 +113,12 @@ class Books:
         self.pending_change = None
 
     def add_checkpoint_log(self, rows) -> None:
-        """Sample records saved with checkpoints: they fill in ranks whose own report was lost."""
+        """Sample records saved with checkpoints: they fill in ranks whose own report was lost. Those
+        of steps before the job's first (a checkpoint of the run it resumed) are not this job's."""
+        first = min(self.step_log) if self.step_log else None
         for generation, step, rank, start, count in rows:
-            self._record(generation, step, rank, start, count)
+            if first is None or step >= first:
+                self._record(generation, step, rank, start, count)
 
     def _record(self, generation: int, step: int, rank: int, start: int, count: int) -> None:
         """A later generation's record of a step replaces an earlier one's; the same generation's

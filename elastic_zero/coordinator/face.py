@@ -16,6 +16,7 @@ import ray
 from elastic_zero.coordinator.events import (CheckpointCommitted, GenerationStepped, PreemptionNotice, ScaleRequested,
                                              StopRequested)
 from elastic_zero.observe.live import final_status_key, last_events, status_record
+from elastic_zero.observe.worker_timeline import still_here, worker_timeline
 
 NAMESPACE_KV = "elastic_zero"
 _NOTES_LOCK = threading.Lock()  # workers' warnings and rank 0's commits arrive on the actor's threads at once
@@ -67,6 +68,10 @@ class CoordinatorFace:
         self._log("checkpoint_restored", generation=generation, directory=directory, step=step)
         if step is not None:
             self.books.restored(generation, step)
+        plan = self._plan
+        if plan is not None and plan.number == generation and plan.source == "checkpoint":
+            # now, not only from the generation's reports: should every member be lost, none would name it
+            self._add_checkpoint_logs(directory)
 
     def _saves_skipped(self, generation: int, steps) -> None:
         """Periodic saves the ranks skipped together (every rank's report names the same steps): the
@@ -229,7 +234,7 @@ class CoordinatorFace:
             coordinator={"pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
                          "node": ray.get_runtime_context().get_node_id()},
             error=(self._result or {}).get("error"), last_events=last_events(records),
-            replicas=self._replicas(current=True),
+            replicas=self._replicas(current=True), workers=still_here(worker_timeline(records)),
             memory={**self.memory.summary(self.state.memory, self._last_plan),
                     "rss_gib": {a: round(p.rss / 2**30, 3) for a, p in sorted(self.heartbeats.progress.items())
                                 if a in self._workers and not p.last_word}})

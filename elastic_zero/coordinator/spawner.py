@@ -12,12 +12,10 @@ import time
 
 import ray
 
-from elastic_zero.coordinator.autoscaler_view import infeasible_requests
 from elastic_zero.coordinator.events import WorkersReady, WorkerStartFailed
 from elastic_zero.coordinator.workforce import RayWorkforce
-from elastic_zero.plan.worker_demand import unplaceable, worker_bundle
-
-PLACEMENT_LOOK_S = 2.0  # how often, while workers start, the autoscaler is asked what it cannot place
+from elastic_zero.coordinator.placement_watch import PlacementWatch
+from elastic_zero.plan.worker_demand import worker_bundle
 
 
 def start_error(exc: Exception) -> str:
@@ -44,7 +42,8 @@ class WorkerSpawner:
         self._workers: dict[str, object] = {}  # actor id -> handle, from spawn to retirement
         self._ready_refs: dict = {}  # hello() in flight -> actor id
         self._spawned = 0
-        self._next_placement_look = 0.0  # when to ask the autoscaler again what it cannot place
+        elastic = self.spec.elastic
+        self.placement = PlacementWatch(worker_bundle(elastic.use_gpu, elastic.worker_resources), elastic.worker_labels)
         self.workforce = workforce or RayWorkforce()
 
     def _spawn(self, count: int) -> None:
@@ -53,6 +52,7 @@ class WorkerSpawner:
         if elastic.worker_resources:
             opts["resources"] = dict(elastic.worker_resources)
         joiner = self.state.generation is not None  # it will receive its shard by handover
+        asked = []
         for _ in range(count):
             actor_id = f"w{self._spawned}"
             self._spawned += 1
@@ -61,10 +61,11 @@ class WorkerSpawner:
                 store_port=self.rendezvous.port, store_secret=self._secret, coordinator=self._coordinator_name,
                 namespace=self._namespace, joiner=joiner, heartbeat_port=self.heartbeats.port)
             self._workers[actor_id] = handle
+            asked.append(actor_id)
             ref = handle.hello.remote()
             self._ready_refs[ref] = actor_id
             self.completions.watch(ref)
-        self._log("spawn", count=count)
+        self._log("spawn", count=count, actor_ids=asked)
 
     def _hello_arrived(self, ref) -> None:
         actor_id = self._ready_refs.pop(ref)
@@ -90,16 +91,18 @@ class WorkerSpawner:
         self._apply(WorkersReady((hello.member,)))
 
     def _notice_unplaceable_workers(self) -> None:
-        """Workers still starting that no node type of the cluster's autoscaler can host (it says
-        their request is infeasible) would wait for ever: each fails to start, with a line naming
-        what the job asks for (plan/worker_demand.py), and the state machine ends the job."""
-        if not self._ready_refs or time.monotonic() < self._next_placement_look:
+        """Workers still starting that no node type of the cluster's autoscaler can host would wait
+        for ever (placement_watch.py). Before the job's first generation each fails to start, with a
+        line naming what the job asks for, and the state machine ends the job (exit 2); a job that
+        trains goes on at its size, warned once."""
+        if not self._ready_refs:
+            self.placement.reset()
             return
-        self._next_placement_look = time.monotonic() + PLACEMENT_LOOK_S
-        elastic = self.spec.elastic
-        reason = unplaceable(worker_bundle(elastic.use_gpu, elastic.worker_resources), elastic.worker_labels,
-                             infeasible_requests())
+        reason = self.placement.look(time.monotonic())
         if reason is None:
+            return
+        if self.state.generation is not None:
+            self._warn(f"a replacement worker can never be placed: {reason}")
             return
         for ref, actor_id in list(self._ready_refs.items()):
             del self._ready_refs[ref]  # its hello, when the kill ends it, is not waited for

@@ -1,16 +1,29 @@
-"""What a worker asks of a node, and whether the cluster's autoscaler says no node type offers it.
+"""What a worker asks of a node, and whether the cluster's autoscaler can never give it.
 
 A pending worker is a demand: its resource bundle (one CPU or one GPU, and the job's
 `elastic.worker_resources`) and its label selector (`elastic.worker_labels`). Ray's autoscaler v2
-lists the demands that no node type of its config can hold as infeasible; such a worker would
-wait for ever, so the job fails with a line naming what it asked for. Pure: the autoscaler's list
-comes in as an argument (coordinator/autoscaler_view.py reads it).
+lists the demands it cannot place as infeasible, but that list mixes two things: no node type
+offers the demand (it would wait for ever), and the node type that offers it is at its
+`max_workers` for now (a reclaimed node still counted, say: it clears). The second always has
+nodes of that type in the cluster, so a demand is judged unplaceable only when the autoscaler lists
+it and no node of the cluster, alive or not, offers it. Pure: the autoscaler's view comes in as
+arguments (coordinator/autoscaler_view.py reads it).
 """
 
 from __future__ import annotations
 
-# a label constraint as the autoscaler reports it: (operator, values); "in" is what worker_labels asks
-Constraint = tuple[str, tuple[str, ...]]
+from dataclasses import dataclass
+
+NODE_ID_LABEL = "ray.io/node-id"  # a replacement's selector keeps it off the nodes that go: not the job's ask
+
+
+@dataclass(frozen=True)
+class AutoscalerView:
+    """The autoscaler's infeasible requests: (resources, {label: (operator, values)}); the nodes it
+    knows of, alive or dead: (total resources, labels)."""
+
+    infeasible: tuple = ()
+    nodes: tuple = ()
 
 
 def worker_bundle(use_gpu: bool, worker_resources: dict) -> dict[str, float]:
@@ -18,25 +31,32 @@ def worker_bundle(use_gpu: bool, worker_resources: dict) -> dict[str, float]:
     return {("GPU" if use_gpu else "CPU"): 1.0, **{k: float(v) for k, v in worker_resources.items()}}
 
 
-def unplaceable(bundle: dict[str, float], labels: dict[str, str],
-                infeasible: list[tuple[dict[str, float], dict[str, Constraint]]]) -> str | None:
+def unplaceable(bundle: dict[str, float], labels: dict[str, str], view: AutoscalerView) -> str | None:
     """Why a worker asking `bundle` on nodes with `labels` can never start (one line naming the
-    spec's fields), when one of the autoscaler's `infeasible` requests is this worker's; else None.
-    A request is this worker's when it asks the same resources and at least the job's labels (a
-    replacement's selector also keeps it off the nodes that go)."""
-    for resources, constraints in infeasible:
-        if not _same_resources(resources, bundle):
-            continue
-        if any(constraints.get(key) is None or constraints[key][0] != "in" or value not in constraints[key][1]
-               for key, value in labels.items()):
-            continue
-        return _reason(bundle, labels)
-    return None
+    spec's fields), or None: the autoscaler lists this very request (the same resources and exactly
+    the job's labels, a node-id exclusion aside) and no node it knows offers it."""
+    if not any(_same_resources(resources, bundle) and _asks_exactly(constraints, labels)
+               for resources, constraints in view.infeasible):
+        return None
+    if any(_offers(total, node_labels, bundle, labels) for total, node_labels in view.nodes):
+        return None  # its node type exists: the autoscaler is at a limit for now, not without a type
+    return _reason(bundle, labels)
 
 
 def _same_resources(a: dict[str, float], b: dict[str, float]) -> bool:
     keys = {k for k, v in a.items() if v} | {k for k, v in b.items() if v}
     return all(abs(a.get(k, 0.0) - b.get(k, 0.0)) < 1e-9 for k in keys)
+
+
+def _asks_exactly(constraints: dict, labels: dict[str, str]) -> bool:
+    asked = {k: c for k, c in constraints.items() if k != NODE_ID_LABEL}
+    return asked == {k: ("in", (v,)) for k, v in labels.items()}
+
+
+def _offers(total: dict[str, float], node_labels: dict[str, str], bundle: dict[str, float],
+            labels: dict[str, str]) -> bool:
+    return all(total.get(k, 0.0) >= v for k, v in bundle.items()) and \
+        all(node_labels.get(k) == v for k, v in labels.items())
 
 
 def _reason(bundle: dict[str, float], labels: dict[str, str]) -> str:
@@ -47,4 +67,4 @@ def _reason(bundle: dict[str, float], labels: dict[str, str]) -> str:
     wanted = ", ".join(f"{k} {v:g}" for k, v in sorted(bundle.items()))
     on = f" on a node labelled {', '.join(f'{k}={v}' for k, v in sorted(labels.items()))}" if labels else ""
     return (f"{fields}: no node type of the cluster's autoscaler offers a worker's {wanted}{on} "
-            f"(one {device} a worker; Ray's autoscaler calls the request infeasible)")
+            f"(one {device} a worker; Ray's autoscaler calls the request infeasible, and no node has it)")
