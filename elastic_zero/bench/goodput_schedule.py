@@ -33,13 +33,7 @@ class ClusterEvent:
 
 def goodput_schedule(window_s: float, seed: int, notice_s: float = 30.0) -> tuple[ClusterEvent, ...]:
     """The same window and seed give the same schedule, for every system it is played to."""
-    if not window_s > 0:  # NaN too
-        raise ValueError(f"window_s must be > 0, got {window_s}")
-    if not notice_s >= 1:  # a Ray drain's deadline is whole seconds
-        raise ValueError(f"notice_s must be >= 1, got {notice_s}")
-    if notice_s >= 0.09 * window_s:  # the node must be gone before the next event window opens
-        raise ValueError(f"window_s {window_s:g} is too short for a {notice_s:g} s notice: "
-                         f"need window_s > {notice_s / 0.09:.0f}")
+    _check_window(window_s, notice_s, 0.09)  # the node must be gone before the next event window opens
     rng = random.Random(seed)
     lost = rng.uniform(0.15, 0.25) * window_s
     back = lost + rng.uniform(0.08, 0.12) * window_s
@@ -63,13 +57,7 @@ def autoscaled_schedule(window_s: float, seed: int, notice_s: float = 30.0) -> t
     reclaimed at the deadline; the autoscaler brings a node back for each; at the window's end the
     job is asked to stop. The nodes are picked when played, oldest first ("first", "second"): their
     ids are the autoscaler's."""
-    if not window_s > 0:
-        raise ValueError(f"window_s must be > 0, got {window_s}")
-    if not notice_s >= 1:
-        raise ValueError(f"notice_s must be >= 1, got {notice_s}")
-    if notice_s >= 0.2 * window_s:  # the noticed node must be gone well before the window ends
-        raise ValueError(f"window_s {window_s:g} is too short for a {notice_s:g} s notice: "
-                         f"need window_s > {notice_s / 0.2:.0f}")
+    _check_window(window_s, notice_s, 0.2)  # the noticed node must be gone well before the window ends
     rng = random.Random(seed)
     reclaim = rng.uniform(0.15, 0.25) * window_s
     notice = rng.uniform(0.5, 0.6) * window_s
@@ -77,6 +65,17 @@ def autoscaled_schedule(window_s: float, seed: int, notice_s: float = 30.0) -> t
             ClusterEvent(round(notice, 1), "notice", "second", deadline_s=notice_s),
             ClusterEvent(round(notice + notice_s, 1), "reclaim", "second"),
             ClusterEvent(float(window_s), "end"))
+
+
+def _check_window(window_s: float, notice_s: float, share: float) -> None:
+    """A notice may take at most `share` of the window."""
+    if not window_s > 0:  # NaN too
+        raise ValueError(f"window_s must be > 0, got {window_s}")
+    if not notice_s >= 1:  # a Ray drain's deadline is whole seconds
+        raise ValueError(f"notice_s must be >= 1, got {notice_s}")
+    if notice_s >= share * window_s:
+        raise ValueError(f"window_s {window_s:g} is too short for a {notice_s:g} s notice: "
+                         f"need window_s > {notice_s / share:.0f}")
 
 
 def kept_steps(records: list[dict]) -> tuple[dict, int]:

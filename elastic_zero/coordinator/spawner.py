@@ -13,8 +13,8 @@ import time
 import ray
 
 from elastic_zero.coordinator.events import WorkersReady, WorkerStartFailed
-from elastic_zero.coordinator.workforce import RayWorkforce
 from elastic_zero.coordinator.placement_watch import PlacementWatch
+from elastic_zero.coordinator.workforce import RayWorkforce
 from elastic_zero.plan.worker_demand import worker_bundle
 
 
