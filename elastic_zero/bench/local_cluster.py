@@ -66,7 +66,9 @@ def processes_naming(text: str) -> list[int]:
     return found
 
 
-# job_status's looker: a status record (or the one-line error) for each job id read, one JSON line each
+# job_status's looker: a status record (or the one-line error) for each job id read, one JSON line
+# each after ANSWER; Ray prints lines of its own there too (a node marked dead, seen in CI)
+ANSWER = "ez-status "
 _STATUS_LOOKER = """
 import json, sys
 from elastic_zero.service.client import Client, ClusterError
@@ -76,8 +78,8 @@ for line in sys.stdin:
         answer = {"record": client.status(line.strip())}
     except ClusterError as exc:
         answer = {"error": str(exc)}
-    print(json.dumps(answer), flush=True)
-"""
+    print(%r + json.dumps(answer), flush=True)
+""" % ANSWER
 
 
 def drain_node(head, node_id: str, deadline_s: float) -> None:
@@ -126,6 +128,7 @@ class RayHead:
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         self.server_env = env  # worker nodes start with it too
         self._poller: subprocess.Popen | None = None  # job_status's looker, started at the first look
+        self._unread = b""  # what it wrote that was not read as an answer yet
         args = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
                 "--node-ip-address", "127.0.0.1", "--temp-dir", os.path.join(self.dir, "ray"),
                 "--num-cpus", str(num_cpus), "--disable-usage-stats", "--include-dashboard", "true",
@@ -209,19 +212,33 @@ class RayHead:
         poller = self._poller
         if poller is None or poller.poll() is not None:
             poller = self._poller = subprocess.Popen(
-                [sys.executable, "-c", _STATUS_LOOKER, self.gcs_address], env=self.client_env(), text=True,
+                [sys.executable, "-c", _STATUS_LOOKER, self.gcs_address], env=self.client_env(), bufsize=0,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            self._unread = b""
         try:
-            poller.stdin.write(job_id + "\n")
-            poller.stdin.flush()
-            ready, _, _ = select.select([poller.stdout], [], [], timeout_s)
-            line = poller.stdout.readline() if ready else ""
+            poller.stdin.write(job_id.encode() + b"\n")
+            line = self._answer(poller, time.monotonic() + timeout_s)
         except OSError:  # it ended as we asked
             line = ""
         if not line:
             self._stop_poller()
             return None
-        return json.loads(line).get("record")
+        return json.loads(line[len(ANSWER):]).get("record")
+
+    def _answer(self, poller: subprocess.Popen, deadline: float) -> str:
+        """The looker's next answer line ("" if none came by `deadline`), past Ray's own lines."""
+        while True:
+            *lines, self._unread = self._unread.split(b"\n")
+            for i, line in enumerate(lines):
+                at = line.find(ANSWER.encode())  # a line of Ray's may end where the answer begins
+                if at >= 0:
+                    self._unread = b"\n".join(lines[i + 1:] + [self._unread])
+                    return line[at:].decode()
+            ready, _, _ = select.select([poller.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(poller.stdout.fileno(), 65536) if ready else b""
+            if not chunk:
+                return ""
+            self._unread += chunk
 
     def _stop_poller(self) -> None:
         if self._poller is not None:
