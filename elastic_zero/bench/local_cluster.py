@@ -40,7 +40,7 @@ def descendants(pid: int) -> list[int]:
         try:
             with open(f"/proc/{entry}/stat") as fh:
                 ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+        except (OSError, IndexError, ValueError):  # it ended while /proc was read: no longer anyone's
             continue
         children.setdefault(ppid, []).append(int(entry))
     found, todo = [], [pid]
@@ -61,7 +61,7 @@ def processes_naming(text: str) -> list[int]:
             with open(f"/proc/{entry}/cmdline", "rb") as fh:
                 if text.encode() in fh.read():
                     found.append(int(entry))
-        except OSError:
+        except OSError:  # it ended while /proc was read: nothing left to stop
             continue
     return found
 
@@ -166,7 +166,7 @@ class RayHead:
             try:
                 urllib.request.urlopen(request, timeout=2).read()
                 return
-            except OSError:
+            except OSError:  # not up yet: asked again until the deadline
                 time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"the Ray head at {self.address} did not come up in {timeout_s:.0f} s")

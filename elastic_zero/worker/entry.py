@@ -94,10 +94,9 @@ class GenerationEntry:
         return rank
 
     def _start_over(self) -> None:
-        """Let go of everything trained (the engine, its replicas, the sample records) and build the
-        model as the job began: the old engine and model go first, never two at once."""
+        """Let go of everything trained (the engine, its replicas) and build the model as the job
+        began: the old engine and model go first, never two at once."""
         self.replicas = LayoutReplicas()
-        self._forget_log_from(0)
         if self.engine is None:  # its model was never bound to an engine: it is as the job began
             return
         self.engine.release_state()  # after the host copies still reading it (a save's, on a GPU)
@@ -112,7 +111,6 @@ class GenerationEntry:
         self._build_groups(plan, self._member_groups(plan, rank))
         state, report["restored_from"] = self._restore(plan.checkpoints)
         report["received_bytes"] = state.nbytes()
-        self._forget_log_from(int(state.scalars["step"]))
         clock.lap("read_checkpoint")
         self.engine.reconfigure(self._train_comm(), state)
         clock.lap("reconfigure")
@@ -124,8 +122,6 @@ class GenerationEntry:
         """The participants move the old layout's shards (live, or the replicas of a committed step)
         to the new layout by the reshard plan; leavers hand theirs over and wait for the commit."""
         world = plan.generation.world_size
-        if plan.source == "snapshot":
-            self._forget_log_from(plan.step)
         me = plan.participants.index(self.actor_id)
         # the participants are the new members in rank order, then the leavers; the members build
         # their training group (and, with leavers, a host group of their own) alongside the handover's
@@ -203,11 +199,6 @@ class GenerationEntry:
             coordinator_handle(self._coordinator, self._namespace).restored_note.remote(
                 self._gate.number, directory, int(state.scalars["step"]))
         return state, directory
-
-    def _forget_log_from(self, step: int) -> None:
-        """Steps from `step` on are trained again: their earlier sample records are void."""
-        self._untold_log = [row for row in self._untold_log if row[1] < step]
-        self._saved_through = min(self._saved_through, step - 1)
 
     def _member_groups(self, plan: GenerationPlan, rank: int, host: bool = True) -> dict:
         """The groups a member of `plan` builds: its training group, and its host group unless the

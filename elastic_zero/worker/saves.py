@@ -41,7 +41,10 @@ class CheckpointSaves:
         extra = {"cursor": step * self.spec.train.global_batch, "seed": self.spec.train.seed,
                  "generation": plan.number, "optimizer": dict(vars(self.spec.optimizer)), **self._model_extra}
         # the checkpoint commits every step up to its own, replicated yet or not (checkpoint.every
-        # need not be a multiple of replicate_every): their sample records go with it
+        # need not be a multiple of replicate_every): their sample records go with it, and those of
+        # every step this generation committed before, standing for its reports should every member
+        # be lost (older checkpoints may be pruned by then); train() starts them anew each generation,
+        # the coordinator holding the last generation's from its report
         rows = self._untold_log + [(plan.number, *row) for row in in_flight_rows + report["uncommitted"]]
         self._untold_log, self._saved_through = rows, step - 1  # rows name a step by its index
         # a save the caller waits for may follow one of the same step that did not commit: a tag of its own

@@ -88,10 +88,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         self._safe_point_for = -1  # the latest generation a safe point was requested for
         # the generation entered, its groups, whether it was aborted: an abort for g never reaches g + 1
         self._gate = GenerationGate()
-        # (generation, step, rank, start, count) of the steps this generation committed: every checkpoint
-        # carries them all, standing for the generation's reports should every member be lost (the
-        # older checkpoints that held part of them may have been pruned by then)
-        self._untold_log: list[tuple] = []
+        self._untold_log: list[tuple] = []  # (generation, step, rank, start, count): see train()
         self._saved_through = -1  # the index of the last step whose sample records went into a checkpoint
         self._coordinator, self._namespace = coordinator, namespace
         self._progress_told_at = 0.0
@@ -140,8 +137,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         self._gate.abort(number, self._interrupt_work)
 
     def _interrupt_work(self) -> None:
-        """The current generation was aborted: the step in flight and the save waiting for a lost
-        peer's part are given up."""
+        """The generation was aborted: the step in flight and a save waiting on a lost peer go."""
         if self.engine is not None:
             self.engine.interrupt()
         if self.writer is not None:  # a save waiting for the lost peer's part never commits
@@ -157,8 +153,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                   "checkpoints": [], "checkpoints_skipped": [], "restored_from": None}
         if self._ends is not None:
             self._ends.watch(plan.number)
-        # the coordinator holds what the last generation's report told: a new generation's saves carry its own
-        self._untold_log, self._saved_through = [], -1
+        self._untold_log, self._saved_through = [], -1  # the records this generation commits (worker/saves.py)
         self.cadence.new_generation()  # measured anew: the world size sets a shard's bytes
         try:
             if self.device.type == "cuda":  # set_device holds per thread, and Ray may call on another
