@@ -52,7 +52,7 @@ class WorkerSpawner:
         if elastic.worker_resources:
             opts["resources"] = dict(elastic.worker_resources)
         joiner = self.state.generation is not None  # it will receive its shard by handover
-        asked = []
+        asked, asked_t = [], time.time()  # before the requests: an autoscaler may answer before the event is written
         for _ in range(count):
             actor_id = f"w{self._spawned}"
             self._spawned += 1
@@ -65,7 +65,7 @@ class WorkerSpawner:
             ref = handle.hello.remote()
             self._ready_refs[ref] = actor_id
             self.completions.watch(ref)
-        self._log("spawn", count=count, actor_ids=asked)
+        self._log("spawn", count=count, actor_ids=asked, asked_t=round(asked_t, 4))
 
     def _hello_arrived(self, ref) -> None:
         actor_id = self._ready_refs.pop(ref)

@@ -18,7 +18,7 @@ def worker_timeline(records: list[dict]) -> list[dict]:
             ids = r.get("actor_ids") or [f"w{counted + i}" for i in range(r.get("count", 0))]
             counted += len(ids)
             for actor_id in ids:
-                workers[actor_id] = {"actor_id": actor_id, "asked_t": r["t"], "node": None, "node_up_t": None,
+                workers[actor_id] = {"actor_id": actor_id, "asked_t": r.get("asked_t", r["t"]), "node": None, "node_up_t": None,
                                      "ready_t": None, "joined_t": None, "joined_generation": None, "gone": None}
         elif kind == "worker_ready" and r.get("actor_id") in workers:
             w = workers[r["actor_id"]]
