@@ -51,8 +51,9 @@ import time
 TOKEN_BYTES = 16
 MAX_DATAGRAM = 512  # a token, the progress and an actor id
 # after the token: generation, steps done, marks, the worker's RSS and its peak (VmHWM since its
-# last reset), its node's used memory, the collectives entered since the last mark, phase, flags
-PROGRESS = struct.Struct("<qqqqqqqBB")
+# last reset), its node's used memory, the collectives entered since the last mark, how long its
+# process waited for a CPU while its training stood still (ms: StillnessMeter), phase, flags
+PROGRESS = struct.Struct("<qqqqqqqqBB")
 LAST_WORD = 1  # flag: the worker's process has ended; this is the board as it left it
 # what a worker's training thread does now (the board's phase, by index)
 PHASES = ("starting", "entering", "data", "compute", "agree", "update", "commit", "save", "eval", "idle")
@@ -64,6 +65,7 @@ NO_PROGRESS = (-1, -1, 0, 0, 0)  # (generation, steps, marks, phase index, colle
 DRAIN_EVERY_S = 0.05  # the longest wait between two drains of the listener's socket
 MIN_DRAIN_WAIT_S = 0.002
 NODE_MEMORY_EVERY_S = 0.5  # how often a beat process reads its node's used memory (its worker's at every beat)
+STILL_BEFORE_READ_S = 0.3  # a worker's training stood still this long: its beats tell its wait for a CPU
 BEAT_BUFFER_BYTES = 2048  # what a beat takes of the socket's buffer, generously (Linux: about 830)
 
 
@@ -134,6 +136,12 @@ class HeartbeatListener:
             self.progress.update(told)
             wait, previous = drain_wait_s(beats, started - previous, self.capacity), started
 
+    def starved_s(self, actor_id: str) -> float:
+        """How long `actor_id`'s process waited for a CPU since its training last moved, as its latest
+        beat said (StillnessMeter; 0: not known)."""
+        progress = self.progress.get(actor_id)
+        return progress.waited_ms / 1000 if progress is not None else 0.0
+
     def close(self) -> None:
         self._closed.set()
         self._sock.close()
@@ -141,13 +149,14 @@ class HeartbeatListener:
 
 class Progress(tuple):
     """What a beat says of its worker: (generation, steps, marks, rss, peak, node_used, collectives,
-    phase, flags)."""
+    waited_ms, phase, flags)."""
 
     __slots__ = ()
 
     def __new__(cls, generation: int = -1, steps: int = -1, marks: int = 0, rss: int = 0, peak: int = 0,
-                node_used: int = 0, collectives: int = 0, phase: int = 0, flags: int = 0):
-        return tuple.__new__(cls, (generation, steps, marks, rss, peak, node_used, collectives, phase, flags))
+                node_used: int = 0, collectives: int = 0, waited_ms: int = 0, phase: int = 0, flags: int = 0):
+        return tuple.__new__(cls, (generation, steps, marks, rss, peak, node_used, collectives, waited_ms, phase,
+                                   flags))
 
     generation = property(lambda self: self[0])
     steps = property(lambda self: self[1])  # the steps its engine had done (-1: none yet)
@@ -156,10 +165,11 @@ class Progress(tuple):
     peak = property(lambda self: self[4])  # its peak since it entered its generation (VmHWM)
     node_used = property(lambda self: self[5])  # its node's used memory, as Ray's monitor counts it
     collectives = property(lambda self: self[6])  # the training group's collectives entered since the mark
-    phase = property(lambda self: PHASES[self[7]] if self[7] < len(PHASES) else "?")
-    last_word = property(lambda self: bool(self[8] & LAST_WORD))
-    # where its training is: any change of it is a move (the memory figures are not)
-    position = property(lambda self: (self[0], self[1], self[2], self[6], self[7]))
+    waited_ms = property(lambda self: self[7])  # its process's wait for a CPU while its training stood still
+    phase = property(lambda self: PHASES[self[8]] if self[8] < len(PHASES) else "?")
+    last_word = property(lambda self: bool(self[9] & LAST_WORD))
+    # where its training is: any change of it is a move (the memory figures and the waits are not)
+    position = property(lambda self: (self[0], self[1], self[2], self[6], self[8]))
 
 
 class ProgressBoard:
@@ -246,12 +256,15 @@ class HeartbeatSender:
         self._token, self._target = token, (host, port)
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
 
-    def beat(self, actor_id: str, progress: tuple = NO_PROGRESS, flags: int = 0, memory: tuple = (0, 0, 0)) -> None:
+    def beat(self, actor_id: str, progress: tuple = NO_PROGRESS, flags: int = 0, memory: tuple = (0, 0, 0),
+             waited_ms: int = 0) -> None:
         """One beat; `progress`: (generation, steps, marks, phase index, collectives since the mark)
-        from the worker's board; `memory`: (the worker's RSS, its peak, its node's used memory) in bytes."""
+        from the worker's board; `memory`: (the worker's RSS, its peak, its node's used memory) in bytes;
+        `waited_ms`: how long its process waited for a CPU while its training stood still (StillnessMeter)."""
         generation, steps, marks, phase, collectives = progress
         try:
-            self._sock.sendto(self._token + PROGRESS.pack(generation, steps, marks, *memory, collectives, phase, flags)
+            self._sock.sendto(self._token + PROGRESS.pack(generation, steps, marks, *memory, collectives, waited_ms,
+                                                          phase, flags)
                               + actor_id.encode(), self._target)
         except OSError:  # a beat lost (the network, the coordinator gone): the next one counts
             pass
@@ -307,9 +320,12 @@ def _beat_process() -> None:
     actor_id, every_s, stdin = config["actor_id"], config["every_s"], sys.stdin.fileno()
     board = ProgressBoard(config["board"], writable=False) if config.get("board") else None
     progress = board.read if board is not None else (lambda: NO_PROGRESS)
-    memory = _memory_of(os.getppid())
+    worker = os.getppid()
+    memory = _memory_of(worker)
+    starved = StillnessMeter(worker)
     next_beat = time.monotonic()
-    sender.beat(actor_id, progress(), memory=memory())
+    at = progress()
+    sender.beat(actor_id, at, memory=memory(), waited_ms=starved(at))
     try:
         os.write(1, b"+")  # the first beat is out (beating_started)
         os.close(1)
@@ -321,7 +337,54 @@ def _beat_process() -> None:
         if readable and not os.read(stdin, 4096):  # EOF: the worker's process is gone: its last word
             sender.beat(actor_id, progress(), LAST_WORD, memory=(0, 0, memory()[2]))
             return
-        sender.beat(actor_id, progress(), memory=memory())
+        at = progress()
+        sender.beat(actor_id, at, memory=memory(), waited_ms=starved(at))
+
+
+def run_queue_wait_ms(pid: int) -> int:
+    """How long the threads of process `pid` have waited, ready to run, for a CPU: their sum, in ms,
+    from Linux's schedstat (0 where it cannot be read: the process gone, another system)."""
+    total = 0
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            pass
+    return total // 1_000_000
+
+
+class StillnessMeter:
+    """How long a worker's process waited for a CPU while its training stood still (ms), for its beats.
+
+    A starved worker stands as still as a hung one (plan/stuck.py takes this wait off its stillness).
+    Which of its threads waits is not the training thread's alone: that one may be blocked on the GIL
+    held by a thread that waits for a core; so the wait of all its threads is read, and each interval
+    counts at most its own length (the process wanted a CPU then, and had none). Read only once the
+    training stood still STILL_BEFORE_READ_S (a read of all threads costs about half a millisecond),
+    so the first such fraction of a stillness is never counted: it can only make a starved worker
+    look stuck that much sooner, not a hung one later. Where /proc cannot be read, 0: judged as before."""
+
+    def __init__(self, pid: int, clock=time.monotonic, read=run_queue_wait_ms) -> None:
+        self._pid, self._clock, self._read = pid, clock, read
+        self._position, self._since, self._last, self._waited_ms = None, 0.0, None, 0
+
+    def __call__(self, progress: tuple) -> int:
+        """`progress`: the board as read for this beat (ProgressBoard.read)."""
+        now = self._clock()
+        if progress != self._position:  # training moved: a new stillness, if any, starts here
+            self._position, self._since, self._last, self._waited_ms = tuple(progress), now, None, 0
+        elif now - self._since >= STILL_BEFORE_READ_S:
+            waited = self._read(self._pid)
+            if self._last is not None:
+                wait_ms, interval_ms = waited - self._last[1], (now - self._last[0]) * 1000
+                self._waited_ms += max(0.0, min(wait_ms, interval_ms))
+            self._last = (now, waited)
+        return round(self._waited_ms)
 
 
 def _memory_of(pid: int):

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from elastic_zero.heartbeats import (DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, PHASES, PROGRESS, HeartbeatListener, HeartbeatSender,
-                                     Progress, ProgressBoard, beat_token, beating_started, drain_wait_s,
-                                     start_beat_process)
+                                     Progress, ProgressBoard, StillnessMeter, beat_token, beating_started,
+                                     drain_wait_s, run_queue_wait_ms, start_beat_process)
 
 pytestmark = pytest.mark.unit
 
@@ -342,6 +342,80 @@ def test_the_listener_notes_when_each_members_position_last_changed():
             time.sleep(0.01)
     finally:
         listener.close()
+
+
+def test_the_listener_tells_how_long_a_member_waited_for_a_cpu_while_it_stood_still():
+    listener = HeartbeatListener("127.0.0.1", b"s" * 32)
+    sender = HeartbeatSender("127.0.0.1", listener.port, beat_token(b"s" * 32))
+    try:
+        sender.beat("w0", (1, 3, 9, PHASES.index("compute"), 2), waited_ms=1500)
+        assert _until(lambda: "w0" in listener.progress) and listener.starved_s("w0") == 1.5
+        assert listener.starved_s("w9") == 0.0  # never heard
+    finally:
+        listener.close()
+
+
+def test_the_stillness_meter_counts_the_wait_for_a_cpu_from_a_stillness_on_at_most_its_length():
+    """Oracle: a wait read by hand at each beat of a clock made by hand."""
+    clock, waits = [0.0], iter([1000, 1400, 3400, 3500, 9000])
+    meter = StillnessMeter(1, clock=lambda: clock[0], read=lambda pid: next(waits))
+    at = (1, 3, 9, 3, 2)
+    assert meter(at) == 0  # a new position
+    clock[0] = 0.2
+    assert meter(at) == 0  # still for less than STILL_BEFORE_READ_S: not read
+    clock[0] = 0.4
+    assert meter(at) == 0  # the first read: where it counts from (1000)
+    clock[0] = 0.9
+    assert meter(at) == 400  # waited 400 ms of these 500
+    clock[0] = 1.4
+    assert meter(at) == 900  # 2,000 ms waited by its threads together in 500: 500 counted
+    clock[0] = 1.5
+    assert meter(at) == 1000
+    clock[0] = 1.6
+    assert meter((1, 3, 10, 3, 2)) == 0  # it moved: nothing counts (9000 never read)
+
+
+# a process with a thread that is ready to run on a CPU a busy process holds, then waits on its
+# stdin (as a hang does), and a thread that sleeps throughout
+_STARVED_PROCESS = """
+import os, sys, threading, time
+os.sched_setaffinity(0, {0})
+os.nice(19)  # its share of that CPU: about 1.5%
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+print(os.getpid(), flush=True)
+sys.stdin.readline()
+end = time.monotonic() + 1.0
+while time.monotonic() < end:
+    pass
+print("busy", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="Linux's schedstat is not there")
+def test_a_process_waiting_for_a_cpu_is_told_apart_from_one_waiting_on_input():
+    """Oracle: a busy thread at the least priority beside a busy process on one CPU gets about 1.5%
+    of it and waits the rest of the time; a thread blocked on its input wants no CPU and waits for none."""
+    busy = subprocess.Popen([sys.executable, "-c", "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass"])
+    starved = subprocess.Popen([sys.executable, "-c", _STARVED_PROCESS], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        pid = int(starved.stdout.readline())
+        before = run_queue_wait_ms(pid)
+        starved.stdin.write("go\n")
+        starved.stdin.flush()
+        assert starved.stdout.readline() == "busy\n"
+        busy_done = run_queue_wait_ms(pid)
+        time.sleep(1.0)
+        blocked = run_queue_wait_ms(pid)
+        assert busy_done - before >= 600, (before, busy_done)  # about 985 of its 1,000 ms
+        assert blocked - busy_done < 100, (busy_done, blocked)
+        assert run_queue_wait_ms(2**22 + 7) == 0  # no such process
+    finally:
+        busy.kill()
+        starved.kill()
+        busy.wait()
+        starved.wait()
 
 
 def test_a_tick_moves_the_marks_and_keeps_the_phases_count_of_collectives():

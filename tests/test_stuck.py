@@ -31,6 +31,19 @@ def test_a_member_behind_its_peers_and_still_past_the_bound_is_stuck_with_the_re
                       "went on to step 20 (compute, collective 1)")
 
 
+def test_time_spent_waiting_for_a_cpu_is_not_standing_still():
+    """A starved worker stands as still as a hung one: what its process waited for a core is taken
+    off its stillness."""
+    where = {"w0": _at(20, "compute", 1), "w1": _at(20, "compute"), "w2": _at(20, "compute")}
+    moved = {"w0": 10.0, "w1": 10.0, "w2": 10.0}
+    stuck, reason = stuck_members(where, moved, where, 4, 0, now=13.0, bound_s=2.0, starved_s={"w1": 2.5, "w2": 0.5})
+    assert stuck == ("w2",), reason
+    assert reason == ("w2 did not move for 2.5 s (bound 2.0 s; 0.5 s more waiting for a CPU, not counted) at step 20 "
+                      "(compute, collective 0) while w0 went on to step 20 (compute, collective 1)")
+    nobody, why = stuck_members(where, moved, where, 4, 0, now=13.0, bound_s=2.0, starved_s={"w1": 2.5, "w2": 1.1})
+    assert nobody == () and why == "w1, w2 stood still past the bound, but waiting for a CPU: starved, not stuck"
+
+
 def test_a_hang_before_a_collective_the_others_entered_is_told_apart_by_the_counts():
     where = {"w0": _at(7, "compute", 2), "w1": _at(7, "compute", 1)}
     assert stuck_members(where, {"w0": 0.0, "w1": 0.0}, where, 4, 0, now=5.0, bound_s=2.0)[0] == ("w1",)

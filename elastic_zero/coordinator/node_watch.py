@@ -109,14 +109,15 @@ class NodeWatch:
         plan = self._plan
         before = {m.actor_id for m in plan.previous.members} if plan.previous is not None else set()
         joiners = {m.actor_id for m in plan.generation.members} - before
+        starved = {a: self.heartbeats.starved_s(a) for a in where}
         stuck, reason = stuck_members(where, moved, self._train_refs.values(), plan.number, plan.step, now, bound_s,
-                                      joiners)
+                                      joiners, starved)
         if not stuck:
             return
         self._count_dead(stuck, f"stuck: {reason}", {a: moved[a] for a in stuck}, now)
         self._log("decision", on="Stuck", reason=reason)
         for actor_id in stuck:
-            self._log("worker_stuck", actor_id=actor_id, still_s=round(now - moved[actor_id], 2),
+            self._log("worker_stuck", actor_id=actor_id, still_s=round(now - moved[actor_id] - starved[actor_id], 2),
                       where=where[actor_id].describe())
         self._retire(stuck, "stuck: killed (its training stopped behind its peers')", lost=True)
         self._generation_failed()

@@ -13,6 +13,14 @@ least `floor_s`. A member entering its generation (restoring, building groups), 
 generation's first step (which pays its one-off costs: CUDA's handles, kernels' first runs), is not
 judged: its peers wait for it by design. When every member is at the same place, nobody is behind
 anybody, and the collective timeout still ends the generation. Pure: the clock is an argument.
+
+Time in which a member's training thread was ready to run but had no CPU does not count: a starved
+worker stands as still as a hung one, and on a loaded machine the slowest rank can wait seconds for
+a core while its peers, done first, wait in the collective (a worker starved on purpose was killed as
+stuck; CI once lost two workers of four at once on a loaded machine, a shard and its replica together). The beats carry that wait
+(heartbeats.StillnessMeter); a hang in a wait, a sleep or a lock wants no CPU and is judged as
+before; a hang that spins (a busy wait) on a loaded machine is found later, by the share of the
+time it waited for a core.
 """
 
 from __future__ import annotations
@@ -53,23 +61,30 @@ def stuck_bound_s(median_step_s: float | None, factor: float, floor_s: float) ->
 
 def stuck_members(where: Mapping[str, Where], moved_at: Mapping[str, float], watched: Iterable[str],
                   generation: int, first_step: int, now: float, bound_s: float | None,
-                  joiners: Collection[str] = ()) -> tuple[tuple[str, ...], str]:
+                  joiners: Collection[str] = (), starved_s: Mapping[str, float] | None = None
+                  ) -> tuple[tuple[str, ...], str]:
     """(the watched members of `generation`, which began at step `first_step` with `joiners` new
     to it, that are stuck, why), or ((), why not). `where[a]`: its latest beat's position;
-    `moved_at[a]`: when that position last changed."""
+    `moved_at[a]`: when that position last changed; `starved_s[a]`: how long, since then, its
+    training thread waited for a CPU (not counted as standing still)."""
     if bound_s is None:
         return (), "no bound: the rule is off, or no step was measured yet"
     judged = {a: where[a] for a in watched
               if a in where and where[a].generation == generation and where[a].phase in JUDGED_PHASES}
     if len(judged) < 2:
         return (), "fewer than two members to compare"
+    starved_s = starved_s or {}
+    still = {a: now - moved_at.get(a, now) - starved_s.get(a, 0.0) for a in judged}
     ahead = max(judged.values(), key=lambda w: w.key)
-    stuck = tuple(sorted(a for a, w in judged.items()
-                         if (a not in joiners or w.steps > first_step) and w.key < ahead.key
-                         and now - moved_at.get(a, now) > bound_s))
+    behind = [a for a, w in judged.items() if (a not in joiners or w.steps > first_step) and w.key < ahead.key]
+    stuck = tuple(sorted(a for a in behind if still[a] > bound_s))
     if not stuck:
-        return (), "every member behind its peers moved within the bound"
+        starved = [a for a in behind if now - moved_at.get(a, now) > bound_s]
+        return (), ("every member behind its peers moved within the bound" if not starved else
+                    f"{', '.join(sorted(starved))} stood still past the bound, but waiting for a CPU: starved, not stuck")
     peers = sorted(a for a, w in judged.items() if w.key == ahead.key)
-    worst = max(stuck, key=lambda a: now - moved_at[a])
-    return stuck, (f"{', '.join(stuck)} did not move for {now - moved_at[worst]:.1f} s (bound {bound_s:.1f} s) at "
-                   f"{judged[worst].describe()} while {', '.join(peers)} went on to {ahead.describe()}")
+    worst = max(stuck, key=lambda a: still[a])
+    waited = starved_s.get(worst, 0.0)
+    return stuck, (f"{', '.join(stuck)} did not move for {still[worst]:.1f} s (bound {bound_s:.1f} s"
+                   + (f"; {waited:.1f} s more waiting for a CPU, not counted" if waited >= 0.05 else "")
+                   + f") at {judged[worst].describe()} while {', '.join(peers)} went on to {ahead.describe()}")
