@@ -12,10 +12,11 @@ import os
 import sys
 import time
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from elastic_zero.driver import drive
-from elastic_zero.job.spec import (CheckpointSpec, DataSpec, ElasticSpec, EvalSpec, JobSpec, ModelSpec, SpecError,
+from elastic_zero.job.prepare import prepare_run, seal
+from elastic_zero.job.spec import (CheckpointSpec, DataSpec, ElasticSpec, EvalSpec, JobSpec, ModelSpec,
                                    TrackingSpec, TrainSpec)
 
 Job = JobSpec
@@ -25,9 +26,6 @@ ModelConfig, DataConfig, TrainConfig = ModelSpec, DataSpec, TrainSpec
 EvalConfig, TrackingConfig = EvalSpec, TrackingSpec
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2  # a bad spec raises SpecError: the CLI exits 2 with it
-# where a job with no checkpoint.uri writes its final weights: its run directory (on a cluster of
-# several nodes, that directory must be shared, or the job must name a checkpoint.uri they all reach)
-FINAL_CHECKPOINTS = "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -72,23 +70,9 @@ def run(job: JobSpec, run_config: RunConfig | None = None, *, started_at: float 
     the error. `job_id` names the job on the cluster (default: its name)."""
     started_at = started_at or time.time()
     run_config = run_config or RunConfig()
-    from elastic_zero.job.preflight import preflight, settle_steps
-    from elastic_zero.job.user_code import ship_by_value
-
-    job = job.normalized()
-    size = preflight(job, import_user_code=run_config.address is None)
-    try:
-        job = settle_steps(job, size)
-    except ValueError as exc:
-        raise SpecError(str(exc)) from None
-    ship_by_value(job.model.factory, job.train.loss, job.data.collate, job.eval.loss)
-    if "mlflow" in job.tracking.backends and job.tracking.mlflow_uri is None and run_config.address is None:
-        # an embedded Ray: ./mlruns where it was launched (on a cluster: the run directory's, coordinator/tracking)
-        job = replace(job, tracking=replace(job.tracking, mlflow_uri=os.path.abspath("mlruns")))
     path = run_config.path_for(job.name)
-    if job.checkpoint.uri is None:  # the final weights are a checkpoint the workers write: here, then
-        job = replace(job, checkpoint=replace(job.checkpoint, uri=os.path.join(path, FINAL_CHECKPOINTS)))
-    outcome = drive(job, job_id or job.name, path, run_config, started_at)
+    job = prepare_run(job, path, embedded=run_config.address is None)
+    outcome = drive(job, seal(job), job_id or job.name, path, run_config, started_at)
     return Result(ok=outcome["ok"], metrics=outcome["summary"], path=path, checkpoint=outcome.get("checkpoint"),
                   error=outcome.get("error"), final_checkpoint=outcome.get("final_checkpoint") if outcome["ok"] else None,
                   bad_input=bool(outcome.get("bad_input")))

@@ -21,7 +21,6 @@ import time
 
 from elastic_zero.observe.progress import ProgressView
 from elastic_zero.observe.ray_noise import quiet_worker_deaths
-from elastic_zero.job.sealed import sealed_tables
 from elastic_zero.job.spec import JobSpec, SpecError
 
 HEAD_RESOURCE = "node:__internal_head__"
@@ -30,14 +29,13 @@ POLL_S = 0.5
 REATTACH_S = 120.0  # how long a coordinator may go unanswering (its process alive) before the job is given up
 
 
-def drive(job: JobSpec, job_id: str, run_dir: str, run_config, started_at: float) -> dict:
-    """The job's outcome: {"ok", "error", "summary", "checkpoint", "final_checkpoint"}."""
+def drive(job: JobSpec, tables: dict, job_id: str, run_dir: str, run_config, started_at: float) -> dict:
+    """The job's outcome: {"ok", "error", "summary", "checkpoint", "final_checkpoint"}. `job` as
+    job/prepare.py prepared it, `tables` as it sealed it."""
     import ray
 
     from elastic_zero.coordinator.actor import NAMESPACE
 
-    # before Ray starts: a value that cannot be pickled is the user's SpecError, with nothing started
-    tables = sealed_tables(job.to_dict())
     if not run_config.worker_logs:
         quiet_worker_deaths()
     own_ray = not ray.is_initialized()

@@ -45,8 +45,7 @@ def preflight(spec: JobSpec, import_user_code: bool = True) -> int | None:
             if (problem := missing_extra(backend)) is not None:
                 raise SpecError(problem)
 
-        for where, ref in (("model.factory", spec.model.factory), ("train.loss", spec.train.loss),
-                           ("data.collate", spec.data.collate), ("eval.loss", spec.eval.loss)):
+        for where, ref in spec.user_functions():
             if ref is not None:
                 try:
                     resolve(where, ref)

@@ -90,6 +90,12 @@ class JobSpec:
             out[section] = _table(getattr(self, section))
         return out
 
+    def user_functions(self) -> tuple[tuple[str, Any], ...]:
+        """(field, value) of every field that names a function of the user's: a 'pkg.module:fn'
+        string, a callable, or None (the default)."""
+        return (("model.factory", self.model.factory), ("train.loss", self.train.loss),
+                ("data.collate", self.data.collate), ("eval.loss", self.eval.loss))
+
     def normalized(self) -> "JobSpec":
         """The spec as TOML would give it: every field's type checked (a spec built in Python
         skips the checks a table goes through), tuples as lists."""

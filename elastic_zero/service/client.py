@@ -27,6 +27,7 @@ from elastic_zero.service.auth import explain, use_cluster_token
 from elastic_zero.service.submission import (
     CONTROL_KIND, JOB_KIND, control_entrypoint, job_entrypoint, job_runtime_env, new_job_id, read_control_answer,
 )
+from elastic_zero.job.prepare import prepare_submission
 from elastic_zero.job.spec import JobSpec, SpecError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")  # the Ray job's
@@ -59,12 +60,7 @@ class Client:
         `working_dir` goes to the cluster (the user's modules named in the spec are found there);
         `run_dir` is a path on the cluster (default ~/elastic-zero/runs/JOB_ID)."""
         self._need_http("submit")
-        job = job.normalized()
-        spec = job.to_dict()
-        for section, key in (("model", "factory"), ("train", "loss"), ("data", "collate")):
-            if callable(spec[section].get(key)):
-                raise SpecError(f"{section}.{key}: a submitted job names its functions as 'pkg.module:fn' "
-                                f"(found in the working dir on the cluster), not as Python objects")
+        spec = prepare_submission(job)
         job_id = job_id or new_job_id(job.name)
         if working_dir is not None and not os.path.isdir(working_dir):
             raise SpecError(f"working dir {working_dir!r} is not a directory")
