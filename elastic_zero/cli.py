@@ -196,7 +196,7 @@ def format_status(r: dict) -> str:
 
 def _checkpoint(args) -> int:
     from elastic_zero.checkpoint import list_checkpoints, open_store, read_manifest, resolve
-    from elastic_zero.coordinator.final_save import directory_uri
+    from elastic_zero.checkpoint.catalog import directory_uri
 
     fs, root = open_store(args.uri)
     if args.action == "ls":

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from elastic_zero.bench.local_group import run_local_group
+from elastic_zero.testing.local_group import run_local_group
 from elastic_zero.zero import TorchComm
 from elastic_zero.zero.abortable import AbortableGroup, GroupAborted
 

@@ -1,7 +1,7 @@
 """Ray's own autoscaler heals a spot cluster under a running job (issue 46): a head with room for a
 worker (the job's spot label keeps its workers off it) and spot nodes of one worker each, started
 and stopped by the autoscaler's fake multi-node provider on this machine
-(elastic_zero/bench/autoscaled_cluster.py, deploy/local-autoscaler/).
+(elastic_zero/testing/autoscaled_cluster.py, deploy/local-autoscaler/).
 
 The loop: a job of 3 workers at min 2 asks for nodes labelled spot; a node is reclaimed (SIGKILL to
 its processes, no notice) -> the job goes on at 2 from the replicas in memory -> its replacement
@@ -20,8 +20,8 @@ import time
 import pytest
 import torch
 
-from elastic_zero.bench.autoscaled_cluster import AutoscaledCluster
-from elastic_zero.bench.local_cluster import drain_node
+from elastic_zero.testing.autoscaled_cluster import AutoscaledCluster
+from elastic_zero.testing.local_cluster import drain_node
 from runtime_jobs import relative
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]

@@ -8,7 +8,7 @@ from elastic_zero.checkpoint import (
     ChecksumError, commit, export_state_dict, list_checkpoints, load_latest, load_shard, make_manifest,
     open_store, read_manifest, resolve, save, shards_from_state_dict, write_rank_file,
 )
-from elastic_zero.bench.local_group import run_local_group
+from elastic_zero.testing.local_group import run_local_group
 from elastic_zero.models import build_preset
 from elastic_zero.zero import SGD, ZeroEngine, reshard
 from engine_cases import difference, make_engine, oracle, run_steps, shards_at

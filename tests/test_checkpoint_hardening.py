@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import elastic_zero.checkpoint.writer as writer_module
-from elastic_zero.bench.local_group import run_local_group
+from elastic_zero.testing.local_group import run_local_group
 from elastic_zero.checkpoint import (
     StoreError, commit, list_checkpoints, open_store, probe_writable, read_manifest, resolve, restore_shard, save,
 )

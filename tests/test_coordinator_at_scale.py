@@ -121,8 +121,8 @@ def test_a_failed_generation_is_aborted_once_for_all_whatever_the_number_of_fail
     from types import SimpleNamespace
 
     from elastic_zero.coordinator.actor import Coordinator
-    from elastic_zero.generation_ends import ABORTED, over_key
-    from elastic_zero.rendezvous import loopback_store
+    from elastic_zero.wire.generation_ends import ABORTED, over_key
+    from elastic_zero.wire.rendezvous import loopback_store
 
     coordinator = Coordinator.__new__(Coordinator)  # the failure path alone: no actor, no Ray
     store = _CountingStore(loopback_store(10))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from elastic_zero.bench.local_group import run_local_group
+from elastic_zero.testing.local_group import run_local_group
 from engine_cases import CASES, difference, max_abs_diff, oracle, train
 
 STEPS = 10

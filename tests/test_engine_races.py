@@ -4,7 +4,7 @@ Oracle: the same calls on one process, where every collective is a copy."""
 
 import pytest
 
-from elastic_zero.bench.local_group import run_local_group
+from elastic_zero.testing.local_group import run_local_group
 from elastic_zero.models import build_preset, lm_loss
 from elastic_zero.zero import AdamW, ZeroEngine
 from engine_cases import batches, relative_diff

@@ -3,7 +3,7 @@ ranks (and another ZeRO stage), go on: the weights match one uninterrupted proce
 
 import pytest
 
-from elastic_zero.bench.local_group import run_local_group
+from elastic_zero.testing.local_group import run_local_group
 from elastic_zero.zero import ShardState, reshard
 from engine_cases import difference, make_engine, oracle, run_steps
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from elastic_zero.bench.local_group import LocalGroupError, run_local_group
+from elastic_zero.testing.local_group import LocalGroupError, run_local_group
 from elastic_zero.models import MLP, build_preset, lm_loss
 from elastic_zero.zero import SGD, AdamW, ZeroEngine
 from engine_cases import batches, max_abs_diff

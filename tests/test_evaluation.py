@@ -5,7 +5,7 @@ Oracle: the same model's loss over every sample of the set on one process, with 
 import pytest
 import torch
 
-from elastic_zero.bench.local_group import run_local_group
+from elastic_zero.testing.local_group import run_local_group
 from elastic_zero.job.spec import spec_from_dict
 
 SPEC = {"model": {"preset": "gpt-tiny"}, "train": {"global_batch": 8, "micro_batch": 3, "steps": 10},

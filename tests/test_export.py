@@ -151,7 +151,7 @@ def test_buffers_and_frozen_parameters_saved_with_the_final_weights_are_exported
 
 
 def test_a_checkpoint_directory_keeps_its_stores_uri():
-    from elastic_zero.coordinator.final_save import directory_uri, step_of_directory
+    from elastic_zero.checkpoint.catalog import directory_uri, step_of_directory
 
     s3 = "s3://bucket/run?endpoint_override=http://127.0.0.1:9000&scheme=http"
     assert directory_uri(s3, "bucket/run/step-0000000040") == \
@@ -217,7 +217,7 @@ def test_a_zero3_rank_reads_only_its_share_of_the_weights_it_starts_from(tmp_pat
     Hugging Face directory or one of our checkpoints: two ranks read the model about once between
     them (at stage 1, where every rank holds whole units, each reads all of it). Oracle: the model the
     files came from. Ranks given different checkpoints refuse to start."""
-    from elastic_zero.bench.local_group import run_local_group
+    from elastic_zero.testing.local_group import run_local_group
     from elastic_zero.checkpoint import load_into
     from elastic_zero.checkpoint.checkpoint_tensors import CheckpointTensors
 

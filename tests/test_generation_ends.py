@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from elastic_zero.generation_ends import ABORTED, ENDED, GenerationEndWatch, announce_end, over_key
-from elastic_zero.rendezvous import loopback_store
+from elastic_zero.wire.generation_ends import ABORTED, ENDED, GenerationEndWatch, announce_end, over_key
+from elastic_zero.wire.rendezvous import loopback_store
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ the worker has left it.
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_zero.generation_ends import ABORTED, ENDED, over_key
+from elastic_zero.wire.generation_ends import ABORTED, ENDED, over_key
 from elastic_zero.worker.generation_gate import GenerationGate
 from elastic_zero.zero.abortable import GroupAborted
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from elastic_zero.bench.local_group import run_local_group
+from elastic_zero.testing.local_group import run_local_group
 from engine_cases import difference, oracle
 
 needs_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
@@ -108,7 +108,7 @@ def test_the_host_copy_of_a_cuda_shard_is_pinned_and_ordered_before_the_next_upd
 
 @needs_a_gpu
 def test_a_nccl_group_is_aborted_and_the_next_one_built_in_the_same_process(monkeypatch):
-    from elastic_zero.rendezvous import loopback_store
+    from elastic_zero.wire.rendezvous import loopback_store
     from elastic_zero.worker.groups import NCCL_ERROR_HANDLING
     from elastic_zero.zero import TorchComm, new_process_group
 

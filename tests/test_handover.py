@@ -8,7 +8,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from elastic_zero.bench.local_group import run_local_group
+from elastic_zero.testing.local_group import run_local_group
 from elastic_zero.plan.membership import Member, place_buddies
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.worker.handover import hand_over

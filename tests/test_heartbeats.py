@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from elastic_zero.heartbeats import (DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, PHASES, PROGRESS, HeartbeatListener, HeartbeatSender,
+from elastic_zero.wire.heartbeats import (DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, PHASES, PROGRESS, HeartbeatListener, HeartbeatSender,
                                      Progress, ProgressBoard, StillnessMeter, beat_token, beating_started,
                                      drain_wait_s, run_queue_wait_ms, start_beat_process)
 
@@ -126,7 +126,7 @@ def test_a_beat_to_a_closed_listener_is_lost_quietly():
 # garbage collection does): the main thread keeps it while the switch interval is longer than the stall
 _STALLING_WORKER = """
 import sys, threading, time
-from elastic_zero.heartbeats import HeartbeatSender, start_beat_process
+from elastic_zero.wire.heartbeats import HeartbeatSender, start_beat_process
 port, token = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
 beats = start_beat_process("127.0.0.1", port, token, "process", 0.1)
 sender = HeartbeatSender("127.0.0.1", port, token)
@@ -241,7 +241,7 @@ def test_a_beat_process_says_it_started_only_once_its_first_beat_is_out():
 # a worker that marks its progress on a board its beat process reads, then is killed mid-training
 _MARKING_WORKER = """
 import sys, time
-from elastic_zero.heartbeats import ProgressBoard, beating_started, start_beat_process
+from elastic_zero.wire.heartbeats import ProgressBoard, beating_started, start_beat_process
 port, token = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
 board = ProgressBoard.create()
 beats = start_beat_process("127.0.0.1", port, token, "w3", 0.1, board.path)

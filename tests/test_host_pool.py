@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from elastic_zero.bench.local_group import run_local_group
+from elastic_zero.testing.local_group import run_local_group
 from elastic_zero.worker.replica import LayoutReplicas
 from elastic_zero.worker.replication import Replicator
 from elastic_zero.zero import TorchComm, ZeroEngine, new_process_group

@@ -1,4 +1,4 @@
-"""The local process groups the engine tests and benchmarks run on (bench/local_group.py): children
+"""The local process groups the engine tests and benchmarks run on (testing/local_group.py): children
 forked from a fork server that imported torch once. Oracles: the caller's environment at the call,
 and the ranks' own answers."""
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from elastic_zero.bench.local_group import LocalGroupError, run_local_group
+from elastic_zero.testing.local_group import LocalGroupError, run_local_group
 
 
 def _env_and_rank(ctx, name):

@@ -175,7 +175,7 @@ def test_on_a_gpu_the_engine_counts_against_the_device_and_the_node_holds_the_re
 
 def test_a_node_whose_capacity_is_unknown_is_not_taken_for_an_empty_one():
     from elastic_zero.coordinator.memory_watch import MemoryWatch
-    from elastic_zero.heartbeats import Progress
+    from elastic_zero.wire.heartbeats import Progress
 
     watch = MemoryWatch()
     watch.hello("w0", "n0", {"capacity": 0, "threshold": 0.95, "rss": GIB, "model": MODEL})  # not Linux, say

@@ -4,7 +4,7 @@ named raylet started here, whose child asks."""
 import subprocess
 import time
 
-from elastic_zero.bench.local_cluster import descendants
+from elastic_zero.testing.local_cluster import descendants
 from elastic_zero.worker.node_age import raylet_started_at
 
 

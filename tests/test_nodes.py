@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from elastic_zero.bench.local_cluster import RayHead, RayNode
+from elastic_zero.testing.local_cluster import RayHead, RayNode
 from fake_metadata import FakeMetadata
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]

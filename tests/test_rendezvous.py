@@ -7,7 +7,7 @@ import socket
 import pytest
 import torch.distributed as dist
 
-from elastic_zero.rendezvous import RendezvousServer, connect, loopback_store, new_secret
+from elastic_zero.wire.rendezvous import RendezvousServer, connect, loopback_store, new_secret
 
 pytestmark = pytest.mark.unit
 
@@ -63,7 +63,7 @@ def test_hundreds_of_relayed_connections_share_one_copying_thread():
     ran thousands. Now the bytes of every connection are copied on one thread per process."""
     import threading
 
-    from elastic_zero.rendezvous import LocalRelay
+    from elastic_zero.wire.rendezvous import LocalRelay
 
     secret = new_secret()
     server = RendezvousServer("127.0.0.1", secret, 10)
@@ -99,7 +99,7 @@ def test_the_relay_runs_beside_the_coordinator_and_dies_with_it():
 
     owner = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
-        "from elastic_zero.rendezvous import RendezvousServer, connect, new_secret\n"
+        "from elastic_zero.wire.rendezvous import RendezvousServer, connect, new_secret\n"
         "secret = new_secret()\n"
         "server = RendezvousServer('127.0.0.1', secret, 10)\n"
         "connect('127.0.0.1', server.port, secret, 10).set('k', 'v')\n"

@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from elastic_zero.bench.local_group import run_local_group
-from elastic_zero.rendezvous import loopback_store
+from elastic_zero.testing.local_group import run_local_group
+from elastic_zero.wire.rendezvous import loopback_store
 from elastic_zero.worker.device import cuda_index
 from elastic_zero.worker.faults import is_device_failure
 from elastic_zero.worker.replication import Replicator

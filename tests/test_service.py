@@ -23,7 +23,7 @@ import urllib.request
 import pytest
 
 from elastic_zero.observe.live import STATUS_KEYS
-from elastic_zero.bench.local_cluster import RayHead
+from elastic_zero.testing.local_cluster import RayHead
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 

@@ -36,7 +36,7 @@ assert list_checkpoints(*open_store(root)) == [] and restore_candidates(*open_st
 from elastic_zero.worker.actor import TrainingWorker
 from elastic_zero.models import PRESETS
 from elastic_zero.data import DataError
-from elastic_zero.rendezvous import RendezvousServer, new_secret
+from elastic_zero.wire.rendezvous import RendezvousServer, new_secret
 server = RendezvousServer("127.0.0.1", new_secret(), 10)  # the job's store, served by its relay
 server.store.set("g0/over", "abort")
 assert server.store.compare_set("g0/over", "", "ended") == b"abort" and server.store.check(["g0/over"])

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from elastic_zero.rendezvous import RendezvousServer, admitted_connection, connect, loopback_store, new_secret
-from elastic_zero.store_server import (NOT_READY, READY, STOP_WAITING, WAIT_CANCELED, KeyValueState, parse_command,
+from elastic_zero.wire.rendezvous import RendezvousServer, admitted_connection, connect, loopback_store, new_secret
+from elastic_zero.wire.store_server import (NOT_READY, READY, STOP_WAITING, WAIT_CANCELED, KeyValueState, parse_command,
                                        vector)
 
 pytestmark = pytest.mark.unit

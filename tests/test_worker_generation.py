@@ -118,7 +118,7 @@ def test_a_group_given_up_does_not_hold_the_next_one_behind_it():
     """Real gloo over a real store: generation 5's train group waits in the store for a member that
     died; after the abort, generation 6's group must build at once. Seen in the chaos drill: both
     went through one store connection, so the next build waited out the first one's timeout (30 s)."""
-    from elastic_zero.rendezvous import loopback_store
+    from elastic_zero.wire.rendezvous import loopback_store
 
     server = loopback_store(10)
     worker = _worker_in_generation(5)
@@ -153,7 +153,7 @@ def test_a_worker_is_ready_only_once_it_beats(monkeypatch):
     import subprocess
     import sys
 
-    from elastic_zero.heartbeats import beat_token, start_beat_process
+    from elastic_zero.wire.heartbeats import beat_token, start_beat_process
     from elastic_zero.worker import node_duties
 
     worker = _bare_worker()

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from elastic_zero.bench.baselines import ADAMW, default_group, fsdp2
-from elastic_zero.bench.local_group import LocalRank, run_local_group
+from elastic_zero.testing.local_group import LocalRank, run_local_group
 from elastic_zero.models import build_preset, lm_loss
 
 

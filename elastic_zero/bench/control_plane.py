@@ -16,8 +16,8 @@ import time
 from elastic_zero.node_memory import peak_rss_bytes
 from elastic_zero.bench.control_plane_figures import (busiest_nodes, first, growth, held_within, merged, problems,
                                                      rendezvous_s)
-from elastic_zero.bench.local_cluster import descendants
-from elastic_zero.bench.sim_workers import SIM_NODE_FORMAT
+from elastic_zero.testing.local_cluster import descendants
+from elastic_zero.testing.sim_workers import SIM_NODE_FORMAT
 
 SCALE_UP = 64
 PREEMPTED_NODES = 8
@@ -111,7 +111,7 @@ def _real_job_cpu(workers: int, sample_s: float) -> float:
 def _one_size(n: int, per_node: int, steady_s: float, step_s: float) -> dict:
     import ray
 
-    from elastic_zero.bench.sim_workers import SimulatedHost, StepReferee
+    from elastic_zero.testing.sim_workers import SimulatedHost, StepReferee
     from elastic_zero.coordinator.actor import NAMESPACE
     from elastic_zero.job.spec import spec_from_dict
 
@@ -146,7 +146,7 @@ def _scenario(n: int, per_node: int, steady_s: float, hosts: list, host_pids: li
     hosts' processes, whose CPU is measured."""
     import ray
 
-    from elastic_zero.bench.sim_workforce import SimulatedWorkforce
+    from elastic_zero.testing.sim_workforce import SimulatedWorkforce
     from elastic_zero.coordinator.actor import NAMESPACE, Coordinator, coordinator_name
 
     job_id = spec.name

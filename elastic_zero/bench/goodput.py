@@ -1,7 +1,8 @@
 """`elastic-zero bench goodput`: one seeded schedule of node losses, a preemption notice and new
 nodes, played to elastic_zero and to an elastic Ray Train TorchTrainer, each on a fresh local
 multi-node Ray cluster, and (`--against torchft`) to torchft's replica groups, in one run (see
-goodput_schedule.py for the schedule and the accounting).
+goodput_schedule.py for the schedule and the accounting, goodput_cluster.py for the cluster and how
+each event is played).
 
 Both train the same preset, data and global batch with four workers (two per node, `min_workers` 1),
 checkpoint every `checkpoint_every` steps to the same kind of storage (a local directory), and are
@@ -23,85 +24,18 @@ import tempfile
 import textwrap
 import time
 
-from elastic_zero.bench.autoscaled_cluster import AutoscaledCluster
+from elastic_zero.testing.autoscaled_cluster import AutoscaledCluster
 from elastic_zero.bench.goodput_autoscaled import WORKERS_AUTOSCALED, AutoscaledPlayer, spot_labels
 from elastic_zero.bench.goodput_schedule import (
-    START_NODES, ClusterEvent, autoscaled_schedule, elastic_zero_figures, goodput_schedule, ray_train_figures,
+    autoscaled_schedule, elastic_zero_figures, goodput_schedule, ray_train_figures,
 )
-from elastic_zero.bench.local_cluster import RayHead, RayNode, drain_node
+from elastic_zero.bench.goodput_cluster import (
+    CPUS_PER_NODE, GLOBAL_BATCH, MICRO_BATCH, WORKERS, BenchCluster, play_to_cluster, run_schedule,
+)
 from elastic_zero.observe.event_log import read_events
 
-WORKERS, CPUS_PER_NODE, GLOBAL_BATCH, MICRO_BATCH = 4, 2, 16, 4
 SYSTEMS = ("elastic_zero", "ray_train", "torchft")
 DEFAULT_SYSTEMS = ("elastic_zero", "ray_train")  # with neither --systems nor --against
-
-
-class BenchCluster:
-    """A head without CPUs (drivers, coordinator, Ray Train's controller) and named worker nodes."""
-
-    def __init__(self) -> None:
-        self.head = RayHead(auth=False, num_cpus=0)
-        self.nodes: dict[str, RayNode] = {}
-        self._started = 0  # a node's index picks its worker ports
-        try:
-            for name in START_NODES:
-                self.add(name)
-        except Exception:
-            self.stop()
-            raise
-
-    def add(self, name: str) -> None:
-        self.nodes[name] = RayNode(self.head, f"ez_node_{name}", num_cpus=CPUS_PER_NODE, index=self._started)
-        self._started += 1
-
-    def drain(self, name: str, deadline_s: float) -> None:
-        drain_node(self.head, self.nodes[name].node_id, deadline_s)
-
-    def stop(self) -> None:
-        for node in self.nodes.values():
-            if node.proc.poll() is None:
-                node.stop()
-        self.head.stop()
-
-
-def _play(event: ClusterEvent, cluster: BenchCluster, stop_job) -> None:
-    if event.action == "node_lost":
-        cluster.nodes[event.node].freeze()
-    elif event.action == "node_back":
-        cluster.nodes[event.node].stop()  # gone for good; another machine comes in its place
-        cluster.add(event.replaced_by)
-    elif event.action == "notice":
-        cluster.drain(event.node, event.deadline_s)
-    elif event.action == "preempted":
-        cluster.nodes[event.node].stop()
-    elif event.action == "scale_up":
-        cluster.add(event.node)
-    elif event.action == "end":
-        stop_job()
-
-
-def _run_schedule(schedule, play, ended, origin) -> list:
-    """Plays each event (`play(event)`) at its time after `origin()` (the epoch the schedule counts
-    from: the launch, or the job's first step once there is one) unless the job `ended()` first;
-    returns what was played, when."""
-    start = None
-    while start is None:
-        if ended():
-            return []
-        start = origin()
-        if start is None:
-            time.sleep(0.2)
-    played = []
-    for event in schedule:
-        while time.time() < start + event.at_s:
-            if ended():
-                return played
-            time.sleep(0.2)
-        began = time.time()
-        play(event)
-        played.append({"action": event.action, "node": event.replaced_by or event.node,
-                       "at_s": round(began - start, 1), "took_s": round(time.time() - began, 1)})
-    return played
 
 
 def _first_line(path: str) -> dict | None:
@@ -152,6 +86,13 @@ def _elastic_zero_spec(preset: str, checkpoint_uri: str, checkpoint_every: int, 
         """)
 
 
+def _player(cluster, stop_job):
+    """What carries out each event of the schedule on `cluster` (an autoscaled one, or nodes of this machine)."""
+    if isinstance(cluster, AutoscaledCluster):
+        return AutoscaledPlayer(cluster, stop_job)
+    return lambda event: play_to_cluster(event, cluster, stop_job)
+
+
 def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str, clock: str,
                   loss_file: str | None = None, autoscaled: bool = False) -> dict:
     if loss_file:  # beside job.toml, in the driver's directory, which Ray puts on the workers' sys.path
@@ -175,8 +116,7 @@ def _elastic_zero(preset: str, schedule, checkpoint_every: int, work_dir: str, c
         try:
             events_path = os.path.join(work_dir, "out", "events.jsonl")
             origin = (lambda: launched_at) if clock == "launch" else (lambda: _elastic_zero_first_step(events_path))
-            play = AutoscaledPlayer(cluster, stop_job) if autoscaled else (lambda e: _play(e, cluster, stop_job))
-            played = _run_schedule(schedule, play, lambda: driver.poll() is not None, origin)
+            played = run_schedule(schedule, _player(cluster, stop_job), lambda: driver.poll() is not None, origin)
             rc = _wait(driver)
             wall = time.time() - launched_at
         finally:
@@ -214,8 +154,7 @@ def _ray_train(preset: str, schedule, checkpoint_every: int, work_dir: str, cloc
             def stop_job():
                 open(stop_file, "w").close()
 
-            play = AutoscaledPlayer(cluster, stop_job) if autoscaled else (lambda e: _play(e, cluster, stop_job))
-            played = _run_schedule(schedule, play, lambda: driver.poll() is not None, origin)
+            played = run_schedule(schedule, _player(cluster, stop_job), lambda: driver.poll() is not None, origin)
             rc = _wait(driver)
             wall = time.time() - launched_at
         finally:

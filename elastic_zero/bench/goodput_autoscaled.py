@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 
-from elastic_zero.bench.autoscaled_cluster import AutoscaledCluster, load_config
-from elastic_zero.bench.local_cluster import drain_node
+from elastic_zero.testing.autoscaled_cluster import AutoscaledCluster, load_config
+from elastic_zero.testing.local_cluster import drain_node
 
 WORKERS_AUTOSCALED = 3  # one a node of one CPU: three nodes and a replacement on two cores
 

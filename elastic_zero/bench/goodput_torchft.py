@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-from elastic_zero.bench.goodput import CPUS_PER_NODE, GLOBAL_BATCH, MICRO_BATCH, WORKERS, _run_schedule
+from elastic_zero.bench.goodput_cluster import CPUS_PER_NODE, GLOBAL_BATCH, MICRO_BATCH, WORKERS, run_schedule
 from elastic_zero.bench.goodput_schedule import START_NODES, ClusterEvent, torchft_figures
 
 MAX_RESTARTS = 10  # a torchft group's, as torchft's torchx component passes to torchrun
@@ -85,7 +85,7 @@ def play_to_torchft(preset: str, schedule, checkpoint_every: int, work_dir: str,
         try:
             for node in START_NODES:
                 add(node)
-            played = _run_schedule(schedule, play, ended, (lambda: launched_at) if clock == "launch" else first_step)
+            played = run_schedule(schedule, play, ended, (lambda: launched_at) if clock == "launch" else first_step)
             supervise(cluster, lambda: not cluster.procs, 300, "stop", restarted)
         except RuntimeError as e:  # a group or the lighthouse failed: named in the report
             return {"rc": 1, "error": str(e), "wall_s": round(time.time() - launched_at, 1), "played": played}

@@ -20,7 +20,7 @@ import tempfile
 import textwrap
 import time
 
-from elastic_zero.bench.local_cluster import RayHead, RayNode
+from elastic_zero.testing.local_cluster import RayHead, RayNode
 from elastic_zero.bench.recovery import first_recovery
 from elastic_zero.observe.event_log import read_events
 

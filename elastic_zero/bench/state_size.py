@@ -89,7 +89,7 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
         if wrong:
             raise ValueError(f"bench state-size: {why}")
     from elastic_zero.api import RunConfig, run
-    from elastic_zero.coordinator.final_save import step_of_directory
+    from elastic_zero.checkpoint.catalog import step_of_directory
 
     links = {"memory": memcpy_bandwidth(), "loopback": loopback_bandwidth()}
     work = workdir or tempfile.mkdtemp(prefix="ez-bench-state-size-")

@@ -27,7 +27,7 @@ from elastic_zero.zero.host_memory import building
 
 from elastic_zero.bench.baselines import ADAMW, default_group, fsdp2
 from elastic_zero.data import MarkovTokens
-from elastic_zero.bench.local_group import LocalRank, run_local_group
+from elastic_zero.testing.local_group import LocalRank, run_local_group
 from elastic_zero.models import PRESETS, build_preset, lm_loss
 from elastic_zero.zero import AdamW, ZeroEngine
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from elastic_zero.bench.local_cluster import free_ports
+from elastic_zero.testing.local_cluster import free_ports
 
 MISSING = "torchft is not installed: pip install -e '.[anchors]' (the comparisons' extra)"
 

@@ -41,6 +41,21 @@ def step_dir(root: str, step: int, again: int = 0) -> str:
     return f"{root}/step-{step:010d}" + (f"-{again}" if again else "")
 
 
+def step_of_directory(directory: str) -> int | None:
+    """The step a checkpoint directory holds, from its name (step_dir names them)."""
+    match = _STEP_DIR.fullmatch(os.path.basename(directory.rstrip("/")))
+    return int(match.group(1)) if match else None
+
+
+def directory_uri(root_uri: str, directory: str) -> str:
+    """A URI for one checkpoint directory of the store at `root_uri` (its scheme and query kept):
+    what the driver, the CLI and export open later."""
+    if "://" not in root_uri or root_uri.startswith("file://"):
+        return directory  # an absolute local path
+    root, _, query = root_uri.partition("?")
+    return f"{root.rstrip('/')}/{os.path.basename(directory.rstrip('/'))}" + (f"?{query}" if query else "")
+
+
 def free_step_dir(fs: pafs.FileSystem, root: str, step: int) -> str:
     """The first directory for `step` that holds no commit: committed steps are never rewritten."""
     again = 0

@@ -41,13 +41,13 @@ from elastic_zero.coordinator.state import (
     CheckpointNow, CoordinatorState, Fail, Finish, GenerationEnded, MemorySeen, RequestSafePoint, Retire, Spawn, Start,
     StartGeneration, Stop, Tick, Warn, decide,
 )
-from elastic_zero.generation_ends import announce_end
+from elastic_zero.wire.generation_ends import announce_end
 from elastic_zero.observe.event_log import EventLog
 from elastic_zero.observe.live import LiveProgress
 from elastic_zero.observe.metrics import JobMetrics
 from elastic_zero.observe.tracking import start_tracking
 from elastic_zero.protocol import Outcome, Report, pack_plan
-from elastic_zero.rendezvous import RendezvousServer, new_secret
+from elastic_zero.wire.rendezvous import RendezvousServer, new_secret
 from elastic_zero.job.spec import KILL_ACTIONS, spec_from_dict
 
 NAMESPACE = "elastic_zero"

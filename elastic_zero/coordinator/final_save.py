@@ -18,35 +18,16 @@ A mixin of the coordinator actor: it uses the actor's workers, heartbeat books a
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 import time
 
 import ray
 
+from elastic_zero.checkpoint.catalog import directory_uri, step_of_directory
 from elastic_zero.coordinator.resume import past_the_end
 from elastic_zero.coordinator.state import Fail, FinalWeightsWritten, GenerationEnded, Stop
-from elastic_zero.generation_ends import announce_end
+from elastic_zero.wire.generation_ends import announce_end
 from elastic_zero.plan.liveness import silent_members
 from elastic_zero.protocol import Outcome, Report, pack_plan
-
-_STEP_OF_DIRECTORY = re.compile(r"step-(\d{10})(?:-\d+)?")
-
-
-def step_of_directory(directory: str) -> int | None:
-    """The step a checkpoint directory holds, from its name (store.py names them)."""
-    match = _STEP_OF_DIRECTORY.fullmatch(os.path.basename(directory.rstrip("/")))
-    return int(match.group(1)) if match else None
-
-
-def directory_uri(root_uri: str, directory: str) -> str:
-    """A URI for one checkpoint directory of the store at `root_uri` (its scheme and query kept):
-    what the driver, the CLI and export open later."""
-    if "://" not in root_uri or root_uri.startswith("file://"):
-        return directory  # an absolute local path
-    root, _, query = root_uri.partition("?")
-    return f"{root.rstrip('/')}/{os.path.basename(directory.rstrip('/'))}" + (f"?{query}" if query else "")
-
 
 class FinalSave:
     def _finish_at_resume(self, step: int, directory: str) -> None:

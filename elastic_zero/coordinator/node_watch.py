@@ -15,7 +15,7 @@ import time
 import ray
 
 from elastic_zero.coordinator.events import MemorySeen, NodeNotice, PreemptionNotice
-from elastic_zero.heartbeats import HeartbeatListener
+from elastic_zero.wire.heartbeats import HeartbeatListener
 from elastic_zero.plan.liveness import next_silence_at, nodes_gone_silent, silent_members
 from elastic_zero.plan.stuck import Where, stuck_bound_s, stuck_members
 from elastic_zero.preemption.notices import Notice

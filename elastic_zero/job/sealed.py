@@ -13,6 +13,10 @@ from __future__ import annotations
 _PLAIN = (str, int, float, bool, type(None))
 
 
+class UserCodeError(ValueError):
+    """A function or value of the user's cannot be had where it is needed: one line naming the field."""
+
+
 class Sealed:
     """A value pickled (with Ray's cloudpickle, so by value where `ship_by_value` said so) and
     loaded the first time it is opened. Callable, so that a sealed function passes the spec's
@@ -39,8 +43,6 @@ class Sealed:
         except AttributeError:
             pass
         import ray.cloudpickle as cloudpickle
-
-        from elastic_zero.job.user_code import UserCodeError
 
         try:
             self._value = cloudpickle.loads(self.blob)

@@ -15,11 +15,7 @@ import sys
 import sysconfig
 from typing import Callable
 
-from elastic_zero.job.sealed import Sealed
-
-
-class UserCodeError(ValueError):
-    pass
+from elastic_zero.job.sealed import Sealed, UserCodeError  # noqa: F401 - UserCodeError: raised here, imported from here
 
 
 def resolve(where: str, ref) -> Callable:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from elastic_zero.generation_ends import was_aborted
+from elastic_zero.wire.generation_ends import was_aborted
 
 
 class GenerationGate:

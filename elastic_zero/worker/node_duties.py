@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from elastic_zero.heartbeats import (HeartbeatSender, ProgressBoard, StillnessMeter, beat_token, beating_started,
+from elastic_zero.wire.heartbeats import (HeartbeatSender, ProgressBoard, StillnessMeter, beat_token, beating_started,
                                      start_beat_process)
 from elastic_zero.node_memory import capacity_bytes, monitor_threshold, peak_rss_bytes, rss_bytes, used_bytes
 from elastic_zero.plan.membership import Member

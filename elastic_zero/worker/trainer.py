@@ -19,14 +19,14 @@ import torch
 
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.data.source import read_ahead_for_step
-from elastic_zero.generation_ends import GenerationEndWatch
+from elastic_zero.wire.generation_ends import GenerationEndWatch
 from elastic_zero.job.build import build_loss, build_optimizer, build_source
 from elastic_zero.node_memory import reset_peak
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.evaluation import eval_due
 from elastic_zero.protocol import GenerationPlan, Outcome, Report
-from elastic_zero.rendezvous import connect
+from elastic_zero.wire.rendezvous import connect
 from elastic_zero.job.spec import HANG_ACTIONS, KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.cadence_meter import CadenceMeter
 from elastic_zero.worker.drills import due_drills

@@ -24,7 +24,7 @@ import signal
 import yaml
 from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
 
-from elastic_zero.bench.local_cluster import RayHead, descendants, processes_naming
+from elastic_zero.testing.local_cluster import RayHead, descendants, processes_naming
 
 FAKE_PROVIDER = "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider"
 CONFIG_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),

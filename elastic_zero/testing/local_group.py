@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from elastic_zero.rendezvous import loopback_store
+from elastic_zero.wire.rendezvous import loopback_store
 from elastic_zero.zero.comm import new_process_group
 
 
@@ -109,7 +109,7 @@ def run_local_group(
     return [results[r] for r in range(world_size)]
 
 
-_PRELOAD = ["torch", "torch.distributed", "elastic_zero.bench.local_group", "elastic_zero.zero"]
+_PRELOAD = ["torch", "torch.distributed", "elastic_zero.testing.local_group", "elastic_zero.zero"]
 
 
 def _context():

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from elastic_zero.store_client import StoreClient
+    from elastic_zero.wire.store_client import StoreClient
 
 NONCE_BYTES = 16
 SEND_TIMEOUT_S = 10.0
@@ -100,7 +100,7 @@ class RendezvousServer:
     @property
     def store(self) -> StoreClient:
         """This process's connection to the store, made on first use."""
-        from elastic_zero.store_client import StoreClient
+        from elastic_zero.wire.store_client import StoreClient
 
         with self._store_lock:
             if self._store is None:
@@ -122,7 +122,8 @@ def _relay_process(listen_fd: int) -> None:
     gone) ends this process."""
     listener = socket.socket(fileno=listen_fd)
     secret = bytes.fromhex(sys.stdin.readline().strip())
-    server = _store_server_module().StoreServer()
+    store_server = _store_server_module()
+    server, read_exactly = store_server.StoreServer(), store_server.read_exactly
 
     def read_stdin() -> None:
         sys.stdin.read()  # until EOF: the coordinator's process is gone
@@ -202,6 +203,8 @@ def connect(host: str, port: int, secret: bytes, timeout_s: float) -> dist.TCPSt
 def admitted_connection(host: str, port: int, secret: bytes, timeout_s: float) -> socket.socket:
     """A connection to the coordinator's relay at (host, port) that answered its challenge with
     `secret` (its timeout left at `timeout_s`); OSError if the relay is unreachable or hangs up."""
+    from elastic_zero.wire.store_server import read_exactly  # here: as a script, this file imports no package
+
     sock = socket.create_connection((host, port), timeout=timeout_s)
     try:
         nonce = read_exactly(sock, NONCE_BYTES)
@@ -220,18 +223,6 @@ def _answer_and_splice(conn: socket.socket, host: str, port: int, secret: bytes)
         conn.close()
         return
     _splice(conn, upstream)
-
-
-def read_exactly(sock: socket.socket, n: int, closed: str = "closed during the rendezvous challenge") \
-        -> bytes:
-    """`n` bytes from a blocking `sock`; ConnectionError(`closed`) if it closes first."""
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError(closed)
-        data += chunk
-    return bytes(data)
 
 
 class SpliceLoop:

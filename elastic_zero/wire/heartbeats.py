@@ -388,12 +388,12 @@ class StillnessMeter:
 
 
 def _memory_of(pid: int):
-    """() -> (RSS of `pid`, its peak, its node's used memory), from node_memory.py beside this file:
+    """() -> (RSS of `pid`, its peak, its node's used memory), from the package's node_memory.py:
     loaded by its path, as this process runs as a script of its own, outside the package."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "elastic_zero_node_memory", os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_memory.py"))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # elastic_zero/, above wire/
+    spec = importlib.util.spec_from_file_location("elastic_zero_node_memory", os.path.join(package, "node_memory.py"))
     node_memory = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(node_memory)
     node = {"used": 0, "at": -1.0}

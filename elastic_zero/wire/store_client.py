@@ -7,9 +7,8 @@ import socket
 import struct
 import threading
 
-from elastic_zero.rendezvous import read_exactly
-from elastic_zero.store_server import (CHECK, COMPARE_SET, GET, PING, READY, SET, STOP_WAITING, U8, U32, U64,
-                                       VALIDATE, VALIDATION_MAGIC, WAIT, vector)
+from elastic_zero.wire.store_server import (CHECK, COMPARE_SET, GET, PING, READY, SET, STOP_WAITING, U8, U32, U64,
+                                            VALIDATE, VALIDATION_MAGIC, WAIT, read_exactly, vector)
 
 
 class StoreClient:

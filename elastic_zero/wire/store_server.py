@@ -22,6 +22,19 @@ import struct
 import threading
 from collections import deque
 
+
+def read_exactly(sock: socket.socket, n: int, closed: str = "closed during the rendezvous challenge") -> bytes:
+    """`n` bytes from a blocking `sock`; ConnectionError(`closed`) if it closes first (a store
+    client's and the relay's challenge read both)."""
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(closed)
+        data += chunk
+    return bytes(data)
+
+
 VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET, \
     CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_KEYS, BARRIER = range(19)
 VALIDATION_MAGIC = 0x3C85F7CE

@@ -4,7 +4,7 @@ answer `handle.method.remote(*args)` as a Ray actor handle does, each call going
 
 from __future__ import annotations
 
-from elastic_zero.bench.sim_workers import SIM_NODE_FORMAT
+from elastic_zero.testing.sim_workers import SIM_NODE_FORMAT
 
 
 class SimulatedHandle:

@@ -26,7 +26,7 @@ import os
 import threading
 import time
 
-from elastic_zero.generation_ends import GenerationEndWatch
+from elastic_zero.wire.generation_ends import GenerationEndWatch
 from elastic_zero.plan.batches import rank_positions
 from elastic_zero.plan.membership import Member
 from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report, unpack_plan
@@ -135,7 +135,7 @@ class SimulatedHost:
         if self._relay is None:
             import multiprocessing
 
-            from elastic_zero.rendezvous import LocalRelay
+            from elastic_zero.wire.rendezvous import LocalRelay
 
             self._relay = LocalRelay(args["store_host"], args["store_port"], args["store_secret"])
             # one watch of the generations' ends for the host's members, as each real worker has its own
@@ -335,7 +335,7 @@ def _beat_process(conn, host: str, port: int, secret: bytes, longest_gap) -> Non
     """Each live simulated worker's heartbeat, one datagram each, as worker/node_duties.py sends it:
     from a process of its own, so that the host's threads (hundreds of simulated workers) never delay
     it, as a real worker's training never delays its own beats (heartbeats.start_beat_process). Ends when the host goes."""
-    from elastic_zero.heartbeats import HeartbeatSender, beat_token
+    from elastic_zero.wire.heartbeats import HeartbeatSender, beat_token
     from elastic_zero.job.spec import HEARTBEAT_EVERY_S
 
     sender, beating, last = HeartbeatSender(host, port, beat_token(secret)), [], time.monotonic()

@@ -1,0 +1,14 @@
+"""The wire: what workers and the coordinator say to each other outside Ray's calls.
+
+- `store_server.py` — the job's key-value store, with torch's TCPStore protocol, in Python (the
+  standard library only; the relay loads it by path);
+- `store_client.py` — the coordinator's own client of that store;
+- `rendezvous.py` — the store behind the job's secret: the coordinator's relay (a process of its
+  own) and each worker's local relay that answers its challenge;
+- `heartbeats.py` — the workers' heartbeats, one UDP datagram each, from a small process of their
+  own, with their training's progress;
+- `generation_ends.py` — a generation's end (or abort) as one store key.
+
+Imports run one way: rendezvous -> store_client -> store_server; heartbeats and generation_ends
+stand alone. Nothing here imports the rest of the package (node_memory.py, loaded by path).
+"""
