@@ -9,6 +9,8 @@ import os
 import threading
 import time
 
+from elastic_zero.observe.event_kinds import check
+
 
 def read_events(run_dir: str) -> list[dict]:
     """A run's events, as its EventLog wrote them to RUN_DIR/events.jsonl."""
@@ -37,6 +39,7 @@ class EventLog:
         self.listener = None  # told of each record added (the job's trackers)
 
     def add(self, kind: str, **fields) -> dict:
+        check(kind, fields)  # the kinds and their fields are declared once (event_kinds.py)
         record = {"t": round(time.time(), 4), "event": kind, **fields}
         line = json.dumps(record)  # every record must be plain data
         with self._lock:  # the same order in memory and in the file
