@@ -25,7 +25,7 @@ from elastic_zero.node_memory import reset_peak
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.evaluation import eval_due
-from elastic_zero.protocol import GenerationPlan, Outcome, Report
+from elastic_zero.protocol import GenerationPlan, Outcome, OutcomeKind, Report
 from elastic_zero.wire.rendezvous import connect
 from elastic_zero.job.spec import HANG_ACTIONS, KILL_ACTIONS, spec_from_dict
 from elastic_zero.worker.cadence_meter import CadenceMeter
@@ -163,11 +163,11 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             reset_peak()  # the peak its beats carry is this generation's steps', not its entry's
             self._mark(steps=self.engine.step_count, phase="idle")
             if rank is None:
-                return _finished(report, Outcome(self.actor_id, "left", plan.step), time.time())
+                return _finished(report, Outcome(self.actor_id, OutcomeKind.LEFT, plan.step), time.time())
             report["rank"] = rank
             kind = self._loop(plan, rank, report)
             # finished: the replicas of the last step back a recovery should the final save lose a member
-            replicas = self.replicas.report() if kind == "finished" else {}
+            replicas = self.replicas.report() if kind == OutcomeKind.FINISHED else {}
             return _finished(report, Outcome(self.actor_id, kind, self.engine.step_count, **replicas), time.time())
         except Exception as exc:  # a collective failed (a peer died or timed out), or a bug
             ended = time.time()
@@ -187,7 +187,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             if self.engine is not None:
                 self.engine.discard_partial_step()
             step = self.engine.step_count if self.engine is not None else plan.step
-            outcome = Outcome(self.actor_id, "failed", step, error=error, bug=bug, **self.replicas.report())
+            outcome = Outcome(self.actor_id, OutcomeKind.FAILED, step, error=error, bug=bug, **self.replicas.report())
             return _finished(report, outcome, ended)
 
     def _loop(self, plan: GenerationPlan, rank: int, report: dict) -> str:
@@ -265,20 +265,20 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             if rank == 0 and self._coordinator:
                 self._tell_progress(plan, report)
             if stopping:  # its commit above kept the steps since the last one
-                return "safe_point"
+                return OutcomeKind.SAFE_POINT
         self._evaluate_if_due(plan, rank, world, comm, report, engine.step_count)  # the final weights
         if self.writer is not None:
             self.writer.wait()  # the final checkpoint is committed before the job reports success
             self._take_checkpoint_news(report)
-        return "finished"
+        return OutcomeKind.FINISHED
 
     def _evaluate_if_due(self, plan: GenerationPlan, rank: int, world: int, comm: TorchComm, report: dict,
                          step: int) -> None:
-        """The weights after `step` steps on the eval set, when [eval] asks for it then. Every rank
-        keeps the result (it is the same everywhere); rank 0 tells the coordinator at once. A
-        generation that fails inside it keeps nothing of it: the next one evaluates that step again."""
+        """The weights after `step` steps on the eval set, when [eval] asks; rank 0 tells the coordinator. Lost
+        inside it, the next generation restores that step (committed first: CI met its swap in flight) and evaluates it."""
         if self.evaluator is None or not eval_due(step, self.spec.eval.every, self.spec.train.steps):
             return
+        self._finish_commit(plan, report)
         self._fire_drills("eval", plan, rank, step)
         result = self.evaluator.evaluate(self.engine.module, comm, world, rank, step, self.device,
                                          lambda fn, batch: self._call_loss(batch, fn, "eval.loss"),
