@@ -12,8 +12,37 @@ from __future__ import annotations
 import pickle
 import zlib
 from dataclasses import dataclass, field
+from enum import Enum
 
 from elastic_zero.plan.membership import Generation, Member
+
+
+class _Named(str, Enum):
+    """A name from a closed set that is a str too: compared with, written to JSON and formatted as its
+    value (as 3.11's StrEnum, on every Python this package runs on)."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class Source(_Named):
+    """Where a generation's state comes from."""
+
+    INIT = "init"  # a fresh model (or the checkpoint a job resumes from)
+    LIVE = "live"  # the members' current engine state, handed over at a safe point
+    SNAPSHOT = "snapshot"  # a replicated step: each rank's own snapshot or its buddy's replica
+    CHECKPOINT = "checkpoint"  # the latest committed checkpoint (memory holds no complete step)
+    RESTART = "restart"  # the job's initial weights (neither memory nor a checkpoint holds a step)
+
+
+class OutcomeKind(_Named):
+    """How one participant's part of a generation ended."""
+
+    FINISHED = "finished"  # every step done
+    SAFE_POINT = "safe_point"  # stopped at the safe point the coordinator asked for
+    FAILED = "failed"  # a collective failed (a peer lost, an abort, a timeout) or a bug
+    LEFT = "left"  # a leaver that handed its shard over
+    DEAD = "dead"  # its process or node died, or it was killed (silent, stuck)
 
 
 @dataclass(frozen=True)
@@ -35,9 +64,7 @@ class GenerationPlan:
     previous: Generation | None
     participants: tuple[str, ...]  # the handover group: new members by rank, then leavers holding shards
     holder_of_old: tuple[int, ...]  # participant index holding each old rank's shard
-    source: str  # "init": fresh model; "live": current engine state; "snapshot": a replicated step;
-    # "checkpoint": the latest committed checkpoint (when memory holds no complete step);
-    # "restart": the job's initial weights (neither memory nor a checkpoint holds a step)
+    source: Source
     step: int  # the optimizer step the generation starts from
     leaving: tuple[str, ...]  # participants that exit after the handover
     cause: str
@@ -70,7 +97,7 @@ class Outcome:
     """How one participant's part of a generation ended."""
 
     actor_id: str
-    kind: str  # "finished" | "safe_point" | "failed" | "left" | "dead"
+    kind: OutcomeKind
     step: int = 0
     own_steps: tuple[int, ...] = ()
     ward_steps: tuple[int, ...] = ()

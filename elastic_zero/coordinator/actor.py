@@ -46,7 +46,7 @@ from elastic_zero.observe.event_log import EventLog
 from elastic_zero.observe.live import LiveProgress
 from elastic_zero.observe.metrics import JobMetrics
 from elastic_zero.observe.tracking import start_tracking
-from elastic_zero.protocol import Outcome, Report, pack_plan
+from elastic_zero.protocol import Outcome, OutcomeKind, Report, Source, pack_plan
 from elastic_zero.wire.rendezvous import RendezvousServer, new_secret
 from elastic_zero.job.spec import KILL_ACTIONS, spec_from_dict
 
@@ -211,12 +211,12 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             result = ray.get(ref)
         except ray.exceptions.RayError as exc:  # the actor died
             oom = memory_kill(str(exc))
-            result = Report(Outcome(actor_id, "dead", error=oom or str(exc)[:300]), ended_at=time.time())
+            result = Report(Outcome(actor_id, OutcomeKind.DEAD, error=oom or str(exc)[:300]), ended_at=time.time())
             self._log("worker_lost", actor_id=actor_id, **({"cause": oom} if oom else {}))
         self._results[actor_id] = result
-        if result.outcome.kind in ("dead", "failed"):
+        if result.outcome.kind in (OutcomeKind.DEAD, OutcomeKind.FAILED):
             self._generation_failed()
-        if result.outcome.kind == "left":
+        if result.outcome.kind == OutcomeKind.LEFT:
             self._retire((actor_id,), "left after handing its shard over")
 
     def _generation_failed(self) -> None:
@@ -256,7 +256,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         restored = {r.restored_from for r in results.values() if r.restored_from}
         for directory in restored:
             self._checkpoint_restored(plan.number, directory)
-            if plan.source == "checkpoint":
+            if plan.source == Source.CHECKPOINT:
                 self._add_checkpoint_logs(directory)
         for r in results.values():
             for directory in r.checkpoints:
@@ -269,17 +269,17 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         self.books.add_generation_results(plan.number, [r for a, r in results.items() if a in members])
         self._count_metrics(results.values(), changes_before)
         # the leavers' outcomes too: after a failed handover they still hold shards of the previous layout
-        outcomes = tuple(r.outcome for r in results.values() if r.outcome.kind != "dead")
+        outcomes = tuple(r.outcome for r in results.values() if r.outcome.kind != OutcomeKind.DEAD)
         alive = sum(1 for o in outcomes if o.actor_id in members)
-        kinds = sorted({o.kind for o in outcomes if o.actor_id in members} | ({"dead"} if alive < len(members) else set()))
+        kinds = sorted({o.kind for o in outcomes if o.actor_id in members} | ({OutcomeKind.DEAD} if alive < len(members) else set()))
         self._log("generation_end", generation=plan.number, outcomes=kinds,
                   ended_at={a: round(r.ended_at, 4) for a, r in results.items()},
                   errors={o.actor_id: o.error for o in outcomes if o.error},
                   **_last_step(results.values()))
         self._last_end = results
-        if alive < len(members) or any(o.kind == "failed" for o in outcomes):
+        if alive < len(members) or any(o.kind == OutcomeKind.FAILED for o in outcomes):
             self._find_own_commits()  # a commit whose note was lost with rank 0 is restored, not started over
-        if any(r.outcome.kind == "dead" and is_memory_kill(r.outcome.error) for r in results.values()):
+        if any(r.outcome.kind == OutcomeKind.DEAD and is_memory_kill(r.outcome.error) for r in results.values()):
             self._memory_killed(plan)  # before the recovery is planned: not into the same death
         self._apply(GenerationEnded(outcomes))
 
@@ -304,7 +304,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             self._ask_one_member("request_safe_point")
         elif isinstance(command, StartGeneration):
             plan = command.plan
-            if plan.source == "checkpoint":
+            if plan.source == Source.CHECKPOINT:
                 try:
                     plan = dataclasses.replace(plan, checkpoints=self._checkpoint_candidates())
                 except ValueError as exc:
@@ -328,27 +328,27 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
     def _start(self, plan) -> None:
         now = time.time()
         last = self._last_end
-        if plan.source in ("snapshot", "checkpoint", "restart"):
+        if plan.source in (Source.SNAPSHOT, Source.CHECKPOINT, Source.RESTART):
             failed_at = min(self._new_kill_times() + [r.ended_at for r in last.values()] or [now])
             reached = steps_reached(last.values(), self._last_words(self._last_plan.number))
             lost = sorted(a + (f" ({r.outcome.error})" if is_memory_kill(r.outcome.error) else "")
-                          for a, r in last.items() if r.outcome.kind == "dead")
+                          for a, r in last.items() if r.outcome.kind == OutcomeKind.DEAD)
             cause = f"lost {', '.join(lost)}" + ("; restored from a checkpoint" if plan.checkpoints else "") + \
-                ("; started over from the initial weights" if plan.source == "restart" else "")
+                ("; started over from the initial weights" if plan.source == Source.RESTART else "")
             self.books.begin_change("recovery", failed_at, plan.number, step=plan.step if plan.step >= 0 else None,
                                     cause=cause, reached=reached, source=plan.source)
-        elif plan.source == "live":
+        elif plan.source == Source.LIVE:
             since = max((r.ended_at for r in last.values()), default=now)
             self.books.begin_change("reconfiguration", since, plan.number, step=plan.step, **{
                 "from": plan.previous.world_size, "to": plan.generation.world_size}, cause=plan.cause)
         self.books.world_size_history.append([plan.step, plan.generation.world_size])
-        resume = {"resume": self.spec.checkpoint.resume} if plan.source == "init" and self.spec.checkpoint.resume else {}
+        resume = {"resume": self.spec.checkpoint.resume} if plan.source == Source.INIT and self.spec.checkpoint.resume else {}
         self._log("generation_start", generation=plan.number, step=plan.step, source=plan.source, **resume,
                   checkpoint=plan.checkpoints[0] if plan.checkpoints else None,
                   workers=[m.actor_id for m in plan.generation.members], leaving=list(plan.leaving))
         self._plan = self._last_plan = plan
-        if plan.source != "init":  # counted as they start, as status counts them
-            self.metrics.add("elastic_zero_reconfigurations" if plan.source == "live" else "elastic_zero_recoveries")
+        if plan.source != Source.INIT:  # counted as they start, as status counts them
+            self.metrics.add("elastic_zero_reconfigurations" if plan.source == Source.LIVE else "elastic_zero_recoveries")
         self._failure_seen_at = None
         self._listen_to(plan.participants)
         shared = pack_plan(plan)  # serialized once: pickling a plan of N members for each of N calls is O(N^2)

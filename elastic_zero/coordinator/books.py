@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from elastic_zero.protocol import Report
+from elastic_zero.protocol import OutcomeKind, Report
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Books:
             self.first_step_at = min(firsts)
             self.start = {"phases_s": _slowest_phases(results), "received_bytes": max(r.received_bytes for r in results)}
         if not firsts and self.pending_change is not None and results and \
-                all(r.outcome.kind == "finished" for r in results):
+                all(r.outcome.kind == OutcomeKind.FINISHED for r in results):
             self._close_change_without_a_step(results)
         elif not firsts and self.pending_change is not None and self.pending_stepped_at is not None:
             self._close_change_of_a_lost_generation()
@@ -211,9 +211,9 @@ def steps_reached(reports, last_words: dict[str, int]) -> int | None:
     """The steps a generation that failed had done: what each participant that lived reported, and
     what each lost one's beat process said as its process ended; None when nobody said (every member
     lost with its node): never a guess."""
-    known = [r.outcome.step for r in reports if r.outcome.kind != "dead"]
+    known = [r.outcome.step for r in reports if r.outcome.kind != OutcomeKind.DEAD]
     known += [last_words[r.outcome.actor_id] for r in reports
-              if r.outcome.kind == "dead" and r.outcome.actor_id in last_words]
+              if r.outcome.kind == OutcomeKind.DEAD and r.outcome.actor_id in last_words]
     return max(known) if known else None
 
 

@@ -17,6 +17,7 @@ from elastic_zero.coordinator.events import (CheckpointCommitted, GenerationStep
                                              StopRequested)
 from elastic_zero.observe.live import final_status_key, last_events, status_record
 from elastic_zero.observe.worker_timeline import still_here, worker_timeline
+from elastic_zero.protocol import Source
 
 NAMESPACE_KV = "elastic_zero"
 _NOTES_LOCK = threading.Lock()  # workers' warnings and rank 0's commits arrive on the actor's threads at once
@@ -69,7 +70,7 @@ class CoordinatorFace:
         if step is not None:
             self.books.restored(generation, step)
         plan = self._plan
-        if plan is not None and plan.number == generation and plan.source == "checkpoint":
+        if plan is not None and plan.number == generation and plan.source == Source.CHECKPOINT:
             # now, not only from the generation's reports: should every member be lost, none would name it
             self._add_checkpoint_logs(directory)
 

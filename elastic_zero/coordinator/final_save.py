@@ -27,7 +27,7 @@ from elastic_zero.coordinator.resume import past_the_end
 from elastic_zero.coordinator.state import Fail, FinalWeightsWritten, GenerationEnded, Stop
 from elastic_zero.wire.generation_ends import announce_end
 from elastic_zero.plan.liveness import silent_members
-from elastic_zero.protocol import Outcome, Report, pack_plan
+from elastic_zero.protocol import Outcome, OutcomeKind, Report, pack_plan
 
 class FinalSave:
     def _finish_at_resume(self, step: int, directory: str) -> None:
@@ -132,9 +132,9 @@ class FinalSave:
             self._log("worker_lost", actor_id=actor_id, during="final_save", error=why)
         self._retire(tuple(lost), "lost in the final save", lost=True)
         now = time.time()
-        self._last_end = {a: Report(Outcome(a, "dead", error=lost[a][1]), ended_at=lost[a][0]) if a in lost
+        self._last_end = {a: Report(Outcome(a, OutcomeKind.DEAD, error=lost[a][1]), ended_at=lost[a][0]) if a in lost
                           else dataclasses.replace(self._last_end[a], ended_at=now) for a in members}
-        self._apply(GenerationEnded(tuple(r.outcome for r in self._last_end.values() if r.outcome.kind != "dead")))
+        self._apply(GenerationEnded(tuple(r.outcome for r in self._last_end.values() if r.outcome.kind != OutcomeKind.DEAD)))
 
     def _stop(self, command: Stop) -> None:
         """A stop on request, at the safe point every member reached: a checkpoint there, which

@@ -20,7 +20,7 @@ from elastic_zero.plan.liveness import next_silence_at, nodes_gone_silent, silen
 from elastic_zero.plan.stuck import Where, stuck_bound_s, stuck_members
 from elastic_zero.preemption.notices import Notice
 from elastic_zero.preemption.ray_drain import RayDrains
-from elastic_zero.protocol import Outcome, Report
+from elastic_zero.protocol import Outcome, OutcomeKind, Report
 
 NODE_ID_LABEL = "ray.io/node-id"
 ACK_TIMEOUT_S = 5.0
@@ -129,7 +129,7 @@ class NodeWatch:
             if actor_id in actor_ids:
                 del self._train_refs[ref]
                 ended_at = time.time() - (now - last_sign[actor_id])
-                self._results[actor_id] = Report(Outcome(actor_id, "dead", error=error), ended_at=ended_at)
+                self._results[actor_id] = Report(Outcome(actor_id, OutcomeKind.DEAD, error=error), ended_at=ended_at)
 
     def _last_words(self, generation: int) -> dict[str, int]:
         """The steps each worker of `generation` whose process ended had done, as its beat process

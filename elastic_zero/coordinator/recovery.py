@@ -17,7 +17,7 @@ from elastic_zero.coordinator.memory_rules import fitting_joiners, min_workers, 
 from elastic_zero.coordinator.transitions import begin, fitted
 from elastic_zero.plan.membership import Generation, next_generation
 from elastic_zero.plan.recovery import lost_ranks, restore_point
-from elastic_zero.protocol import GenerationPlan
+from elastic_zero.protocol import GenerationPlan, OutcomeKind, Source
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Recovery:
     survivors: tuple[str, ...]
     step: int
     holders: tuple[str, ...]  # actor per old rank; empty: from the latest checkpoint, or from the start
-    source: str  # "snapshot" (the holders' replicas), "checkpoint" (the latest commit), "restart" (the start)
+    source: Source  # SNAPSHOT (the holders' replicas), CHECKPOINT (the latest commit), RESTART (the start)
     why: str = ""  # for a restart: what was lost
 
 
@@ -37,7 +37,7 @@ def on_failure(state, by_id, dead, dead_leavers, now):
     survivors = tuple(a for a in state.members() if a not in dead)
     point, old = restore_point(gen, survivors, *_holdings(by_id, gen.number)), gen
     # alive leavers of this generation's handover still hold their shards of the layout before it
-    leavers = tuple(a for a in state.handover_leavers if a in by_id and by_id[a].kind == "failed")
+    leavers = tuple(a for a in state.handover_leavers if a in by_id and by_id[a].kind == OutcomeKind.FAILED)
     if point is None and state.previous is not None:
         # lost before this generation's layout was committed on every rank: the layout it was
         # built from is still replicated in memory until then
@@ -48,9 +48,9 @@ def on_failure(state, by_id, dead, dead_leavers, now):
     state = replace(state, leaving=state.leaving + leavers)
     lost = dead + dead_leavers
     if point is not None:
-        recovery = Recovery(old, survivors, *point, "snapshot")
+        recovery = Recovery(old, survivors, *point, Source.SNAPSHOT)
     elif state.committed:
-        recovery = Recovery(old, survivors, -1, (), "checkpoint")
+        recovery = Recovery(old, survivors, -1, (), Source.CHECKPOINT)
     else:  # nothing holds a trained step: the job starts over, which loses nothing it would not redo
         in_handover = any(by_id[a].snapshot_generation != gen.number for a in survivors)
         why = (f"a worker was lost before generation {gen.number} committed its layout, and neither that layout "
@@ -61,7 +61,7 @@ def on_failure(state, by_id, dead, dead_leavers, now):
         elif not state.replicas_kept:
             why = (f"ranks {list(lost_ranks(gen, survivors))} were lost and generation {gen.number} kept no replicas "
                    f"(they did not fit its workers' memory)")
-        recovery = Recovery(old, survivors, 0, (), "restart", f"{why}, and no checkpoint was committed")
+        recovery = Recovery(old, survivors, 0, (), Source.RESTART, f"{why}, and no checkpoint was committed")
     # (the standby, ready, join the recovery: what they leave missing is asked for after its first step)
     missing = state.target + state.standby - (len(survivors) - len(set(state.leaving) & set(survivors))
                                               + len(state.ready) + state.spawning)
@@ -99,18 +99,18 @@ def try_recover(state, now):
     gen = replace(next_generation(rec.old, staying + joiners), number=state.generation.number + 1)
     new_ids = tuple(m.actor_id for m in gen.members)
     # a commit heard while it waited for workers is restored rather than starting over
-    if rec.source == "checkpoint" or (rec.source == "restart" and state.committed):
+    if rec.source == Source.CHECKPOINT or (rec.source == Source.RESTART and state.committed):
         # memory holds no complete step: every member reads the latest checkpoint
-        plan = GenerationPlan(gen, rec.old, new_ids, (), "checkpoint", -1, (), "failure")
+        plan = GenerationPlan(gen, rec.old, new_ids, (), Source.CHECKPOINT, -1, (), "failure")
         reason = f"generation {gen.number}: {gen.world_size} workers restore the latest checkpoint"
-    elif rec.source == "restart":
-        plan = GenerationPlan(gen, rec.old, new_ids, (), "restart", 0, (), "failure")
+    elif rec.source == Source.RESTART:
+        plan = GenerationPlan(gen, rec.old, new_ids, (), Source.RESTART, 0, (), "failure")
         reason = f"generation {gen.number}: {gen.world_size} workers start over from the initial weights: {rec.why}"
     else:
         holding_leavers = tuple(dict.fromkeys(h for h in rec.holders if h not in new_ids))
         participants = new_ids + holding_leavers
         plan = GenerationPlan(gen, rec.old, participants, tuple(participants.index(h) for h in rec.holders),
-                              "snapshot", rec.step, holding_leavers, "failure")
+                              Source.SNAPSHOT, rec.step, holding_leavers, "failure")
         reason = f"generation {gen.number}: {gen.world_size} workers restore step {rec.step}"
     plan, warn = fitted(state, plan)
     idle_leavers = tuple(a for a in rec.survivors if a in state.leaving and a not in plan.participants)

@@ -19,7 +19,7 @@ from elastic_zero.coordinator.recovery import Recovery, on_failure, try_recover
 from elastic_zero.coordinator.safe_points import ask_for_safe_point_if_needed
 from elastic_zero.coordinator.transitions import begin, fitted, remember, top_up
 from elastic_zero.plan.membership import Generation, Member, next_generation
-from elastic_zero.protocol import GenerationPlan
+from elastic_zero.protocol import GenerationPlan, OutcomeKind, Source
 
 
 class Phase(Enum):
@@ -205,7 +205,7 @@ def _on_ready(state, members, now):
                      Retire(tuple(m.actor_id for m in state.ready[world:])))
             state = replace(state, target=world, ready=state.ready[:world])
         gen = replace(next_generation(None, state.ready[:world]), number=state.first_generation)
-        plan, warn = fitted(state, GenerationPlan(gen, None, tuple(m.actor_id for m in gen.members), (), "init", 0, (),
+        plan, warn = fitted(state, GenerationPlan(gen, None, tuple(m.actor_id for m in gen.members), (), Source.INIT, 0, (),
                                                   "start"))
         return begin(state, plan, world), extra + warn + (StartGeneration(plan),), \
             f"generation {gen.number} with {gen.world_size} workers"
@@ -281,16 +281,16 @@ def _on_preemption(state, actor_ids, now):
 def _on_generation_end(state, outcomes, now):
     by_id = {o.actor_id: o for o in outcomes}
     members = state.members()
-    kinds = [by_id[a].kind if a in by_id else "dead" for a in members]
+    kinds = [by_id[a].kind if a in by_id else OutcomeKind.DEAD for a in members]
     top_up_pending = state.top_up_after is not None  # its report raced the generation's end
     state = replace(state, running=False, safe_point_requested=False, top_up_after=None)
-    if all(k == "finished" for k in kinds):
+    if all(k == OutcomeKind.FINISHED for k in kinds):
         # workers told to leave (a notice or a scale-down the last step overtook) stay to the end: a
         # recovery in the final save must not plan a hand-off, which needs a step to commit its layout
         return replace(state, finishing=True, leaving=(), handover_leavers=()), (Finish(),), \
             "training finished: the final weights are written"
-    dead = tuple(a for a, k in zip(members, kinds) if k == "dead")
-    failed = [by_id[a] for a, k in zip(members, kinds) if k == "failed"]
+    dead = tuple(a for a, k in zip(members, kinds) if k == OutcomeKind.DEAD)
+    failed = [by_id[a] for a, k in zip(members, kinds) if k == OutcomeKind.FAILED]
     # a leaver that dies inside the handover fails its peers' collectives; after it, nobody misses it
     dead_leavers = tuple(a for a in state.handover_leavers if a not in by_id) if failed else ()
     bugs = [o.bug for o in failed if o.bug]
@@ -321,7 +321,7 @@ def _on_generation_end(state, outcomes, now):
     leavers = tuple(a for a in members if a in state.leaving and a not in postponed)
     participants = tuple(m.actor_id for m in gen.members) + leavers
     holder_of_old = tuple(participants.index(a) for a in members)
-    plan, warn = fitted(state, GenerationPlan(gen, state.generation, participants, holder_of_old, "live", step, leavers,
+    plan, warn = fitted(state, GenerationPlan(gen, state.generation, participants, holder_of_old, Source.LIVE, step, leavers,
                                               "scale" if not state.leaving else "leave"))
     state = begin(state, plan, len(joiners), leaving=postponed)
     state, spawn = top_up(state) if top_up_pending else (state, ())

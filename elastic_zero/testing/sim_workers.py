@@ -29,7 +29,7 @@ import time
 from elastic_zero.wire.generation_ends import GenerationEndWatch
 from elastic_zero.plan.batches import rank_positions
 from elastic_zero.plan.membership import Member
-from elastic_zero.protocol import GenerationPlan, Hello, Outcome, Report, unpack_plan
+from elastic_zero.protocol import GenerationPlan, Hello, Outcome, OutcomeKind, Report, unpack_plan
 
 SIM_NODE_FORMAT = "sim-node-{:04d}"
 UNIQUE_ID_BYTES = 128  # an NCCL unique id
@@ -243,12 +243,12 @@ class SimulatedHost:
         try:
             started = self._rendezvous(m, plan, aborted, timeout_s)
         except Exception as exc:  # noqa: BLE001 - a peer never came: a failed collective, as for real ranks
-            return Report(Outcome(m.actor_id, "failed", plan.step, error=f"rendezvous: {exc}"[:300]),
+            return Report(Outcome(m.actor_id, OutcomeKind.FAILED, plan.step, error=f"rendezvous: {exc}"[:300]),
                           ended_at=time.time(), generation=plan.number, entered_at=entered)
         m.step = max(plan.step, 0)
         self._clocks[plan.number] = (m.step, started)
         if rank is None:  # a leaver: its shard went over in the handover
-            return Report(Outcome(m.actor_id, "left", m.step), ended_at=time.time(), generation=plan.number,
+            return Report(Outcome(m.actor_id, OutcomeKind.LEFT, m.step), ended_at=time.time(), generation=plan.number,
                           entered_at=entered)
         every = spec["elastic"]["replicate_every"]
         every = 1 if every == "auto" else every  # (simulated steps have no copies to measure)
@@ -256,18 +256,18 @@ class SimulatedHost:
         world, batch, steps = len(members), spec["train"]["global_batch"], spec["train"]["steps"]
         log, step_times, step_ends = [], [], []
         first_step_at, told_at = None, 0.0
-        kind = "finished"
+        kind = OutcomeKind.FINISHED
         while m.step < steps:
             begun = time.time()
             first_step_at = first_step_at or begun
             due = started + (len(step_times) + 1) * self.step_s
             stalled = due > self._stalls.get(plan.number, due)
             if aborted.wait(None if stalled else max(0.0, due - begun)) or m.killed.is_set():
-                kind = "failed"
+                kind = OutcomeKind.FAILED
                 break
             if m.frozen.is_set():
                 m.killed.wait()
-                return Report(Outcome(m.actor_id, "dead"), ended_at=time.time())
+                return Report(Outcome(m.actor_id, OutcomeKind.DEAD), ended_at=time.time())
             positions = rank_positions(m.step, batch, world, rank)
             log.append((m.step, rank, positions.start, len(positions)))
             m.step += 1
@@ -279,7 +279,7 @@ class SimulatedHost:
             if rank == 0:
                 told_at = self._tell_progress(m, plan, len(step_times), told_at)
             if stopping:
-                kind = "safe_point"
+                kind = OutcomeKind.SAFE_POINT
                 break
         error = "simulated collective failed: the generation was aborted" if kind == "failed" else ""
         # as the real replicas: the step committed last and the one before it (a swap keeps both until it is

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from elastic_zero.job.spec import FaultSpec
+from elastic_zero.protocol import Source
 
 MOMENT_OF = {"kill_in_handover": "handover", "kill_after_handover": "first_step", "kill_in_final_save": "final",
              "kill_in_eval": "eval", "kill": "commit", "kill_after_save": "commit",
@@ -38,6 +39,6 @@ def due_drills(faults: Sequence[FaultSpec], moment: str, rank: int | None, step:
         elif moment == "final":
             due = step >= fault.at_step and fault.rank == rank
         else:  # the first handover from at_step on, planned or an in-memory recovery
-            due = plan_source in ("live", "snapshot") and plan_step >= fault.at_step and fault.rank == rank
+            due = plan_source in (Source.LIVE, Source.SNAPSHOT) and plan_step >= fault.at_step and fault.rank == rank
         if due:
             yield i, fault

@@ -13,7 +13,7 @@ from elastic_zero.checkpoint import open_store, resolve, restore_candidates, res
 from elastic_zero.job.build import DTYPES
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.plan.reshard import plan_reshard, received_from_others
-from elastic_zero.protocol import GenerationPlan
+from elastic_zero.protocol import GenerationPlan, Source
 from elastic_zero.worker.handover import hand_over
 from elastic_zero.worker.initial_model import initial_model
 from elastic_zero.worker.node_duties import coordinator_handle
@@ -56,11 +56,11 @@ class GenerationEntry:
             self._writer_reads_engine = False
         self._gate.enter(plan.number, self.store, self._settle_work_left)
         self._replicas_planned = plan.replicas
-        if plan.source in ("init", "restart"):
+        if plan.source in (Source.INIT, Source.RESTART):
             return self._start_fresh(plan, report, clock)
         if self.engine is None:
             self.engine = self._standalone_engine()
-        if plan.source == "checkpoint":  # no complete step survived in memory
+        if plan.source == Source.CHECKPOINT:  # no complete step survived in memory
             return self._restore_checkpoint(plan, report, clock)
         return self._take_handover(plan, report, clock)  # "live" (a planned change) or "snapshot" (a recovery)
 
@@ -77,7 +77,7 @@ class GenerationEntry:
         """Generation 0, or a restart (nothing held a trained step): build the engine on its group,
         from the model as the job began or the checkpoint to resume."""
         rank = plan.generation.rank_of(self.actor_id)
-        if plan.source == "restart":
+        if plan.source == Source.RESTART:
             self._start_over()
             clock.lap("model")
         self._build_groups(plan, self._member_groups(plan, rank))
@@ -236,7 +236,7 @@ class GenerationEntry:
         if not mine:
             return {}
         replicas = self.replicas.of(prev.number)
-        if plan.source == "live":
+        if plan.source == Source.LIVE:
             # the safe point committed this step: its own snapshot is the engine's state (no copy); a
             # host copy only without replicas
             kept = replicas.own.get(plan.step) if replicas is not None else None
