@@ -34,6 +34,17 @@ def test_the_coordinator_carries_64_simulated_workers_through_every_scenario(tmp
     for window in (row["recovery_window"], row["scale_up_window"]):
         assert window["wall_s"] > 0 and window["relay_processes"] == 1 and window["relay_cpu_s"] >= 0, window
         assert window["simulated_workers_cpu_s"] > 0, window
+    # the headline is the coordinator's own CPU in each window, the harness's beside it
+    assert row["recovery_coordinator_cpu_s"] == row["recovery_window"]["coordinator_cpu_s"]
+    assert row["joiners_coordinator_cpu_s"] == row["scale_up_window"]["coordinator_cpu_s"]
+    from elastic_zero.bench.control_plane import format_control_plane
+
+    table = format_control_plane(json.loads(done.stdout.strip().splitlines()[-1])).splitlines()
+    assert "loss: coord s" in table[1] and "(harness s)" in table[1]
+    cells = table[2].split()
+    assert cells[0] == "64" and cells[3] == f"{row['recovery_coordinator_cpu_s']:g}"
+    assert cells[4] == f"{row['recovery_window']['simulated_workers_cpu_s']:g}"
+    assert any(line.startswith("  goal at 64: recovery_coordinator_cpu_s") for line in table)
 
 
 def test_bad_arguments_are_one_line_each_before_anything_starts(tmp_path):

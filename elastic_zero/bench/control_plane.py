@@ -51,8 +51,8 @@ def run_control_plane(sizes: list[int], per_node: int = 8, steady_s: float = 60.
             print(f"bench control-plane: {n} workers: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
         except Exception as exc:  # noqa: BLE001 - a size the control plane could not carry: said in its row
             rows.append({"workers": n, "error": f"{type(exc).__name__}: {exc}"[:600]})
-    fields = ("steady_cpu", "detect_s", "survivors_hold_plan_s", "joiners_admitted_s", "rendezvous_s", "peak_rss_mb",
-              "events_bytes", "status_s")
+    fields = ("steady_cpu", "detect_s", "recovery_coordinator_cpu_s", "joiners_coordinator_cpu_s",
+              "survivors_hold_plan_s", "joiners_admitted_s", "rendezvous_s", "peak_rss_mb", "events_bytes", "status_s")
     report = {"rows": rows, "per_node": per_node, "steady_s": steady_s, "step_s": step_s,
               "growth_vs_linear": {f: growth([r["workers"] for r in rows], [r.get(f) for r in rows]) for f in fields}}
     if real:
@@ -179,6 +179,7 @@ def _scenario(n: int, per_node: int, steady_s: float, hosts: list, host_pids: li
     row["recovery_planned_s"] = round(recovery["t"] - silence["t"], 3)  # the coordinator's share of the next one
     row["survivors_hold_plan_s"] = _held(hosts, recovery, silence["t"])
     row["recovery_window"] = window.split()
+    row["recovery_coordinator_cpu_s"] = row["recovery_window"]["coordinator_cpu_s"]
     back = events.wait(recovery["t"], event="generation_start", workers=lambda w: w and len(w) == n)
     row["replacements_joined_s"] = round(back["t"] - silence["t"], 3)
 
@@ -190,6 +191,7 @@ def _scenario(n: int, per_node: int, steady_s: float, hosts: list, host_pids: li
     ready = max(e["t"] for e in events.read() if e["event"] == "worker_ready" and e["actor_id"] in joiners)
     row["joiners_admitted_s"] = _held(hosts, up, ready, joiners)
     row["scale_up_window"] = window.split()
+    row["joiners_coordinator_cpu_s"] = row["scale_up_window"]["coordinator_cpu_s"]
     row["joiners_planned_s"] = round(up["t"] - ready, 3)
     row["joiners_spawn_to_ready_s"] = round(ready - asked, 3)
 
@@ -316,26 +318,37 @@ def _process_cpu_s(pid: int) -> float:
 
 
 
+# the headline: the coordinator's own share (its CPU in each window, beyond its steady state); the
+# wall times beside it count the simulated workers too, which share this machine's cores with it
 GOALS = {"steady_cpu": (0.05, "at most 5% of a core"), "detect_s": (1.0, "within 1 s"),
-         "survivors_hold_plan_s": (1.0, "within 1 s of detection"), "joiners_admitted_s": (2.0, "within 2 s of ready"),
-         "rendezvous_s": (5.0, "at most 5 s"), "peak_rss_mb": (1024.0, "at most 1 GB"), "status_s": (1.0, "within 1 s")}
+         "recovery_coordinator_cpu_s": (1.0, "at most 1 s of its own CPU from the freeze to the plans held"),
+         "joiners_coordinator_cpu_s": (1.0, "at most 1 s of its own CPU from the request to the 64 admitted"),
+         "rendezvous_s": (2.0, "at most 2 s"), "peak_rss_mb": (1024.0, "at most 1 GB"), "status_s": (1.0, "within 1 s")}
+
+
+def _harness(window: str):
+    return lambda r: (r.get(window) or {}).get("simulated_workers_cpu_s")
 
 
 def format_control_plane(report: dict) -> str:
     cols = [("workers", "N"), ("steady_cpu", "cpu/core"), ("detect_s", "detect s"),
-            ("survivors_hold_plan_s", "plan held s"), ("recovery_planned_s", "(planned s)"),
-            ("joiners_admitted_s", "64 admitted s"),
-            ("joiners_planned_s", "(planned s)"),
+            ("recovery_coordinator_cpu_s", "loss: coord s"), (_harness("recovery_window"), "(harness s)"),
+            ("survivors_hold_plan_s", "(held wall s)"),
+            ("joiners_coordinator_cpu_s", "64 in: coord s"), (_harness("scale_up_window"), "(harness s)"),
+            ("joiners_admitted_s", "(admitted s)"),
             ("rendezvous_s", "rendezvous s"), ("peak_rss_mb", "peak RSS MB"), ("events_bytes", "events B"),
             ("status_s", "status s"), ("stop_s", "stop s")]
     lines = [f"control plane: simulated workers, {report['per_node']} a node, steady state {report['steady_s']:g} s, "
-             f"step {report['step_s']:g} s (planned: until the coordinator started the generation; held: until "
-             f"every worker's call had arrived)", "  " + "  ".join(f"{title:>13}" for _, title in cols)]
+             f"step {report['step_s']:g} s. coord s: the coordinator's own CPU, beyond its steady state, from a "
+             f"node's freeze until every survivor held its plan (loss), and from a scale request until the 64 "
+             f"joiners held theirs (64 in); harness s: the simulated workers' CPU in the same window, on the same "
+             f"{os.cpu_count()} cores; the wall times of those windows count both",
+             "  " + "  ".join(f"{title:>14}" for _, title in cols)]
     for r in report["rows"]:
         if "error" in r:
-            lines.append(f"  {r['workers']:>13}  failed: {r['error']}")
+            lines.append(f"  {r['workers']:>14}  failed: {r['error']}")
             continue
-        lines.append("  " + "  ".join(f"{_cell(r.get(k)):>13}" for k, _ in cols))
+        lines.append("  " + "  ".join(f"{_cell(k(r) if callable(k) else r.get(k)):>14}" for k, _ in cols))
     largest = report["rows"][-1]
     for key, (limit, text) in GOALS.items():
         value = largest.get(key)
