@@ -405,6 +405,8 @@ def test_a_process_waiting_for_a_cpu_is_told_apart_from_one_waiting_on_input():
         starved.stdin.write("go\n")
         starved.stdin.flush()
         assert starved.stdout.readline() == "busy\n"
+        # once it sleeps on its input (it may wait for a slice of the CPU to get there first)
+        assert _until(lambda: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "S", 30.0)
         busy_done = run_queue_wait_ms(pid)
         time.sleep(1.0)
         blocked = run_queue_wait_ms(pid)
