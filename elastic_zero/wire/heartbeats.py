@@ -25,7 +25,8 @@ The progress is what the worker's training thread marks on its ProgressBoard, a 
 memory the beat process reads at each beat (no lock the training thread waits on): the generation,
 the steps its engine has done, a count of marks (it moves whenever training does), the phase, and
 the collectives the training group entered since the phase began (plan/stuck.py tells by them which
-rank the others wait for).
+rank the others wait for). Once its training stood still a moment, a beat also tells how long the
+worker's process has since waited for a CPU (StillnessMeter): starved is not stuck.
 When the worker's process ends, its beat process sends one last beat, flagged, with the board as the
 worker left it: the coordinator learns how many steps a killed worker had done, exactly (a node that
 vanishes sends nothing: its last beat is then all that is known).
@@ -281,7 +282,7 @@ def start_beat_process(host: str, port: int, token: bytes, actor_id: str, every_
     declared lost in CI. A process that sleeps between beats is woken on time by the kernel whatever
     its parent does. What beats then says is "this worker's process and node are alive": its death is
     Ray's to report (its pipe closes, and the beat process ends with it), and a worker hung while alive
-    is found by the collective timeout, as before.
+    is found by the progress its beats carry (plan/stuck.py).
 
     It ignores SIGTERM and SIGINT, in a session of its own: a worker told to go by SIGTERM keeps
     beating through its grace period, while it hands its shard over.
