@@ -1,6 +1,6 @@
 """The end of a job: the final weights are the checkpoint of its last step, written by the workers
 (each its own part, rank 0 commits), never gathered: neither the coordinator nor the driver holds
-a tensor. A job with no checkpoint.uri writes it to its run directory (api.py).
+a tensor. A job with no checkpoint.uri writes it to its run directory (job/prepare.py).
 
 The last step's save normally commits inside the step loop. When it did not (a member was lost
 while it was written, or while the last step ran), the job recovers as from any loss: the last

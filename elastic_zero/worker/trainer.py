@@ -97,7 +97,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         # rank 0 commits; the coordinator hears of each commit as it happens
         told = (lambda d: coordinator_handle(coordinator, namespace).checkpoint_note.remote(actor_id, d)) \
             if coordinator else None
-        # a job with no checkpoint.uri of its own writes its final weights to its run directory (api.py)
+        # a job with no checkpoint.uri of its own writes its final weights to its run directory (job/prepare.py)
         self.writer = (AsyncCheckpointWriter(c.uri, self.store, c.keep, self.spec.zero.stage,
                                              self.spec.elastic.collective_timeout_s, on_commit=told)
                        if c.uri else None)
