@@ -274,8 +274,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
 
     def _evaluate_if_due(self, plan: GenerationPlan, rank: int, world: int, comm: TorchComm, report: dict,
                          step: int) -> None:
-        """The weights after `step` steps on the eval set, when [eval] asks; rank 0 tells the coordinator. Lost
-        inside it, the next generation restores that step (committed first: CI met its swap in flight) and evaluates it."""
+        """The weights after `step` steps on the eval set, when [eval] asks; rank 0 tells the coordinator.
+        Lost inside it, the next generation restores that step (committed first) and evaluates it."""
         if self.evaluator is None or not eval_due(step, self.spec.eval.every, self.spec.train.steps):
             return
         self._finish_commit(plan, report)
