@@ -24,6 +24,7 @@ import os
 import queue
 import threading
 import time
+import traceback
 
 import ray
 
@@ -67,15 +68,13 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         self.restarted = restarted  # never Ray (max_restarts=0, driver.py): only its driver starts it again
         self.spec = spec_from_dict(spec)
         if self.restarted and self.spec.checkpoint.uri and self.spec.checkpoint.every:
-            # the workers died with the previous coordinator: resume from the latest checkpoint
-            # (none committed yet: a fresh start, which loses nothing that counted)
+            # its workers died with the previous one: the latest checkpoint (none yet: a fresh start)
             spec = {**spec, "checkpoint": {**spec["checkpoint"], "resume": "latest"}}
             self.spec = spec_from_dict(spec)
         self.spec_dict = spec
         e = self.spec.elastic
         self.host = ray.util.get_node_ip_address()
-        # the store listens on loopback; workers reach it through a relay on the node's cluster
-        # address that admits only holders of this job's secret
+        # the job's store, in a relay process that admits only holders of its secret (wire/rendezvous.py)
         self._secret = new_secret()
         self.rendezvous = RendezvousServer(self.host, self._secret, e.collective_timeout_s)
         self.state = CoordinatorState(min_workers=e.min_workers, max_workers=e.max_workers, target=e.workers,
@@ -119,6 +118,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         try:
             self._drive()
         except Exception as exc:  # noqa: BLE001 - a bug here must end the job with its reason, not hang it
+            traceback.print_exc()  # where: into the coordinator's log
             message = f"the coordinator failed: {type(exc).__name__}: {exc}"[:400]
             self._log("job_failed", message=message)
             self._result = self._result or {"ok": False, "error": message, "summary": self.books.summary(None)}
@@ -131,8 +131,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
                 self._publish_final_status()
             finally:
                 self._done.set()
-        # on a cluster nobody may be left to collect the result: go after a while (the driver kills it
-        # sooner); by its own handle, so that Ray does not restart it
+        # nobody may be left to collect the result (a cluster): go after a while, by its own handle (no restart)
         if not self._collected.wait(float(os.environ.get("ELASTIC_ZERO_LINGER_S", LINGER_S))):
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
@@ -168,8 +167,7 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
             if resumed is not None and resumed[0] >= self.spec.train.steps:
                 self._finish_at_resume(*resumed)
                 return
-            # the checkpoint it resumes from is one to fall back to; without one, a loss that memory
-            # cannot restore starts the job over
+            # the checkpoint resumed is one to fall back to; without one, what memory cannot restore starts over
             self.state = dataclasses.replace(self.state, committed=resumed is not None)
         self._apply(Start())
         last_tick = next_listen = next_stuck_look = time.monotonic()
@@ -229,10 +227,12 @@ class Coordinator(CoordinatorFace, NodeWatch, WorkerSpawner, FinalSave):
         announce_end(self.rendezvous.store, self._plan.number, aborted=True)
 
     def _ask_one_member(self, method: str) -> None:
-        """A safe point or a checkpoint is asked of one member: each rank adds its request into the step's
-        closing all-reduce (worker/trainer.py), so all act at one step (asking 1,024 took 1.4 s)."""
-        gen = self.state.generation
-        getattr(self._workers[gen.members[0].actor_id], method).remote(gen.number)
+        """A safe point or a checkpoint is asked of one member still training: each rank adds its request into
+        the step's closing all-reduce (worker/trainer.py), so all act at one step (asking 1,024 took 1.4 s)."""
+        gen, running = self.state.generation, set(self._train_refs.values())  # (one found lost is retired at once)
+        asked = next((m.actor_id for m in gen.members if m.actor_id in running and m.actor_id in self._workers), None)
+        if asked is not None:  # none: the generation is ending, and the next one is planned with what was asked
+            getattr(self._workers[asked], method).remote(gen.number)
 
     def _kill_unresponsive(self) -> None:
         """A participant still silent a collective timeout after the generation failed is hung (alive
