@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_zero.plan.liveness import nodes_gone_silent, silent_members
+from elastic_zero.plan.liveness import next_look_at, next_silence_at, nodes_gone_silent, silent_members
 
 pytestmark = pytest.mark.unit
 
@@ -23,6 +23,21 @@ def test_nobody_is_lost_when_nobody_was_heard_lately():
     """The listener was starved (or every member went at once): Ray's death notices decide then."""
     lost, reason = silent_members({"w0": 5.0, "w1": 5.5}, ["w0", "w1"], now=10.0, timeout_s=1.0)
     assert lost == () and "listener" in reason
+
+
+def test_the_next_look_is_at_the_first_silence_due_or_later_when_the_listener_is_behind():
+    """Oracle: the moments by hand. A silence due in the past with nobody declared (nobody heard:
+    silent_members declined) is the listener's lag: the loop waits for it, not 2 ms."""
+    heard = {"w0": 10.0, "w1": 10.4}
+    due = next_silence_at(heard, heard, now=10.5, timeout_s=1.0)
+    assert due == 11.0
+    assert next_look_at(10.5, due, poll_s=0.5, min_gap_s=0.002, behind_s=0.1) == pytest.approx(11.0)  # due, a poll away
+    assert next_look_at(10.2, 11.0, poll_s=0.5, min_gap_s=0.002, behind_s=0.1) == pytest.approx(10.7)  # at most a poll away
+    assert next_look_at(10.5, None, poll_s=0.5, min_gap_s=0.002, behind_s=0.1) == pytest.approx(10.502)
+    stalled = {"w0": 5.0, "w1": 5.1}  # nobody heard for 5 s: silent_members declares nobody
+    now = 10.0
+    assert silent_members(stalled, stalled, now, 1.0)[0] == ()
+    assert next_look_at(now, next_silence_at(stalled, stalled, now, 1.0), 0.5, 0.002, 0.1) == pytest.approx(10.1)
 
 
 def test_the_others_must_have_been_heard_within_half_the_timeout():

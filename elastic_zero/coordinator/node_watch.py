@@ -16,7 +16,7 @@ import ray
 
 from elastic_zero.coordinator.events import MemorySeen, NodeNotice, PreemptionNotice
 from elastic_zero.wire.heartbeats import HeartbeatListener
-from elastic_zero.plan.liveness import next_silence_at, nodes_gone_silent, silent_members
+from elastic_zero.plan.liveness import next_look_at, next_silence_at, nodes_gone_silent, silent_members
 from elastic_zero.plan.stuck import Where, stuck_bound_s, stuck_members
 from elastic_zero.preemption.notices import Notice
 from elastic_zero.preemption.ray_drain import RayDrains
@@ -27,6 +27,7 @@ ACK_TIMEOUT_S = 5.0
 LOST_NODE_AVOID_S = 120.0  # Ray counts a vanished node alive until its health checks give up
 SILENCE_POLL_S = 0.5  # the longest between two looks for silent members (a generation starting, beats resuming)
 SILENCE_MIN_GAP_S = 0.002  # the shortest: a member heard just now is not looked at again at once
+SILENCE_BEHIND_S = 0.1  # silent ones, but nobody heard: the listener is behind; look again after two of its drains
 STUCK_POLL_S = 0.25  # between two looks for stuck members: a bound is seconds long
 
 
@@ -85,7 +86,7 @@ class NodeWatch:
                                       witnesses=(a for a in self._workers if a in self._heard))
         if not lost:
             due = next_silence_at(self._heard, self._train_refs.values(), now, timeout_s)
-            return max(now + SILENCE_MIN_GAP_S, min(now + SILENCE_POLL_S, (due or now) + SILENCE_MIN_GAP_S))
+            return next_look_at(now, due, SILENCE_POLL_S, SILENCE_MIN_GAP_S, SILENCE_BEHIND_S)
         self._count_dead(lost, reason, {a: self._heard[a] for a in lost}, now)
         self._log("decision", on="Silence", reason=reason)
         for actor_id in lost:

@@ -47,6 +47,17 @@ def next_silence_at(last_heard: Mapping[str, float], watched: Iterable[str], now
     return None if oldest is None else oldest + timeout_s
 
 
+def next_look_at(now: float, due: float | None, poll_s: float, min_gap_s: float, behind_s: float) -> float:
+    """When to look for silent members again, after a look that found none to declare: at `due`
+    (next_silence_at), within [min_gap_s, poll_s] from now. A due moment already past means some
+    member is silent but nobody was heard lately: the listener is behind, not the members, and a look
+    every few milliseconds would take the very CPU it needs to catch up (seen at 1,024 simulated
+    workers: the loop spun on this scan, and the listener paused for 180 s): then after `behind_s`."""
+    if due is not None and due <= now:
+        return now + behind_s
+    return max(now + min_gap_s, min(now + poll_s, (due if due is not None else now) + min_gap_s))
+
+
 def nodes_gone_silent(lost: Iterable[str], node_of: Mapping[str, str], last_heard: Mapping[str, float],
                       now: float, timeout_s: float) -> set[str]:
     """The nodes of the `lost` workers that went silent as a whole: no worker there (node_of: every
