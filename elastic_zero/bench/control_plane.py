@@ -215,7 +215,9 @@ def _scenario(n: int, per_node: int, steady_s: float, hosts: list, host_pids: li
     row["events"] = len(events.read())
     row["events_bytes"] = os.path.getsize(events.path)
     row["peak_rss_mb"] = round(peak_rss_bytes(pid) / 2**20, 1)
-    row["listener_longest_pause_s"] = ray.get(coordinator.liveness.remote())["listener_longest_pause_s"]
+    liveness = ray.get(coordinator.liveness.remote())
+    row["listener_longest_pause_s"] = liveness["listener_longest_pause_s"]
+    row["beats_dropped"], row["listener_overflows"] = liveness["beats_dropped"], liveness["listener_overflows"]
 
     # a stop
     stop_at = time.time()

@@ -52,7 +52,8 @@ class NodeWatch:
 
     def liveness(self) -> dict:
         """What the heartbeat listener saw: how many workers it heard, its longest pause."""
-        return {"heard": len(self._heard), "listener_longest_pause_s": round(self.heartbeats.longest_pause_s, 3)}
+        return {"heard": len(self._heard), "listener_longest_pause_s": round(self.heartbeats.longest_pause_s, 3),
+                "beats_dropped": self.heartbeats.dropped, "listener_overflows": self.heartbeats.overflows}
 
     def watcher_note(self, node: str, message: str, problem: bool = True) -> None:
         """What a node's watcher could not read or reach (it says each thing once), or that the node
