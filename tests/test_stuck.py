@@ -41,7 +41,7 @@ def test_time_spent_waiting_for_a_cpu_is_not_standing_still():
     assert reason == ("w2 did not move for 2.5 s (bound 2.0 s; 0.5 s more waiting for a CPU, not counted) at step 20 "
                       "(compute, collective 0) while w0 went on to step 20 (compute, collective 1)")
     nobody, why = stuck_members(where, moved, where, 4, 0, now=13.0, bound_s=2.0, starved_s={"w1": 2.5, "w2": 1.1})
-    assert nobody == () and why == "w1, w2 stood still past the bound, but waiting for a CPU: starved, not stuck"
+    assert nobody == () and why == "w1, w2 stood still past the bound, waiting for a CPU: starved, not stuck"
 
 
 def test_a_hang_before_a_collective_the_others_entered_is_told_apart_by_the_counts():

@@ -111,7 +111,7 @@ class NodeWatch:
         plan = self._plan
         before = {m.actor_id for m in plan.previous.members} if plan.previous is not None else set()
         joiners = {m.actor_id for m in plan.generation.members} - before
-        starved = {a: self.heartbeats.starved_s(a) for a in where}
+        starved = {a: self.heartbeats.starved_s(a) for a in where if now - moved.get(a, now) > bound_s}  # candidates
         stuck, reason = stuck_members(where, moved, self._train_refs.values(), plan.number, plan.step, now, bound_s,
                                       joiners, starved)
         if not stuck:
@@ -119,8 +119,8 @@ class NodeWatch:
         self._count_dead(stuck, f"stuck: {reason}", {a: moved[a] for a in stuck}, now)
         self._log("decision", on="Stuck", reason=reason)
         for actor_id in stuck:
-            self._log("worker_stuck", actor_id=actor_id, still_s=round(now - moved[actor_id] - starved[actor_id], 2),
-                      where=where[actor_id].describe())
+            still_s = now - moved[actor_id] - starved.get(actor_id, 0.0)
+            self._log("worker_stuck", actor_id=actor_id, still_s=round(still_s, 2), where=where[actor_id].describe())
         self._retire(stuck, "stuck: killed (its training stopped behind its peers')", lost=True)
         self._generation_failed()
 

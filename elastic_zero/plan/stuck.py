@@ -14,13 +14,13 @@ generation's first step (which pays its one-off costs: CUDA's handles, kernels' 
 judged: its peers wait for it by design. When every member is at the same place, nobody is behind
 anybody, and the collective timeout still ends the generation. Pure: the clock is an argument.
 
-Time in which a member's training thread was ready to run but had no CPU does not count: a starved
-worker stands as still as a hung one, and on a loaded machine the slowest rank can wait seconds for
-a core while its peers, done first, wait in the collective (a worker starved on purpose was killed as
-stuck; CI once lost two workers of four at once on a loaded machine, a shard and its replica together). The beats carry that wait
-(heartbeats.StillnessMeter); a hang in a wait, a sleep or a lock wants no CPU and is judged as
-before; a hang that spins (a busy wait) on a loaded machine is found later, by the share of the
-time it waited for a core.
+Time in which a member's process was ready to run but had no CPU does not count: a starved worker
+stands as still as a hung one, and on a loaded machine the slowest rank can wait seconds for a core
+while its peers, done first, wait in the collective (a worker starved on purpose was killed as
+stuck; CI once lost two workers of four at once on a loaded machine, a shard and its replica
+together). The beats carry that wait (wire/heartbeats.StillnessMeter); a hang in a wait, a sleep or
+a lock wants no CPU and is judged as before; a hang that spins (a busy wait) on a loaded machine is
+found later, by the share of the time it waited for a core.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def stuck_members(where: Mapping[str, Where], moved_at: Mapping[str, float], wat
     """(the watched members of `generation`, which began at step `first_step` with `joiners` new
     to it, that are stuck, why), or ((), why not). `where[a]`: its latest beat's position;
     `moved_at[a]`: when that position last changed; `starved_s[a]`: how long, since then, its
-    training thread waited for a CPU (not counted as standing still)."""
+    process waited for a CPU (not counted as standing still; none given: 0)."""
     if bound_s is None:
         return (), "no bound: the rule is off, or no step was measured yet"
     judged = {a: where[a] for a in watched
@@ -80,8 +80,9 @@ def stuck_members(where: Mapping[str, Where], moved_at: Mapping[str, float], wat
     stuck = tuple(sorted(a for a in behind if still[a] > bound_s))
     if not stuck:
         starved = [a for a in behind if now - moved_at.get(a, now) > bound_s]
-        return (), ("every member behind its peers moved within the bound" if not starved else
-                    f"{', '.join(sorted(starved))} stood still past the bound, but waiting for a CPU: starved, not stuck")
+        if starved:
+            return (), f"{', '.join(sorted(starved))} stood still past the bound, waiting for a CPU: starved, not stuck"
+        return (), "every member behind its peers moved within the bound"
     peers = sorted(a for a, w in judged.items() if w.key == ahead.key)
     worst = max(stuck, key=lambda a: still[a])
     waited = starved_s.get(worst, 0.0)
