@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from elastic_zero.wire.heartbeats import (DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, PHASES, PROGRESS, HeartbeatListener, HeartbeatSender,
-                                     Progress, ProgressBoard, StillnessMeter, beat_token, beating_started,
-                                     drain_wait_s, run_queue_wait_ms, socket_drops, start_beat_process)
+from elastic_zero.cpu_waits import StillnessMeter, run_queue_wait_ms
+from elastic_zero.wire.heartbeats import (DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, PHASES, PROGRESS, HeartbeatListener,
+                                          HeartbeatSender, Progress, ProgressBoard, beat_token, beating_started,
+                                          drain_wait_s, socket_drops, start_beat_process)
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from elastic_zero.wire.rendezvous import RendezvousServer, admitted_connection, connect, loopback_store, new_secret
-from elastic_zero.wire.store_server import (NOT_READY, READY, STOP_WAITING, WAIT_CANCELED, KeyValueState, parse_command,
-                                       vector)
+from elastic_zero.wire.store_server import (NOT_READY, READY, STOP_WAITING, WAIT_CANCELED, KeyValueState,
+                                            parse_command, vector)
 
 pytestmark = pytest.mark.unit
 TIMEOUT = datetime.timedelta(seconds=10)

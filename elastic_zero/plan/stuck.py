@@ -18,7 +18,7 @@ Time in which a member's process was ready to run but had no CPU does not count:
 stands as still as a hung one, and on a loaded machine the slowest rank can wait seconds for a core
 while its peers, done first, wait in the collective (a worker starved on purpose was killed as
 stuck; CI once lost two workers of four at once on a loaded machine, a shard and its replica
-together). The beats carry that wait (wire/heartbeats.StillnessMeter); a hang in a wait, a sleep or
+together). The beats carry that wait (cpu_waits.StillnessMeter); a hang in a wait, a sleep or
 a lock wants no CPU and is judged as before; a hang that spins (a busy wait) on a loaded machine is
 found later, by the share of the time it waited for a core.
 """

@@ -26,7 +26,7 @@ memory the beat process reads at each beat (no lock the training thread waits on
 the steps its engine has done, a count of marks (it moves whenever training does), the phase, and
 the collectives the training group entered since the phase began (plan/stuck.py tells by them which
 rank the others wait for). Once its training stood still a moment, a beat also tells how long the
-worker's process has since waited for a CPU (StillnessMeter): starved is not stuck.
+worker's process has since waited for a CPU (cpu_waits.py): starved is not stuck.
 When the worker's process ends, its beat process sends one last beat, flagged, with the board as the
 worker left it: the coordinator learns how many steps a killed worker had done, exactly (a node that
 vanishes sends nothing: its last beat is then all that is known).
@@ -53,7 +53,7 @@ TOKEN_BYTES = 16
 MAX_DATAGRAM = 512  # a token, the progress and an actor id
 # after the token: generation, steps done, marks, the worker's RSS and its peak (VmHWM since its
 # last reset), its node's used memory, the collectives entered since the last mark, how long its
-# process waited for a CPU while its training stood still (ms: StillnessMeter), phase, flags
+# process waited for a CPU while its training stood still (ms: cpu_waits.StillnessMeter), phase, flags
 PROGRESS = struct.Struct("<qqqqqqqqBB")
 LAST_WORD = 1  # flag: the worker's process has ended; this is the board as it left it
 # what a worker's training thread does now (the board's phase, by index)
@@ -66,7 +66,6 @@ NO_PROGRESS = (-1, -1, 0, 0, 0)  # (generation, steps, marks, phase index, colle
 DRAIN_EVERY_S = 0.05  # the longest wait between two drains of the listener's socket
 MIN_DRAIN_WAIT_S = 0.002
 NODE_MEMORY_EVERY_S = 0.5  # how often a beat process reads its node's used memory (its worker's at every beat)
-STILL_BEFORE_READ_S = 0.3  # a worker's training stood still this long: its beats tell its wait for a CPU
 _SO_MEMINFO = getattr(socket, "SO_MEMINFO", 55)  # Linux: nine u32 counters, the drops the ninth
 BEAT_BUFFER_BYTES = 2048  # what a beat takes of the socket's buffer, generously (Linux: about 830)
 
@@ -147,7 +146,7 @@ class HeartbeatListener:
 
     def starved_s(self, actor_id: str) -> float:
         """How long `actor_id`'s process waited for a CPU since its training last moved, as its latest
-        beat said (StillnessMeter; 0: not known)."""
+        beat said (cpu_waits.StillnessMeter; 0: not known)."""
         progress = self.progress.get(actor_id)
         return progress.waited_ms / 1000 if progress is not None else 0.0
 
@@ -281,7 +280,7 @@ class HeartbeatSender:
              waited_ms: int = 0) -> None:
         """One beat; `progress`: (generation, steps, marks, phase index, collectives since the mark)
         from the worker's board; `memory`: (the worker's RSS, its peak, its node's used memory) in bytes;
-        `waited_ms`: how long its process waited for a CPU while its training stood still (StillnessMeter)."""
+        `waited_ms`: how long its process waited for a CPU while its training stood still (cpu_waits.py)."""
         generation, steps, marks, phase, collectives = progress
         try:
             self._sock.sendto(self._token + PROGRESS.pack(generation, steps, marks, *memory, collectives, waited_ms,
@@ -343,7 +342,7 @@ def _beat_process() -> None:
     progress = board.read if board is not None else (lambda: NO_PROGRESS)
     worker = os.getppid()
     memory = _memory_of(worker)
-    starved = StillnessMeter(worker)
+    starved = _package_module("cpu_waits").StillnessMeter(worker)
     next_beat = time.monotonic()
     at = progress()
     sender.beat(actor_id, at, memory=memory(), waited_ms=starved(at))
@@ -362,61 +361,21 @@ def _beat_process() -> None:
         sender.beat(actor_id, at, memory=memory(), waited_ms=starved(at))
 
 
-def run_queue_wait_ms(pid: int) -> int:
-    """How long the threads of process `pid` have waited, ready to run, for a CPU: their sum, in ms,
-    from Linux's schedstat (0 where it cannot be read: the process gone, another system)."""
-    total = 0
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0
-    for tid in threads:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
-            pass
-    return total // 1_000_000
-
-
-class StillnessMeter:
-    """How long a worker's process waited for a CPU while its training stood still (ms), for its beats.
-
-    A starved worker stands as still as a hung one (plan/stuck.py takes this wait off its stillness).
-    Which of its threads waits is not the training thread's alone: that one may be blocked on the GIL
-    held by a thread that waits for a core; so the wait of all its threads is read, and each interval
-    counts at most its own length (the process wanted a CPU then, and had none). Read only once the
-    training stood still STILL_BEFORE_READ_S (a read of all threads costs about half a millisecond),
-    so the first such fraction of a stillness is never counted: it can only make a starved worker
-    look stuck that much sooner, not a hung one later. Where /proc cannot be read, 0: judged as before."""
-
-    def __init__(self, pid: int, clock=time.monotonic, read=run_queue_wait_ms) -> None:
-        self._pid, self._clock, self._read = pid, clock, read
-        self._position, self._since, self._last, self._waited_ms = None, 0.0, None, 0
-
-    def __call__(self, progress: tuple) -> int:
-        """`progress`: the board as read for this beat (ProgressBoard.read)."""
-        now = self._clock()
-        if progress != self._position:  # training moved: a new stillness, if any, starts here
-            self._position, self._since, self._last, self._waited_ms = tuple(progress), now, None, 0
-        elif now - self._since >= STILL_BEFORE_READ_S:
-            waited = self._read(self._pid)
-            if self._last is not None:
-                wait_ms, interval_ms = waited - self._last[1], (now - self._last[0]) * 1000
-                self._waited_ms += max(0.0, min(wait_ms, interval_ms))
-            self._last = (now, waited)
-        return round(self._waited_ms)
-
-
-def _memory_of(pid: int):
-    """() -> (RSS of `pid`, its peak, its node's used memory), from the package's node_memory.py:
-    loaded by its path, as this process runs as a script of its own, outside the package."""
+def _package_module(name: str):
+    """The package's module `name` (standard library only), loaded by its path: the beat process runs
+    this file as a script of its own, outside the package."""
     import importlib.util
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # elastic_zero/, above wire/
-    spec = importlib.util.spec_from_file_location("elastic_zero_node_memory", os.path.join(package, "node_memory.py"))
-    node_memory = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(node_memory)
+    spec = importlib.util.spec_from_file_location(f"elastic_zero_{name}", os.path.join(package, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _memory_of(pid: int):
+    """() -> (RSS of `pid`, its peak, its node's used memory), from the package's node_memory.py."""
+    node_memory = _package_module("node_memory")
     node = {"used": 0, "at": -1.0}
 
     def read() -> tuple[int, int, int]:

@@ -13,8 +13,8 @@ import sys
 import threading
 import time
 
-from elastic_zero.wire.heartbeats import (HeartbeatSender, ProgressBoard, StillnessMeter, beat_token, beating_started,
-                                     start_beat_process)
+from elastic_zero.cpu_waits import StillnessMeter
+from elastic_zero.wire.heartbeats import HeartbeatSender, ProgressBoard, beat_token, beating_started, start_beat_process
 from elastic_zero.node_memory import capacity_bytes, monitor_threshold, peak_rss_bytes, rss_bytes, used_bytes
 from elastic_zero.plan.membership import Member
 from elastic_zero.preemption.cloud_watcher import CloudWatcher
@@ -139,7 +139,8 @@ class NodeDuties:
         while True:
             pid = os.getpid()
             at = self.board.read()
-            sender.beat(self.actor_id, at, memory=(rss_bytes(pid), peak_rss_bytes(pid), used_bytes()), waited_ms=starved(at))
+            memory = (rss_bytes(pid), peak_rss_bytes(pid), used_bytes())
+            sender.beat(self.actor_id, at, memory=memory, waited_ms=starved(at))
             time.sleep(HEARTBEAT_EVERY_S)
 
     def _on_sigterm(self, grace_s: float) -> None:
