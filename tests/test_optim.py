@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from elastic_zero.zero.optim import SGD, AdamW, Hyper, ParamGroup
+from elastic_zero.zero.optim import SGD, AdamW, Hyper, ParamGroup, fused_adamw
 from elastic_zero.zero.schedule import WarmupCosine
 
 
@@ -31,6 +31,25 @@ def test_adamw_matches_torch(wd):
     a, b = _run(ours, lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=wd))
     for x, y in zip(a, b):
         torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
+
+
+class _FusedAdamW(AdamW):
+    """AdamW whose update is the fused kernel's, as on a GPU (the CPU has the kernel too)."""
+
+    def update(self, params, grads, states, hyper, step, lr_scale):
+        fused_adamw(params, grads, states["exp_avg"], states["exp_avg_sq"], hyper.lr * lr_scale, self.betas,
+                    hyper.weight_decay, self.eps, step)
+
+
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_the_fused_adamw_a_gpu_runs_matches_the_ops_and_torch(wd):
+    kw = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=wd, decay_1d=True)
+    fused, theirs = _run(_FusedAdamW(**kw), lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.9, 0.95), eps=1e-8,
+                                                                         weight_decay=wd))
+    ops, _ = _run(AdamW(**kw), lambda ps: torch.optim.AdamW(ps, lr=1e-2))
+    for x, y, z in zip(fused, theirs, ops):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
+        torch.testing.assert_close(x, z, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 
 import torch
 
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
-from elastic_zero.data.source import read_ahead_for_step
 from elastic_zero.wire.generation_ends import GenerationEndWatch
 from elastic_zero.job.build import build_loss, build_optimizer, build_source
 from elastic_zero.node_memory import reset_peak
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
-from elastic_zero.plan.batches import micro_batch_count, micro_batches, rank_positions
 from elastic_zero.plan.evaluation import eval_due
 from elastic_zero.protocol import GenerationPlan, Outcome, OutcomeKind, Report
 from elastic_zero.wire.rendezvous import connect
@@ -42,6 +41,7 @@ from elastic_zero.worker.replica import LayoutReplicas
 from elastic_zero.worker.commits import StepCommits
 from elastic_zero.worker.replication import Replicator
 from elastic_zero.worker.saves import CheckpointSaves
+from elastic_zero.worker.step_batches import StepBatches
 from elastic_zero.worker.warnings_relay import relay_warnings
 from elastic_zero.zero import TorchComm, ZeroEngine
 from elastic_zero.zero.host_memory import large_allocations_to_the_system, release_free_memory
@@ -68,6 +68,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             self.device = worker_device(self.use_gpu)
             self._take_model(initial_model(self.spec, self.device))
             self.source = named("data.source", lambda: build_source(self.spec, self.model))
+            t = self.spec.train
+            self.batches = StepBatches(self.source, t.global_batch, t.micro_batch, t.steps, self.device)
             self.loss_fn = build_loss(self.spec)
             self.evaluator = named("eval.source", lambda: Evaluator(self.spec, self.model)) \
                 if self.spec.eval.source else None
@@ -161,6 +163,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             self._mark(generation=plan.number, phase="entering")
             rank = self._enter(plan, report)
             reset_peak()  # the peak its beats carry is this generation's steps', not its entry's
+            if self.device.type == "cuda" and (self.writer is not None or self._replicating):
+                threading.Thread(target=self._pin_host_copy_buffers, name="pin-host-copies", daemon=True).start()
             self._mark(steps=self.engine.step_count, phase="idle")
             if rank is None:
                 return _finished(report, Outcome(self.actor_id, OutcomeKind.LEFT, plan.step), time.time())
@@ -203,8 +207,12 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                 report["first_step_at"] = time.time()
             self._evaluate_if_due(plan, rank, world, comm, report, step)
             started = time.time()
-            positions = rank_positions(step, spec.train.global_batch, world, rank)
-            weight, loss_sum, metric_sums = self._forward_backward(positions, world, rank, comm, step)
+            positions, weight, loss_sum, metric_sums = self._forward_backward(world, rank, comm, step)
+            # the next step's batches while the device runs this one's backward: the host waits for
+            # the device at the step's closing all-reduce, and what it did after that wait, the
+            # device would wait for
+            self._mark(phase="data")
+            self.batches.prepare(step + 1, world, rank)
             waited = blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
             self._fire_drills("commit", plan, rank, step)
             asked = self._safe_point_for == plan.number
@@ -272,6 +280,13 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             self._take_checkpoint_news(report)
         return OutcomeKind.FINISHED
 
+    def _pin_host_copy_buffers(self) -> None:
+        """The pinned buffers of the generation's first save or replica, made beside its first steps."""
+        try:
+            self.engine.pin_host_copy_buffers()
+        except RuntimeError:  # pinned memory refused: the first copy makes its own, as without this
+            pass
+
     def _evaluate_if_due(self, plan: GenerationPlan, rank: int, world: int, comm: TorchComm, report: dict,
                          step: int) -> None:
         """The weights after `step` steps on the eval set, when [eval] asks; rank 0 tells the coordinator.
@@ -304,21 +319,17 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                                              report["checkpoints"][-1] if report["checkpoints"] else None,
                                              tuple(report["losses"][told:]))
 
-    def _forward_backward(self, positions: range, world: int, rank: int, comm: TorchComm,
-                          step: int) -> tuple[float, torch.Tensor | float, dict]:
+    def _forward_backward(self, world: int, rank: int, comm: TorchComm,
+                          step: int) -> tuple[range, float, torch.Tensor | float, dict]:
         """Forward and backward of this rank's share of the step (the update follows the step's
         closing all-reduce). Each micro batch's
         loss (a weighted mean, see losses.py) is scaled by its weight * world / the global weight, so
         that the engine's average over ranks is the weighted mean over the global batch. Returns this
-        rank's (weight, weight * loss, {metric: weight * value}) for the step's all-reduce (on the device)."""
+        rank's (positions, weight, weight * loss, {metric: weight * value}) for the step's all-reduce
+        (on the device)."""
         spec, engine = self.spec, self.engine
-        micro = micro_batches(positions, micro_batch_count(spec.train.global_batch, world, spec.train.micro_batch))
         self._mark(phase="data")
-        read_ahead_for_step(self.source, step, spec.train.steps,
-                            lambda s: rank_positions(s, spec.train.global_batch, world, rank))
-        # every rank runs as many micro batches (and so collectives) as the others: an empty piece
-        # runs a stand-in sample with weight 0
-        batches = [self.source.batch(m or positions[:1]) for m in micro]
+        positions, micro, batches = self.batches.of_step(step, world, rank)
         self._mark(phase="compute")
         weights = [batch_weight(b, len(m)) if m else 0.0 for b, m in zip(batches, micro)]
         global_weight = float(spec.train.global_batch)  # synthetic data: one per sample, known up front
@@ -346,7 +357,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             loss_sum += value * weight
             for name, v in metrics.items():
                 metric_sums[name] += v * weight
-        return sum(weights), loss_sum, metric_sums or {}
+        return positions, sum(weights), loss_sum, metric_sums or {}
 
     def _call_loss(self, batch: dict, loss_fn=None, where: str = "train.loss"):
         self._tick()  # a sign of life on the progress board, each micro batch and eval batch

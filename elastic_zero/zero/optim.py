@@ -86,6 +86,10 @@ class AdamW(_Hyperparameters):
         lr = hyper.lr * lr_scale
         beta1, beta2 = self.betas
         exp_avg, exp_avg_sq = states["exp_avg"], states["exp_avg_sq"]
+        if params and params[0].is_cuda and params[0].dtype == grads[0].dtype == exp_avg[0].dtype:
+            # one kernel a batch of views, where the ops below launch eight:
+            fused_adamw(params, grads, exp_avg, exp_avg_sq, lr, self.betas, hyper.weight_decay, self.eps, step)
+            return  # after a step's closing all-reduce the device waits for the host to queue the update
         if hyper.weight_decay:
             torch._foreach_mul_(params, 1.0 - lr * hyper.weight_decay)
         torch._foreach_lerp_(exp_avg, grads, 1.0 - beta1)
@@ -102,6 +106,16 @@ class AdamW(_Hyperparameters):
         return {"name": "adamw", "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
                 "weight_decay": self.weight_decay, "decay_1d": self.decay_1d,
                 "groups": [vars(g) for g in self.groups], "schedule": self.schedule.to_dict()}
+
+
+def fused_adamw(params, grads, exp_avg, exp_avg_sq, lr: float, betas: tuple[float, float], weight_decay: float,
+                eps: float, step: int) -> None:
+    """The same AdamW step as AdamW.update's ops, in torch's fused kernel (the one
+    torch.optim.AdamW(fused=True) runs): the step count a tensor on the views' device, filled there
+    (made from a host value, it would be a copy the host waits for)."""
+    count = torch.full((), float(step), dtype=torch.float32, device=params[0].device)
+    torch._fused_adamw_(params, grads, exp_avg, exp_avg_sq, [], [count] * len(params), lr=lr, beta1=betas[0],
+                        beta2=betas[1], weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
 
 
 @dataclass(frozen=True)
