@@ -107,30 +107,6 @@ def test_the_host_copy_of_a_cuda_shard_is_pinned_and_ordered_before_the_next_upd
 
 
 @needs_a_gpu
-def test_a_host_copy_after_its_buffers_were_pinned_ahead_pins_nothing_more():
-    """pin_host_copy_buffers() leaves a host copy's pinned buffers in torch's cache: the first copy
-    takes them (pinning runs at about 2 GB/s: an H200's first save of 124M's shard blocked 0.63 s)."""
-    from engine_cases import build_model, engine_optimizer
-    from elastic_zero.zero import ZeroEngine
-
-    stats = getattr(torch.cuda, "host_memory_stats", None)
-    if stats is None or "num_host_alloc" not in stats():
-        pytest.skip("this torch does not count pinned allocations")
-    torch._C._host_emptyCache()
-    engine = ZeroEngine(build_model("gpt-nobias").cuda(), engine_optimizer("adamw"), stage=2)
-    engine.pin_host_copy_buffers()
-    pinned = stats()["num_host_alloc"]
-    host, copied = engine.host_shard_state()
-    copied.synchronize()
-    assert all(v.is_pinned() for v in host.vectors.values())
-    assert stats()["num_host_alloc"] == pinned  # every buffer from the cache
-    del host
-    torch._C._host_emptyCache()
-    host, copied = engine.host_shard_state()  # the oracle: without them pinned ahead, it pins its own
-    assert stats()["num_host_alloc"] > pinned
-
-
-@needs_a_gpu
 def test_a_nccl_group_is_aborted_and_the_next_one_built_in_the_same_process(monkeypatch):
     from elastic_zero.wire.rendezvous import loopback_store
     from elastic_zero.worker.groups import NCCL_ERROR_HANDLING

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 
 import torch
@@ -163,8 +162,6 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             self._mark(generation=plan.number, phase="entering")
             rank = self._enter(plan, report)
             reset_peak()  # the peak its beats carry is this generation's steps', not its entry's
-            if self.device.type == "cuda" and (self.writer is not None or self._replicating):
-                threading.Thread(target=self._pin_host_copy_buffers, name="pin-host-copies", daemon=True).start()
             self._mark(steps=self.engine.step_count, phase="idle")
             if rank is None:
                 return _finished(report, Outcome(self.actor_id, OutcomeKind.LEFT, plan.step), time.time())
@@ -279,13 +276,6 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             self.writer.wait()  # the final checkpoint is committed before the job reports success
             self._take_checkpoint_news(report)
         return OutcomeKind.FINISHED
-
-    def _pin_host_copy_buffers(self) -> None:
-        """The pinned buffers of the generation's first save or replica, made beside its first steps."""
-        try:
-            self.engine.pin_host_copy_buffers()
-        except RuntimeError:  # pinned memory refused: the first copy makes its own, as without this
-            pass
 
     def _evaluate_if_due(self, plan: GenerationPlan, rank: int, world: int, comm: TorchComm, report: dict,
                          step: int) -> None:

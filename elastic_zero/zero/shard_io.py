@@ -91,19 +91,6 @@ class ShardIO:
             scalars["loss_scale"] = self.loss_scale.scale
         return ShardState(self.layout, self.partition, self.rank, vectors, scalars)
 
-    def pin_host_copy_buffers(self) -> None:
-        """On CUDA, have torch's caching host allocator hold the pinned buffers of one host copy of
-        this shard (host_shard_state's sizes, all at once), so that the first copy a save or a
-        replica makes finds them: pinning host memory runs at about 2 GB/s (an H200's first save of
-        GPT-2 124M's shard blocked its step 0.63 s, 355M's 2.3 s, where the copy itself takes a
-        few tens of ms). Runs on any thread (torch lets the GIL go while it allocates)."""
-        if self.device.type != "cuda":
-            return
-        numel = sum(r.numel for r in self.partition.ranges(self.rank))
-        held = [host_empty(numel, self._vector_unit(name, self.units[0]).dtype, pinned=True)
-                for name in self.vector_names()]
-        del held  # back to the allocator's cache, for the copies
-
     def host_shard_state(self) -> tuple[ShardState, "torch.cuda.Event | None"]:
         """A copy of this rank's shard in host buffers, made without a device-side concatenation. On
         CUDA the copy runs on a side stream into pinned buffers: it is complete once the returned
