@@ -2,6 +2,8 @@
 sensible. Oracles: the steps each job ran, the saves its checkpoint cadence makes, the recovery its
 fault causes (the absolute times of a CPU mean nothing; a GPU's are in docs/benchmarks.md)."""
 
+import json
+
 import pytest
 
 from elastic_zero.bench.gpu import format_gpu, run_gpu_bench
@@ -12,8 +14,10 @@ from elastic_zero.bench.gpu import format_gpu, run_gpu_bench
 def test_the_gpu_bench_runs_on_the_cpu_and_finds_every_figure(tmp_path):
     # the plain job and the one with replicas left out (CI's time): their figures come from a step curve
     # as the checkpointing job's do
+    partial = tmp_path / "partial.json"
     report = run_gpu_bench(("tiny",), micro_batch=2, steps=16, warmup=1, save_every=5, workdir=str(tmp_path),
-                           steady=False)
+                           steady=False, partial=str(partial))
+    assert json.loads(partial.read_text()) == json.loads(json.dumps(report))  # kept after the last measurement
     assert report["device"].startswith("cpu (no CUDA")
     row = report["models"]["tiny"]
     for key in ("torch_step_s", "engine_stage1_step_s", "engine_stage2_step_s", "engine_stage3_step_s",

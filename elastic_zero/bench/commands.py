@@ -110,6 +110,8 @@ def add_bench_parsers(sub) -> None:
     gpu.add_argument("--steps", type=int, default=None, help="steps of each job (default: 40 on CUDA, 32 on the CPU)")
     gpu.add_argument("--save-every", type=int, default=10, help="the checkpointing job's checkpoint.every")
     gpu.add_argument("--json", action="store_true", help="print one JSON object")
+    gpu.add_argument("--partial", default=None, metavar="FILE",
+                     help="write the figures so far to FILE after each measurement (a run cut short keeps them)")
     size = bench_sub.add_parser("state-size", help="every process's memory through every elastic event of a GPT of "
                                                    "real size, and each event's bytes per second against the links'")
     _gpt_job_arguments(size, layers=16, workers=3)
@@ -220,7 +222,7 @@ def run_bench(args) -> int:
         from elastic_zero.bench.gpu import format_gpu, run_gpu_bench
 
         models = tuple(m.strip() for m in args.models.split(",") if m.strip()) if args.models else None
-        report = run_gpu_bench(models, args.micro_batch, args.steps, save_every=args.save_every)
+        report = run_gpu_bench(models, args.micro_batch, args.steps, save_every=args.save_every, partial=args.partial)
         print(json.dumps(report) if args.json else format_gpu(report))
         return 0
     if args.bench == "state-size":

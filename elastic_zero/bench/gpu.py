@@ -171,14 +171,25 @@ def _steady(summary: dict, skip: int = 2) -> float | None:
     return statistics.median(times) if times else None
 
 
-def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str, steady: bool = True) -> dict:
-    """The jobs' figures; without `steady`, only the job with checkpoints and a recovery (the plain
-    job's and the replicas' figures are None: CI's shorter run of the bench)."""
-    plain = _job("plain", shape, micro_batch, steps, work)["summary"] if steady else None
-    replicas = _job("replicas", shape, micro_batch, steps, work, elastic={"replicate_every": 1})["summary"] \
-        if steady else None
-    auto = _job("replicas-auto", shape, micro_batch, steps, work, elastic={"replicate_every": "auto"})["summary"] \
-        if steady else None
+def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str, row: dict, kept,
+          steady: bool = True) -> None:
+    """The jobs' figures, into `row`, kept (`kept(row)`) after each job; without `steady`, only the
+    job with checkpoints and a recovery (the plain job's and the replicas' figures are None: CI's
+    shorter run of the bench)."""
+    row.update(job_step_s=None, replicas_step_s=None, auto_replicas_step_s=None, auto_cadence=None)
+    plain = None
+    if steady:
+        plain = _job("plain", shape, micro_batch, steps, work)["summary"]
+        row.update(job_step_s=_steady(plain), time_to_first_step_s=plain["time_to_first_step_s"],
+                   first_step_phases_s=(plain.get("start") or {}).get("phases_s", {}))
+        kept(row)
+        replicas = _job("replicas", shape, micro_batch, steps, work, elastic={"replicate_every": 1})["summary"]
+        row["replicas_step_s"] = _steady(replicas)
+        kept(row)
+        # the default cadence: the ranks' choice from the copies' measured cost (plan/cadence.py)
+        auto = _job("replicas-auto", shape, micro_batch, steps, work, elastic={"replicate_every": "auto"})["summary"]
+        row.update(auto_replicas_step_s=_steady(auto), auto_cadence=auto["replicas"])
+        kept(row)
     # a checkpoint every `save_every` steps, and the worker killed a step after the first once that one is
     # committed (kill_after_save): the recovery from the checkpoint (one worker: no replica), then the
     # saves' blocking and the steps while one writes, in the generation that recovered (the first one's
@@ -194,28 +205,26 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str,
     saves = [s for s in protect if s > 1 and (s + 1) % save_every == 0 and s + 1 < steps]
     during = [times[s + 1] for s in saves if s + 1 in times]
     recovery = saved["recoveries"][0] if saved["recoveries"] else {}
-    first = plain or saved
-    return {
-        "job_step_s": _steady(plain) if plain else None,
-        "time_to_first_step_s": first["time_to_first_step_s"],
-        "first_step_phases_s": (first.get("start") or {}).get("phases_s", {}),
-        "replicas_step_s": _steady(replicas) if replicas else None,
-        # the default cadence: the ranks' choice from the copies' measured cost (plan/cadence.py)
-        "auto_replicas_step_s": _steady(auto) if auto else None,
-        "auto_cadence": auto["replicas"] if auto else None,
+    if plain is None:
+        row.update(time_to_first_step_s=saved["time_to_first_step_s"],
+                   first_step_phases_s=(saved.get("start") or {}).get("phases_s", {}))
+    row.update({
         "save_blocking_s": [round(protect[s], 4) for s in saves],
         "saves_skipped": saved.get("checkpoints_skipped", []),  # due while the last was still being written
         "steps_during_write_s": [round(t, 4) for t in during],
         "recovery": {"source": recovery.get("source"), "stall_s": recovery.get("stall_s"), "standby_workers": standby,
                      "to_next_step_done_s": recovery.get("to_next_step_done_s"),
                      "phases_s": recovery.get("phases_s", {}), "lost_steps": recovery.get("lost_steps")},
-    }
+    })
 
 
 def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None = None, steps: int | None = None,
-                  warmup: int = 3, save_every: int = 10, workdir: str | None = None, steady: bool = True) -> dict:
+                  warmup: int = 3, save_every: int = 10, workdir: str | None = None, steady: bool = True,
+                  partial: str | None = None) -> dict:
     """The bench on CUDA when there is one (GPT-2 124M and 355M shapes, micro batch 8 of 1,024
-    tokens), else on the CPU on tiny shapes. `steady` False: no plain job and no job with replicas."""
+    tokens), else on the CPU on tiny shapes. `steady` False: no plain job and no job with replicas.
+    `partial`: a file the figures so far are written to after each measurement (a run cut short by
+    a time limit, as a lent GPU's are, keeps them)."""
     import torch
 
     cuda = _cuda()
@@ -230,6 +239,13 @@ def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None
     device = torch.cuda.get_device_name(0) if cuda else "cpu (no CUDA: tiny shapes, absolute times mean nothing)"
     report = {"device": device, "torch": torch.__version__, "micro_batch": micro_batch, "steps": steps, "models": {}}
     work = workdir or tempfile.mkdtemp(prefix="ez-bench-gpu-")
+
+    def kept(row: dict) -> None:
+        if partial:
+            with open(partial + ".part", "w") as f:
+                json.dump(report, f)
+            os.replace(partial + ".part", partial)
+
     import ray
 
     from elastic_zero.coordinator.actor import NAMESPACE
@@ -240,19 +256,22 @@ def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None
                  logging_level="ERROR", log_to_driver=False)
     try:
         for name in models:
-            report["models"][name] = _model_row(name, micro_batch, steps, warmup, save_every, work, steady)
+            report["models"][name] = row = {"shape": SHAPES[name]}
+            _model_row(name, micro_batch, steps, warmup, save_every, work, row, kept, steady)
+            kept(row)
     finally:
         if own_ray:
             ray.shutdown()
     return report
 
 
-def _model_row(name: str, micro_batch: int, steps: int, warmup: int, save_every: int, work: str,
-               steady: bool = True) -> dict:
-    """One shape's row: the bare measurements, the jobs', and their ratios."""
+def _model_row(name: str, micro_batch: int, steps: int, warmup: int, save_every: int, work: str, row: dict,
+               kept, steady: bool = True) -> None:
+    """One shape's row, into `row`: the bare measurements, the jobs', and their ratios."""
     shape = SHAPES[name]
-    row = {"shape": shape, **_bare(shape, micro_batch, min(steps, 20), warmup)}
-    row.update(_jobs(shape, micro_batch, steps, save_every, os.path.join(work, name), steady))
+    row.update(_bare(shape, micro_batch, min(steps, 20), warmup))
+    kept(row)
+    _jobs(shape, micro_batch, steps, save_every, os.path.join(work, name), row, kept, steady)
     engine = row["engine_stage2_step_s"]
     row["ratios"] = {
         "engine_vs_torch": round(engine / row["torch_step_s"], 3),
@@ -263,7 +282,6 @@ def _model_row(name: str, micro_batch: int, steps: int, warmup: int, save_every:
         "auto_replicas_vs_job": round(row["auto_replicas_step_s"] / row["job_step_s"], 3)
         if row["auto_replicas_step_s"] and row["job_step_s"] else None,
     }
-    return row
 
 
 def format_gpu(report: dict) -> str:
