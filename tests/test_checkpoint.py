@@ -36,7 +36,7 @@ def saved(tmp_path_factory):
     return root, states
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])  # 4: the saved size, every block read straight into place
 def test_load_at_another_world_size_is_bit_identical(saved, world):
     root, states = saved
     fs, path = open_store(root)
@@ -49,6 +49,25 @@ def test_load_at_another_world_size_is_bit_identical(saved, world):
             assert torch.equal(got.vectors[name], vec), (world, rank, name)
     manifest = read_manifest(fs, directory)
     assert manifest.world_size == 4 and manifest.extra["cursor"] == 72 and len(manifest.files) == 4
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_restore_reads_each_block_once_on_any_number_of_threads(saved, threads):
+    from elastic_zero.checkpoint.block_reads import read_ranges
+
+    root, states = saved
+    fs, path = open_store(root)
+    directory = resolve(fs, path, "latest")
+    manifest = read_manifest(fs, directory)
+    mine = states[1]  # rank 1 of the 4 that saved: its ranges are its own file's blocks, whole
+    ranges = mine.partition.ranges(1)
+    got = {name: torch.empty_like(v) for name, v in mine.vectors.items()}
+    wanted, cursor = [], 0
+    for r in ranges:
+        wanted += [(name, r.start, r.stop, got[name][cursor : cursor + r.numel]) for name in got if r.numel]
+        cursor += r.numel
+    assert read_ranges(fs, directory, manifest, wanted, threads=threads) == mine.nbytes()
+    assert all(torch.equal(got[name], v) for name, v in mine.vectors.items())
 
 
 def _resume_at_two(ctx, root):

@@ -28,26 +28,22 @@ from elastic_zero.checkpoint.catalog import (  # noqa: F401 - the catalog's name
     LATEST, MANIFEST, StoreError, _is_file, free_step_dir, list_checkpoints, open_store, probe_writable, read_manifest,
     resolve, restore_candidates, step_dir,
 )
-from elastic_zero.checkpoint.manifest import DTYPE_SIZES, Block, DataFile, Manifest, Segment, blocks_to_read, plan_blocks
+from elastic_zero.checkpoint.block_reads import (  # noqa: F401 - ChecksumError and BlockReader are this module's API too
+    BIT_VIEWS, TORCH_DTYPES, BlockReader, ChecksumError, read_ranges,
+)
+from elastic_zero.checkpoint.manifest import Block, DataFile, Manifest, Segment, plan_blocks
 from elastic_zero.plan.layout import FlatLayout
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.zero.shard import ShardState
 
 BLOCK_NUMEL = 1 << 20
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                 "float64": torch.float64}
-_BIT_VIEWS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-class ChecksumError(ValueError):
-    pass
 
 
 def _raw_bytes(t: torch.Tensor) -> bytes:
     t = t.detach().contiguous().cpu()
     if sys.byteorder != "little":  # the format is little-endian
         raise RuntimeError("big-endian hosts are not supported by the checkpoint format")
-    return t.view(_BIT_VIEWS[t.element_size()]).numpy().tobytes()
+    return t.view(BIT_VIEWS[t.element_size()]).numpy().tobytes()
 
 
 def write_rank_file(fs: pafs.FileSystem, directory: str, state: ShardState,
@@ -155,78 +151,16 @@ def load_shard(fs: pafs.FileSystem, directory: str, layout: FlatLayout, world_si
     partition = partition_layout(layout, world_size)
     ranges = partition.ranges(rank)
     numel = sum(r.numel for r in ranges)
-    vectors = {}
-    with BlockReader(fs, directory, manifest) as reader:
-        for name in names:
-            out = torch.empty(numel, dtype=_TORCH_DTYPES[manifest.vectors[name]])
-            cursor = 0
-            for r in ranges:
-                if r.numel:
-                    reader.read(name, r.start, r.stop, out[cursor : cursor + r.numel])
-                cursor += r.numel
-            vectors[name] = out
+    vectors, wanted = {}, []
+    for name in names:
+        vectors[name] = out = torch.empty(numel, dtype=TORCH_DTYPES[manifest.vectors[name]])
+        cursor = 0
+        for r in ranges:
+            if r.numel:
+                wanted.append((name, r.start, r.stop, out[cursor : cursor + r.numel]))
+            cursor += r.numel
+    read_ranges(fs, directory, manifest, wanted)
     return ShardState(layout, partition, rank, vectors, dict(manifest.scalars))
-
-
-class BlockReader:
-    """Flat ranges of a committed checkpoint's vectors, read block by block, each checked by its CRC.
-    Files are opened once, and the last block read is kept: the small parameters that share a block
-    cost one read of it. Every block is read into one buffer of the reader's own, so reading a
-    checkpoint of any size holds one block: buffers from Arrow's pool would each be a new allocation,
-    handed back to the system only after the pool's delay. `bytes_read` counts the bytes read."""
-
-    def __init__(self, fs: pafs.FileSystem, directory: str, manifest: Manifest) -> None:
-        self.fs, self.directory, self.manifest = fs, directory, manifest
-        self._handles: dict[str, object] = {}
-        self._last: tuple = (None, None)  # ((path, byte offset), the block's tensor: a view of _buffer)
-        self._buffer = torch.empty(0, dtype=torch.uint8)
-        self.bytes_read = 0
-
-    def read(self, vector: str, start: int, stop: int, out: torch.Tensor) -> None:
-        """Elements [start, stop) of `vector` into `out` (converted to its dtype)."""
-        dtype = self.manifest.vectors[vector]
-        for f, seg, b in blocks_to_read(self.manifest, vector, start, stop):
-            block = self._block(f"{self.directory}/{f.path}", vector, dtype, b)
-            lo, hi = max(start, b.start), min(stop, b.start + b.numel)
-            out[lo - start : hi - start].copy_(block[lo - b.start : hi - b.start])
-
-    def _block(self, path: str, vector: str, dtype: str, b: Block) -> torch.Tensor:
-        if self._last[0] == (path, b.offset):
-            return self._last[1]
-        if path not in self._handles:
-            try:
-                self._handles[path] = self.fs.open_input_file(path)
-            except FileNotFoundError:
-                raise ValueError(f"{path}: data file of a committed checkpoint is missing") from None
-        size = DTYPE_SIZES[dtype]
-        nbytes = b.numel * size
-        if self._buffer.numel() < nbytes:
-            self._last = (None, None)
-            self._buffer = torch.empty(nbytes, dtype=torch.uint8)
-        data = memoryview(self._buffer.numpy())[:nbytes]
-        handle = self._handles[path]
-        handle.seek(b.offset)
-        got = handle.readinto(data)
-        self.bytes_read += got
-        if got != nbytes or zlib.crc32(data) != b.crc32:
-            what = "truncated" if got != nbytes else "checksum mismatch"
-            raise ChecksumError(f"{path}: {what} in {vector!r} elements [{b.start}, {b.start + b.numel}) "
-                                f"at bytes [{b.offset}, {b.offset + nbytes})")
-        block = self._buffer[:nbytes].view(_BIT_VIEWS[size]).view(_TORCH_DTYPES[dtype])
-        self._last = ((path, b.offset), block)
-        return block
-
-    def close(self) -> None:
-        for h in self._handles.values():
-            h.close()
-        self._handles.clear()
-        self._last = (None, None)
-
-    def __enter__(self) -> "BlockReader":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def load_latest(fs: pafs.FileSystem, root: str, layout: FlatLayout, world_size: int, rank: int,
