@@ -210,6 +210,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             # device would wait for
             self._mark(phase="data")
             self.batches.prepare(step + 1, world, rank)
+            self._mark(phase="compute")
             waited = blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
             self._fire_drills("commit", plan, rank, step)
             asked = self._safe_point_for == plan.number
