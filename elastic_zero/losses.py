@@ -117,9 +117,9 @@ def step_summary(asked: bool, weight: float, loss_sum: "float | torch.Tensor", m
     slots = [1.0 if asked else 0.0, weight, loss_sum, h, h * h, *values,
              1.0 if checkpoint_asked else 0.0, 1.0 if save_busy else 0.0]
     # a value still on the device (a lazy loss: checked()) is copied in there, not read back; the
-    # host's values go over from pinned memory: a copy from pageable memory would make the host wait
-    # for the device to finish the step's backward (torch synchronizes after one) before the
-    # all-reduce could even be queued
+    # host's values go over without blocking, from pinned memory: torch.tensor(..., device="cuda")
+    # copies and then synchronizes, so the host waited for the step's backward before it could even
+    # queue the all-reduce
     host = torch.tensor([0.0 if isinstance(v, torch.Tensor) else v for v in slots], dtype=torch.float64)
     on_cuda = torch.device(device).type == "cuda"
     summary = host.pin_memory().to(device, non_blocking=True) if on_cuda else host

@@ -70,6 +70,19 @@ def test_a_restore_reads_each_block_once_on_any_number_of_threads(saved, threads
     assert all(torch.equal(got[name], v) for name, v in mine.vectors.items())
 
 
+def test_a_buffer_of_the_wrong_kind_is_the_readers_error_not_a_damaged_checkpoint(saved):
+    from elastic_zero.checkpoint.block_reads import read_ranges
+
+    root, states = saved
+    fs, path = open_store(root)
+    directory = resolve(fs, path, "latest")
+    name = sorted(states[0].vectors)[0]
+    r = next(r for r in states[0].partition.ranges(0) if r.numel)
+    for wrong in (torch.empty(r.numel, dtype=torch.float64), torch.empty(2 * r.numel)[::2]):
+        with pytest.raises(ValueError, match=rf"read_ranges: '{name}' \[{r.start}, {r.stop}\) wants a contiguous"):
+            read_ranges(fs, directory, read_manifest(fs, directory), [(name, r.start, r.stop, wrong)])
+
+
 def _resume_at_two(ctx, root):
     engine = make_engine(ctx.process_group, ctx.rank, CASE, 3, seed=99)  # another stage, other weights
     fs, path = open_store(root)

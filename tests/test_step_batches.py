@@ -64,3 +64,16 @@ def test_an_error_made_ahead_is_raised_by_its_step_and_nothing_is_made_past_the_
     made = source.made
     ahead.prepare(10, world=2, rank=1)
     assert source.made == made
+
+
+def test_a_batch_is_pinned_contiguous_where_memory_can_be_pinned_and_goes_as_it_is_where_not():
+    from elastic_zero.worker.step_batches import _pinned
+
+    view = torch.arange(20).reshape(4, 5)[:, 1:]  # the synthetic source's inputs: a view with strides
+    pinned = _pinned(view)
+    assert torch.equal(pinned, view)
+    if torch.cuda.is_available():
+        assert pinned.is_pinned() and pinned.is_contiguous()
+    else:  # no pinned memory on this host: the batch goes from pageable memory, as without the read-ahead
+        assert pinned is view
+    assert _pinned("text") == "text"

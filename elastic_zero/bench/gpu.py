@@ -173,7 +173,7 @@ def _steady(summary: dict, skip: int = 2) -> float | None:
 
 def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str, row: dict, kept,
           steady: bool = True) -> None:
-    """The jobs' figures, into `row`, kept (`kept(row)`) after each job; without `steady`, only the
+    """The jobs' figures, into `row`, kept (`kept()`) after each job; without `steady`, only the
     job with checkpoints and a recovery (the plain job's and the replicas' figures are None: CI's
     shorter run of the bench)."""
     row.update(job_step_s=None, replicas_step_s=None, auto_replicas_step_s=None, auto_cadence=None)
@@ -182,14 +182,14 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str,
         plain = _job("plain", shape, micro_batch, steps, work)["summary"]
         row.update(job_step_s=_steady(plain), time_to_first_step_s=plain["time_to_first_step_s"],
                    first_step_phases_s=(plain.get("start") or {}).get("phases_s", {}))
-        kept(row)
+        kept()
         replicas = _job("replicas", shape, micro_batch, steps, work, elastic={"replicate_every": 1})["summary"]
         row["replicas_step_s"] = _steady(replicas)
-        kept(row)
+        kept()
         # the default cadence: the ranks' choice from the copies' measured cost (plan/cadence.py)
         auto = _job("replicas-auto", shape, micro_batch, steps, work, elastic={"replicate_every": "auto"})["summary"]
         row.update(auto_replicas_step_s=_steady(auto), auto_cadence=auto["replicas"])
-        kept(row)
+        kept()
     # a checkpoint every `save_every` steps, and the worker killed a step after the first once that one is
     # committed (kill_after_save): the recovery from the checkpoint (one worker: no replica), then the
     # saves' blocking and the steps while one writes, in the generation that recovered (the first one's
@@ -240,7 +240,7 @@ def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None
     report = {"device": device, "torch": torch.__version__, "micro_batch": micro_batch, "steps": steps, "models": {}}
     work = workdir or tempfile.mkdtemp(prefix="ez-bench-gpu-")
 
-    def kept(row: dict) -> None:
+    def kept() -> None:
         if partial:
             with open(partial + ".part", "w") as f:
                 json.dump(report, f)
@@ -258,7 +258,7 @@ def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None
         for name in models:
             report["models"][name] = row = {"shape": SHAPES[name]}
             _model_row(name, micro_batch, steps, warmup, save_every, work, row, kept, steady)
-            kept(row)
+            kept()
     finally:
         if own_ray:
             ray.shutdown()
@@ -270,7 +270,7 @@ def _model_row(name: str, micro_batch: int, steps: int, warmup: int, save_every:
     """One shape's row, into `row`: the bare measurements, the jobs', and their ratios."""
     shape = SHAPES[name]
     row.update(_bare(shape, micro_batch, min(steps, 20), warmup))
-    kept(row)
+    kept()
     _jobs(shape, micro_batch, steps, save_every, os.path.join(work, name), row, kept, steady)
     engine = row["engine_stage2_step_s"]
     row["ratios"] = {

@@ -38,7 +38,11 @@ def read_ranges(fs: pafs.FileSystem, directory: str, manifest: Manifest,
     `threads` threads (default: the cores, at most READ_THREADS); one that lies whole in one range
     is read straight into it. Returns the bytes read."""
     pieces: dict[tuple[str, int], tuple[str, Block, list]] = {}  # (path, offset) -> (vector, block, [(lo, hi, out)])
-    for vector, start, stop, out in wanted:
+    for vector, start, stop, out in wanted:  # a wrong buffer is the caller's error, not a damaged checkpoint
+        saved = TORCH_DTYPES[manifest.vectors[vector]]
+        if out.dtype != saved or not out.is_contiguous() or out.numel() != stop - start or out.device.type != "cpu":
+            raise ValueError(f"read_ranges: {vector!r} [{start}, {stop}) wants a contiguous host tensor of "
+                             f"{stop - start} x {saved}, got {tuple(out.shape)} x {out.dtype} on {out.device}")
         for f, _, b in blocks_to_read(manifest, vector, start, stop):
             lo, hi = max(start, b.start), min(stop, b.start + b.numel)
             entry = pieces.setdefault((f"{directory}/{f.path}", b.offset), (vector, b, []))
@@ -67,7 +71,7 @@ def read_ranges(fs: pafs.FileSystem, directory: str, manifest: Manifest,
             if getattr(local, "buffer", None) is None or local.buffer.numel() < nbytes:
                 local.buffer = torch.empty(nbytes, dtype=torch.uint8)
             place = local.buffer[:nbytes]
-        data = memoryview(place.numpy())
+        data = memoryview(place.numpy())[:nbytes]
         handle = handles[path]
         handle.seek(b.offset)
         got = handle.readinto(data)

@@ -167,6 +167,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                 return _finished(report, Outcome(self.actor_id, OutcomeKind.LEFT, plan.step), time.time())
             report["rank"] = rank
             kind = self._loop(plan, rank, report)
+            self.batches.forget()  # a batch made ahead is not held through the next generation's entry
             # finished: the replicas of the last step back a recovery should the final save lose a member
             replicas = self.replicas.report() if kind == OutcomeKind.FINISHED else {}
             return _finished(report, Outcome(self.actor_id, kind, self.engine.step_count, **replicas), time.time())
@@ -187,6 +188,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                 self._committed(plan, flight, report)
             if self.engine is not None:
                 self.engine.discard_partial_step()
+            self.batches.forget()
             step = self.engine.step_count if self.engine is not None else plan.step
             outcome = Outcome(self.actor_id, OutcomeKind.FAILED, step, error=error, bug=bug, **self.replicas.report())
             return _finished(report, outcome, ended)
@@ -207,10 +209,9 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             positions, weight, loss_sum, metric_sums = self._forward_backward(world, rank, comm, step)
             # the next step's batches while the device runs this one's backward: the host waits for
             # the device at the step's closing all-reduce, and what it did after that wait, the
-            # device would wait for
-            self._mark(phase="data")
+            # device would wait for. No phase mark: a mark restarts the collectives' count, and this
+            # rank, done with its backward, would look behind a peer still in its own (plan/stuck.py)
             self.batches.prepare(step + 1, world, rank)
-            self._mark(phase="compute")
             waited = blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
             self._fire_drills("commit", plan, rank, step)
             asked = self._safe_point_for == plan.number

@@ -110,9 +110,10 @@ class AdamW(_Hyperparameters):
 
 def fused_adamw(params, grads, exp_avg, exp_avg_sq, lr: float, betas: tuple[float, float], weight_decay: float,
                 eps: float, step: int) -> None:
-    """The same AdamW step as AdamW.update's ops, in torch's fused kernel (the one
-    torch.optim.AdamW(fused=True) runs): the step count a tensor on the views' device, filled there
-    (made from a host value, it would be a copy the host waits for)."""
+    """AdamW.update's step in torch's fused kernel (the one torch.optim.AdamW(fused=True) runs): the
+    same numbers as the ops in fp32 and fp64 (the engine's masters; in bf16 the kernel computes in
+    fp32 and rounds once); the step count a tensor on the views' device, filled there (made from a
+    host value, it would be a copy the host waits for)."""
     count = torch.full((), float(step), dtype=torch.float32, device=params[0].device)
     torch._fused_adamw_(params, grads, exp_avg, exp_avg_sq, [], [count] * len(params), lr=lr, beta1=betas[0],
                         beta2=betas[1], weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
