@@ -114,6 +114,42 @@ def test_beats_the_kernel_dropped_make_nobody_look_silent():
         listener.close()
 
 
+def test_a_listener_that_fell_behind_makes_nobody_look_silent_whoever_was_registered_since(monkeypatch):
+    """The mass silence seen at 1,024 simulated workers: the coordinator's loop starved the listener's
+    thread, and members registered at a generation's start (heard "now", coordinator/node_watch.py
+    _listen_to) stood as witnesses that the listener was well, so every member it had not read lately
+    looked silent. Measured up to `read_until` (the latest drain done), nobody is; measured up to the
+    clock's now (the oracle: how it was), the beating members are. The listener falls behind for real:
+    its waits between drains made 3 s long."""
+    import elastic_zero.wire.heartbeats as heartbeats
+    from elastic_zero.plan.liveness import silent_members
+
+    listener = HeartbeatListener("127.0.0.1", b"s" * 32)
+    sender = HeartbeatSender("127.0.0.1", listener.port, beat_token(b"s" * 32))
+    try:
+        for w in ("w0", "w1"):
+            sender.beat(w)
+        assert _until(lambda: len(listener.heard) == 2)
+        monkeypatch.setattr(heartbeats, "drain_wait_s", lambda *_: 3.0)  # from the next wait on: behind
+        time.sleep(2 * DRAIN_EVERY_S)
+        read_until = listener.read_until
+        stop_at = time.monotonic() + 1.2
+        while time.monotonic() < stop_at:  # w0 and w1 beat all along; the listener reads none of it yet
+            for w in ("w0", "w1"):
+                sender.beat(w)
+            time.sleep(0.1)
+        now = time.monotonic()
+        heard = {**listener.heard, "w2": now}  # w2 joins a generation now: watched from now on
+        if listener.read_until != read_until:
+            pytest.skip("the listener drained within its 3 s wait (a slow machine): nothing to compare")
+        assert silent_members(heard, ["w0", "w1", "w2"], now, 1.0)[0] == ("w0", "w1")
+        assert silent_members(heard, ["w0", "w1", "w2"], listener.read_until, 1.0)[0] == ()
+        assert _until(lambda: listener.read_until > now)  # caught up: what came meanwhile was read
+        assert min(listener.heard["w0"], listener.heard["w1"]) > now - 1.0
+    finally:
+        listener.close()
+
+
 def test_a_beat_without_the_jobs_token_is_dropped():
     listener = HeartbeatListener("127.0.0.1", b"s" * 32)
     try:

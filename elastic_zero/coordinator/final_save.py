@@ -100,8 +100,9 @@ class FinalSave:
                 except ray.exceptions.RayError as exc:  # its process or its node died
                     lost[actor_id] = (time.time(), f"lost in the final save: {type(exc).__name__}: {exc}"[:300])
             if heartbeat_timeout_s and refs:
-                now = time.monotonic()
-                silent, reason = silent_members(self._heard, refs.values(), now, heartbeat_timeout_s,
+                now = time.monotonic()  # silences measured up to what the listener read (heartbeats.py)
+                silent, reason = silent_members(self._heard, refs.values(), self.heartbeats.read_until,
+                                                heartbeat_timeout_s,
                                                 witnesses=(a for a in self._workers if a in self._heard))
                 for ref, actor_id in list(refs.items()):
                     if actor_id in silent:

@@ -83,15 +83,16 @@ class NodeWatch:
         now = time.monotonic()
         if not timeout_s or self._plan is None or not self._train_refs:
             return now + SILENCE_POLL_S
-        lost, reason = silent_members(self._heard, self._train_refs.values(), now, timeout_s,
+        read_until = self.heartbeats.read_until  # what the listener read: silences are measured up to it
+        lost, reason = silent_members(self._heard, self._train_refs.values(), read_until, timeout_s,
                                       witnesses=(a for a in self._workers if a in self._heard))
         if not lost:
-            due = next_silence_at(self._heard, self._train_refs.values(), now, timeout_s)
+            due = next_silence_at(self._heard, self._train_refs.values(), read_until, timeout_s)
             return next_look_at(now, due, SILENCE_POLL_S, SILENCE_MIN_GAP_S, SILENCE_BEHIND_S)
         self._count_dead(lost, reason, {a: self._heard[a] for a in lost}, now)
-        self._log("decision", on="Silence", reason=reason)
+        self._log("decision", on="Silence", reason=reason, listener_behind_s=round(now - read_until, 3))
         for actor_id in lost:
-            self._log("worker_lost", actor_id=actor_id, silent_s=round(now - self._heard[actor_id], 2))
+            self._log("worker_lost", actor_id=actor_id, silent_s=round(read_until - self._heard[actor_id], 2))
         self._nodes_lost(lost, now)
         self._retire(lost, "silent: presumed lost (with its node, unless others are heard there)", lost=True)
         self._generation_failed()
@@ -105,7 +106,8 @@ class NodeWatch:
         bound_s = stuck_bound_s(self.live.median_step_s(), e.stuck_after_steps, e.stuck_min_s)
         if bound_s is None or self._plan is None or self._failure_seen_at is not None or len(self._train_refs) < 2:
             return
-        now, beats, moved = time.monotonic(), self.heartbeats.progress, self.heartbeats.moved
+        # stillness too is measured up to what the listener read (a listener behind would make all look still)
+        now, beats, moved = self.heartbeats.read_until, self.heartbeats.progress, self.heartbeats.moved
         where = {a: Where(p.generation, p.steps, p.phase, p.collectives) for a in self._train_refs.values()
                  if (p := beats.get(a)) is not None}
         plan = self._plan
@@ -116,7 +118,7 @@ class NodeWatch:
                                       joiners, starved)
         if not stuck:
             return
-        self._count_dead(stuck, f"stuck: {reason}", {a: moved[a] for a in stuck}, now)
+        self._count_dead(stuck, f"stuck: {reason}", {a: moved[a] for a in stuck}, time.monotonic())
         self._log("decision", on="Stuck", reason=reason)
         for actor_id in stuck:
             still_s = now - moved[actor_id] - starved.get(actor_id, 0.0)

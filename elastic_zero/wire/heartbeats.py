@@ -85,7 +85,11 @@ def drain_wait_s(beats: int, over_s: float, capacity: int) -> float:
 class HeartbeatListener:
     """The coordinator's side: a UDP socket on the node's cluster address and a thread that drains it
     every DRAIN_EVERY_S or sooner. `heard` maps actor id -> time.monotonic() at the start of the drain
-    that read its latest beat: at most a drain's wait after the beat came."""
+    that read its latest beat: at most a drain's wait after the beat came. `read_until` is the start
+    of the latest drain done: every beat sent before it has been read (or was dropped, and then
+    every member counts as heard), so a silence is measured up to it, not up to the clock's now: a
+    listener that fell behind (its thread starved by the coordinator's loop) has not yet read the
+    beats of the time since, and the members would look silent for that time."""
 
     def __init__(self, host: str, secret: bytes, buffer_bytes: int = 8 << 20) -> None:
         """`buffer_bytes`: the socket's receive buffer (8 MiB: about 10,000 beats, a second of 1,024 workers')."""
@@ -110,6 +114,7 @@ class HeartbeatListener:
         self.longest_pause_s = 0.0
         self.dropped = 0  # beats the kernel dropped, its buffer full (socket_drops)
         self.overflows = 0  # drains after which every member was presumed heard, beats having been dropped
+        self.read_until = time.monotonic()
         self._closed = threading.Event()
         threading.Thread(target=self._listen, daemon=True, name="heartbeats").start()
 
@@ -142,6 +147,7 @@ class HeartbeatListener:
             self.moved.update({a: started for a, p in told.items()
                                if a not in previous_progress or previous_progress[a].position != p.position})
             self.progress.update(told)
+            self.read_until = started  # after heard: a reader never sees it ahead of what was read
             wait, previous = drain_wait_s(beats, started - previous, self.capacity), started
 
     def starved_s(self, actor_id: str) -> float:
