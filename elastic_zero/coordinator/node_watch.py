@@ -205,7 +205,9 @@ class NodeWatch:
         """Workers lost by their silence: their nodes, where no other worker is heard either, are kept
         out of new placements for a while."""
         node_of = {a: n for a, n in self._worker_nodes.items() if a in self._workers}
-        for node in nodes_gone_silent(actor_ids, node_of, self._heard, now, self.spec.elastic.heartbeat_timeout_s):
+        read_until = self.heartbeats.read_until  # heard or not: as far as the listener read
+        for node in nodes_gone_silent(actor_ids, node_of, self._heard, read_until,
+                                      self.spec.elastic.heartbeat_timeout_s):
             self._lost_nodes[node] = now + LOST_NODE_AVOID_S
 
     def _spawn_options(self) -> dict:
