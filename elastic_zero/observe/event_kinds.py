@@ -30,7 +30,9 @@ KINDS: dict[str, EventKind] = {k.name: k for k in (
     _kind("job_failed", "message", "the job failed: why, in one line"),
     _kind("scale_requested", "workers", "a user asked for this many workers"),
     _kind("stop_requested", "checkpoint", "a user asked the job to stop (with a final checkpoint or not)"),
-    _kind("decision", "on reason", "the state machine decided something: on what input, and why"),
+    _kind("decision", "on reason listener_behind_s",
+          "the state machine decided something: on what input, and why (a Silence: how far behind the "
+          "heartbeat listener was)"),
     _kind("warning", "message actor_id", "something the job could not do as asked, told once"),
     # generations
     _kind("generation_start", "generation step source checkpoint workers leaving resume",
