@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pickle
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 
 from elastic_zero.plan.membership import Generation, Member
@@ -146,3 +146,11 @@ class Report:
     checkpoints_skipped: tuple = ()  # steps whose periodic save was skipped: the last one was still being written
     checkpoints: tuple = ()  # directories it committed (rank 0)
     restored_from: str | None = None  # the checkpoint it restored, if any
+
+    @classmethod
+    def made_from(cls, making: dict, outcome: Outcome, ended_at: float) -> "Report":
+        """A worker's report in the making (a dict of lists, and keys of its own besides), frozen,
+        with how the generation ended for it."""
+        names = {f.name for f in fields(cls)}
+        return cls(outcome=outcome, ended_at=ended_at,
+                   **{k: tuple(v) if isinstance(v, list) else v for k, v in making.items() if k in names})

@@ -164,13 +164,13 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             reset_peak()  # the peak its beats carry is this generation's steps', not its entry's
             self._mark(steps=self.engine.step_count, phase="idle")
             if rank is None:
-                return _finished(report, Outcome(self.actor_id, OutcomeKind.LEFT, plan.step), time.time())
+                return Report.made_from(report, Outcome(self.actor_id, OutcomeKind.LEFT, plan.step), time.time())
             report["rank"] = rank
             kind = self._loop(plan, rank, report)
-            self.batches.forget()  # a batch made ahead is not held through the next generation's entry
             # finished: the replicas of the last step back a recovery should the final save lose a member
             replicas = self.replicas.report() if kind == OutcomeKind.FINISHED else {}
-            return _finished(report, Outcome(self.actor_id, kind, self.engine.step_count, **replicas), time.time())
+            outcome = Outcome(self.actor_id, kind, self.engine.step_count, **replicas)
+            return Report.made_from(report, outcome, time.time())
         except Exception as exc:  # a collective failed (a peer died or timed out), or a bug
             ended = time.time()
             error = f"{type(exc).__name__}: {exc}"[:400]
@@ -188,10 +188,11 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                 self._committed(plan, flight, report)
             if self.engine is not None:
                 self.engine.discard_partial_step()
-            self.batches.forget()
             step = self.engine.step_count if self.engine is not None else plan.step
             outcome = Outcome(self.actor_id, OutcomeKind.FAILED, step, error=error, bug=bug, **self.replicas.report())
-            return _finished(report, outcome, ended)
+            return Report.made_from(report, outcome, ended)
+        finally:  # a batch made ahead is not held through the next generation's entry
+            self.batches.forget()
 
     def _loop(self, plan: GenerationPlan, rank: int, report: dict) -> str:
         spec = self.spec
@@ -392,12 +393,3 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
 
     def memory_report(self) -> dict:
         return self.engine.memory_report() if self.engine is not None else {}
-
-
-_REPORT_FIELDS = {f.name for f in dataclasses.fields(Report)}
-
-
-def _finished(report: dict, outcome: Outcome, ended_at: float) -> Report:
-    """The report in the making, frozen, with how the generation ended for this worker."""
-    return Report(outcome=outcome, ended_at=ended_at, **{
-        k: tuple(v) if isinstance(v, list) else v for k, v in report.items() if k in _REPORT_FIELDS})
