@@ -120,17 +120,20 @@ def test_a_failed_generation_is_aborted_once_for_all_whatever_the_number_of_fail
     Once was still a Ray call per survivor (1,016 from the loop); now it is one store write."""
     from types import SimpleNamespace
 
-    from elastic_zero.coordinator.actor import Coordinator
+    from elastic_zero.coordinator.generation_run import GenerationRun
+    from elastic_zero.coordinator.generations import Generations
     from elastic_zero.wire.generation_ends import ABORTED, over_key
     from elastic_zero.wire.rendezvous import loopback_store
 
-    coordinator = Coordinator.__new__(Coordinator)  # the failure path alone: no actor, no Ray
+    _, plan = _start(per_node=8)
+    sent = []  # the plan each participant was sent: no other call on a worker may be made
+    handle = SimpleNamespace(train=SimpleNamespace(remote=lambda shared: sent.append(shared) or object()))
+    pool = SimpleNamespace(handle=lambda actor_id: handle)
+    completions = SimpleNamespace(watch=lambda ref: None)
     store = _CountingStore(loopback_store(10))
-    coordinator.rendezvous = SimpleNamespace(store=store)
-    coordinator._workers = {f"w{i}": object() for i in range(N)}  # a call to any of them would fail
-    coordinator._plan = SimpleNamespace(number=7)
-    coordinator._train_refs = {object(): a for a in coordinator._workers}
-    coordinator._failure_seen_at = None
+    generations = Generations(SimpleNamespace(faults=()), pool, None, None, store, completions)
+    generations.running = GenerationRun(plan, pool, completions)  # the failure path alone: no Ray
+    assert len(sent) == N and all(s is sent[0] for s in sent)  # packed once, for all
     for _ in range(50):  # the first report, then 49 more survivors' reports of the same failure
-        coordinator._generation_failed()
-    assert store.writes == [(over_key(7), ABORTED)] and store.store.get(over_key(7)) == ABORTED
+        generations.failed()
+    assert store.writes == [(over_key(plan.number), ABORTED)] and store.store.get(over_key(plan.number)) == ABORTED

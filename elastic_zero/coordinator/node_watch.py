@@ -1,26 +1,27 @@
-"""The coordinator's side of nodes that go, per node: one worker on each node watches its cloud's
-metadata server (no extra process); Ray's drains are read here for the whole cluster; a notice for
-a node becomes a preemption notice for each of the job's workers there (they hand their shards over
+"""The coordinator's side of nodes that go, and of workers that stop: one worker on each node watches
+its cloud's metadata server (no extra process); Ray's drains are read here for the whole cluster;
+a notice for a node names the job's workers there (the coordinator has them hand their shards over
 at the next safe point), keeps new workers off that node, and, once the node's workers are gone,
-is acknowledged where the cloud wants it (Azure). Workers whose heartbeats (heartbeats.py) stopped
-(their node vanished) are counted lost here, and their node is kept out of new placements for a
-while; workers whose beats say their training stopped behind their peers' (plan/stuck.py) are
-killed here and counted lost, their node kept. Mixed into the Coordinator actor."""
+is acknowledged where the cloud wants it (Azure). The heartbeats (wire/heartbeats.py) are heard
+here: a participant whose beats stopped (its node vanished) is found silent, and its node is kept
+out of new placements for a while; one whose beats say its training stopped behind its peers'
+(plan/stuck.py) is found stuck, its node kept. What is found is returned (Silence, Stuck); the
+coordinator counts the lost and recovers."""
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import NamedTuple
 
 import ray
 
-from elastic_zero.coordinator.events import MemorySeen, NodeNotice, PreemptionNotice
-from elastic_zero.wire.heartbeats import HeartbeatListener
+from elastic_zero.coordinator.events import NodeNotice
 from elastic_zero.plan.liveness import next_look_at, next_silence_at, nodes_gone_silent, silent_members
 from elastic_zero.plan.stuck import Where, stuck_bound_s, stuck_members
 from elastic_zero.preemption.notices import Notice
 from elastic_zero.preemption.ray_drain import RayDrains
-from elastic_zero.protocol import Outcome, OutcomeKind, Report
+from elastic_zero.wire.heartbeats import HeartbeatListener
 
 NODE_ID_LABEL = "ray.io/node-id"
 ACK_TIMEOUT_S = 5.0
@@ -31,207 +32,178 @@ SILENCE_BEHIND_S = 0.1  # silent ones, but nobody heard: the listener is behind;
 STUCK_POLL_S = 0.25  # between two looks for stuck members: a bound is seconds long
 
 
+class Silence(NamedTuple):
+    """Participants whose beats stopped, with when each was last heard (monotonic)."""
+
+    lost: list
+    reason: str
+    last_heard: dict
+    read_until: float  # as far as the listener had read (monotonic)
+
+
+class Stuck(NamedTuple):
+    """Participants whose training stood still behind their peers', with when each last moved."""
+
+    stuck: list
+    reason: str
+    last_moved: dict
+    still_s: dict  # how long each stood still, less its waits for a CPU
+    where: dict  # actor id -> where its training stood, in words
+
+
 class NodeWatch:
-    def _start_node_watch(self) -> None:
+    def __init__(self, host: str, secret: bytes, spec, pool, tell, log) -> None:
+        """`pool`: the job's workers (worker_pool.py); `tell`: puts a NodeNotice into the coordinator's
+        inbox; `log`: writes an event."""
+        self._spec, self._pool, self._tell, self._log = spec, pool, tell, log
         self._worker_nodes: dict[str, str] = {}  # actor id -> its node
         self._watchers: dict[str, str] = {}  # node -> the worker that watches its metadata server
         self._noticed: dict[str, Notice] = {}  # node -> the first notice for it
         self._lost_nodes: dict[str, float] = {}  # node whose workers went silent -> avoided until (monotonic)
-        # actor id -> when its last heartbeat came (monotonic), written by the listener's thread
-        self.heartbeats = HeartbeatListener(self.host, self._secret)
-        self._heard: dict[str, float] = self.heartbeats.heard
+        self.heartbeats = HeartbeatListener(host, secret)
+        self._heard: dict[str, float] = self.heartbeats.heard  # actor id -> its last beat (monotonic), by the listener
         self._drain_stop = threading.Event()
-        if "ray-drain" in self.spec.preemption.watch:
+        if "ray-drain" in spec.preemption.watch:
             threading.Thread(target=self._watch_ray_drains, daemon=True, name="ray-drains").start()
 
-    # ---- sources --------------------------------------------------------------------------------
-
-    def node_notice(self, node: str, source: str, deadline_at: float | None, detail: str, ack: tuple = ()) -> None:
-        """A watcher says `node` goes by `deadline_at` (epoch seconds; None: unknown, soon)."""
-        self._inbox.put(NodeNotice(node, Notice(source, deadline_at, detail, tuple(ack))))
+    def close(self) -> None:
+        self._drain_stop.set()
 
     def liveness(self) -> dict:
         """What the heartbeat listener saw: how many workers it heard, its longest pause."""
         return {"heard": len(self._heard), "listener_longest_pause_s": round(self.heartbeats.longest_pause_s, 3),
                 "beats_dropped": self.heartbeats.dropped, "listener_overflows": self.heartbeats.overflows}
 
-    def watcher_note(self, node: str, message: str, problem: bool = True) -> None:
-        """What a node's watcher could not read or reach (it says each thing once), or that the node
-        has no cloud metadata server (problem False: kept in the log, not shown)."""
-        self._log("watcher", node=node, message=message, problem=problem)
-
     def _watch_ray_drains(self) -> None:
         drains = RayDrains()
-        while not self._drain_stop.wait(self.spec.preemption.poll_s):
+        while not self._drain_stop.wait(self._spec.preemption.poll_s):
             ours = set(list(self._worker_nodes.values()))  # a copy: the loop's thread changes it
             for node, notice in drains.draining().items():
                 if node in ours and node not in self._noticed:
-                    self._inbox.put(NodeNotice(node, notice))
+                    self._tell(NodeNotice(node, notice))
             if drains.problem:
                 self._log("watcher", node=None, message=drains.problem, problem=True)
                 return
 
-    # ---- the coordinator's side -------------------------------------------------------------------
+    # ---- heartbeats ---------------------------------------------------------------------------------
 
-    def _notice_silent_workers(self) -> float:
-        """A participant whose heartbeats stopped is lost (its node vanished; see plan/liveness.py):
-        its report will come, if ever, only when Ray's health checks give up on its node, so it is
-        counted dead now, with its last sign of life as the time of the failure. Returns when to look
-        again (monotonic): the moment the least recently heard would pass the timeout, so that a
-        silence is found when it begins and the loop does not scan every member many times a second."""
-        timeout_s = self.spec.elastic.heartbeat_timeout_s
+    def listen_to(self, participants) -> None:
+        """A generation starts: its participants' silence counts from now at the earliest."""
         now = time.monotonic()
-        if not timeout_s or self._plan is None or not self._train_refs:
-            return now + SILENCE_POLL_S
-        read_until = self.heartbeats.read_until  # what the listener read: silences are measured up to it
-        lost, reason = silent_members(self._heard, self._train_refs.values(), read_until, timeout_s,
-                                      witnesses=(a for a in self._workers if a in self._heard))
-        if not lost:
-            due = next_silence_at(self._heard, self._train_refs.values(), read_until, timeout_s)
-            return next_look_at(now, due, SILENCE_POLL_S, SILENCE_MIN_GAP_S, SILENCE_BEHIND_S)
-        self._count_dead(lost, reason, {a: self._heard[a] for a in lost}, now)
-        self._log("decision", on="Silence", reason=reason, listener_behind_s=round(now - read_until, 3))
-        for actor_id in lost:
-            self._log("worker_lost", actor_id=actor_id, silent_s=round(read_until - self._heard[actor_id], 2))
-        self._nodes_lost(lost, now)
-        self._retire(lost, "silent: presumed lost (with its node, unless others are heard there)", lost=True)
-        self._generation_failed()
-        return now + SILENCE_MIN_GAP_S
+        self._heard.update({a: max(self._heard.get(a, now), now) for a in participants})
 
-    def _notice_stuck_workers(self) -> None:
-        """A participant alive but not training while its peers went on past it (plan/stuck.py) is
-        killed and counted lost from when it last moved; the generation fails, and the survivors
-        recover as from any loss. Its node stays: its other workers may be well."""
-        e = self.spec.elastic
-        bound_s = stuck_bound_s(self.live.median_step_s(), e.stuck_after_steps, e.stuck_min_s)
-        if bound_s is None or self._plan is None or self._failure_seen_at is not None or len(self._train_refs) < 2:
-            return
+    def look_for_silence(self, watched, now: float) -> tuple[Silence | None, float]:
+        """The `watched` participants whose heartbeats stopped (their node vanished; see
+        plan/liveness.py), and when to look again (monotonic): the moment the least recently heard
+        would pass the timeout, so that a silence is found when it begins and the loop does not scan
+        every member many times a second. Silences are measured up to what the listener read."""
+        timeout_s = self._spec.elastic.heartbeat_timeout_s
+        watched = list(watched)
+        if not timeout_s or not watched:
+            return None, now + SILENCE_POLL_S
+        read_until = self.heartbeats.read_until
+        lost, reason = silent_members(self._heard, watched, read_until, timeout_s,
+                                      witnesses=(a for a in self._pool if a in self._heard))
+        if not lost:
+            due = next_silence_at(self._heard, watched, read_until, timeout_s)
+            return None, next_look_at(now, due, SILENCE_POLL_S, SILENCE_MIN_GAP_S, SILENCE_BEHIND_S)
+        return Silence(sorted(lost), reason, {a: self._heard[a] for a in lost}, read_until), now + SILENCE_MIN_GAP_S
+
+    def look_for_stuck(self, run, median_step_s: float | None) -> Stuck | None:
+        """The participants of `run` (generation_run.py) alive but not training while their peers went
+        on past them (plan/stuck.py)."""
+        e = self._spec.elastic
+        bound_s = stuck_bound_s(median_step_s, e.stuck_after_steps, e.stuck_min_s)
+        training = run.training()
+        if bound_s is None or run.failure_seen_at is not None or len(training) < 2:
+            return None
         # stillness too is measured up to what the listener read (a listener behind would make all look still)
         now, beats, moved = self.heartbeats.read_until, self.heartbeats.progress, self.heartbeats.moved
-        where = {a: Where(p.generation, p.steps, p.phase, p.collectives) for a in self._train_refs.values()
+        where = {a: Where(p.generation, p.steps, p.phase, p.collectives) for a in training
                  if (p := beats.get(a)) is not None}
-        plan = self._plan
+        plan = run.plan
         before = {m.actor_id for m in plan.previous.members} if plan.previous is not None else set()
         joiners = {m.actor_id for m in plan.generation.members} - before
         starved = {a: self.heartbeats.starved_s(a) for a in where if now - moved.get(a, now) > bound_s}  # candidates
-        stuck, reason = stuck_members(where, moved, self._train_refs.values(), plan.number, plan.step, now, bound_s,
-                                      joiners, starved)
+        stuck, reason = stuck_members(where, moved, training, plan.number, plan.step, now, bound_s, joiners, starved)
         if not stuck:
-            return
-        self._count_dead(stuck, f"stuck: {reason}", {a: moved[a] for a in stuck}, time.monotonic())
-        self._log("decision", on="Stuck", reason=reason)
-        for actor_id in stuck:
-            still_s = now - moved[actor_id] - starved.get(actor_id, 0.0)
-            self._log("worker_stuck", actor_id=actor_id, still_s=round(still_s, 2), where=where[actor_id].describe())
-        self._retire(stuck, "stuck: killed (its training stopped behind its peers')", lost=True)
-        self._generation_failed()
+            return None
+        return Stuck(sorted(stuck), reason, {a: moved[a] for a in stuck},
+                     {a: now - moved[a] - starved.get(a, 0.0) for a in stuck},
+                     {a: where[a].describe() for a in stuck})
 
-    def _count_dead(self, actor_ids, error: str, last_sign: dict[str, float], now: float) -> None:
-        """Participants given up on before their reports came: dead, from their last sign of life
-        (`last_sign`, monotonic; `now` too), their reports no longer awaited."""
-        for ref, actor_id in list(self._train_refs.items()):
-            if actor_id in actor_ids:
-                del self._train_refs[ref]
-                ended_at = time.time() - (now - last_sign[actor_id])
-                self._results[actor_id] = Report(Outcome(actor_id, OutcomeKind.DEAD, error=error), ended_at=ended_at)
-
-    def _last_words(self, generation: int) -> dict[str, int]:
+    def last_words(self, generation: int) -> dict[str, int]:
         """The steps each worker of `generation` whose process ended had done, as its beat process
         said when it ended (a node that vanished says nothing)."""
         return {a: p.steps for a, p in list(self.heartbeats.progress.items())
                 if p.last_word and p.generation == generation}
 
-    def _refresh_memory(self) -> None:
-        """The memory the workers measured (their hellos, their beats), for the plans to come."""
-        view = self.memory.view(self.heartbeats.progress, self._plan)
-        if view is not None and view != self.state.memory:
-            self._apply(MemorySeen(view))
+    def beats(self) -> dict:
+        """actor id -> heartbeats.Progress of its latest beat."""
+        return self.heartbeats.progress
 
-    def _memory_killed(self, plan) -> None:
-        """A worker of `plan` was killed by Ray's memory monitor: no plan of its shape counts on the
-        room its node had again (the recovery then drops replicas, or waits for more workers)."""
-        self._refresh_memory()
-        if self.state.memory is not None:
-            self._apply(MemorySeen(self.memory.killed(self.state.memory, plan)))
+    # ---- nodes -------------------------------------------------------------------------------------
 
-    def _listen_to(self, participants) -> None:
-        """A generation starts: its participants' silence counts from now at the earliest."""
+    def nodes_lost(self, actor_ids, now: float) -> None:
+        """Workers lost by their silence: their nodes, where no other worker is heard either, are kept
+        out of new placements for a while."""
+        node_of = {a: n for a, n in self._worker_nodes.items() if a in self._pool}
+        read_until = self.heartbeats.read_until  # heard or not: as far as the listener read
+        for node in nodes_gone_silent(actor_ids, node_of, self._heard, read_until,
+                                      self._spec.elastic.heartbeat_timeout_s):
+            self._lost_nodes[node] = now + LOST_NODE_AVOID_S
+
+    def nodes_that_go(self) -> set[str]:
+        """Told to go, or their workers went silent lately: no new worker should be or stay there."""
         now = time.monotonic()
-        self._heard.update({a: max(self._heard.get(a, now), now) for a in participants})
+        return set(self._noticed) | {node for node, until in self._lost_nodes.items() if until > now}
 
-    def _ours_on(self, node: str) -> list[str]:
-        """The job's workers on `node`, as far as their hellos said."""
-        return sorted(a for a, n in self._worker_nodes.items() if n == node and a in self._workers)
+    def placement(self) -> dict:
+        """The nodes a new worker may start on: those with the job's labels, and not one that goes. A
+        pending worker's selector is its demand as an autoscaler reads it: a node of a type that has
+        the labels, and a new one where only nodes that go have room."""
+        selector = dict(self._spec.elastic.worker_labels)
+        avoid = self.nodes_that_go()
+        if avoid:
+            selector[NODE_ID_LABEL] = f"!in({','.join(sorted(avoid))})"
+        return {"label_selector": selector} if selector else {}
 
-    def _worker_at(self, actor_id: str, node: str) -> None:
-        """A worker said hello from `node`: the node gets a watcher if it has none."""
-        self._worker_nodes[actor_id] = node
-        if self.spec.preemption.clouds() and node not in self._watchers and not node.startswith("unknown-"):
-            self._watchers[node] = actor_id
-            self._workers[actor_id].watch_node.remote(node)
-
-    def _on_node_notice(self, item: NodeNotice) -> None:
+    def notice(self, item: NodeNotice) -> list[str] | None:
+        """A notice that `item.node` goes: the job's workers there (None: the node was noticed before;
+        the first source to tell is acted on, the others say the same)."""
         node, notice = item.node, item.notice
         if node in self._noticed:
-            return  # the first source to tell is acted on; the others say the same
+            return None
         self._noticed[node] = notice
         here = self._ours_on(node)
         deadline_s = round(notice.deadline_at - time.time(), 1) if notice.deadline_at is not None else None
         self._log("preemption_notice", node=node, source=notice.source, deadline_s=deadline_s, detail=notice.detail,
                   actor_ids=here)
-        if here:  # members leave at a safe point; ready ones that have not joined just go: decided together
-            self._apply(PreemptionNotice(here[0], tuple(here[1:])))
+        return here
 
-    def _checkpoint_before_leaving(self) -> None:
-        """Workers told to go have nobody to hand their shards to (the state machine's CheckpointNow):
-        every member saves the step it reaches next, and training goes on until replacements join
-        or the workers go. Without checkpoints, the user is told what will be lost."""
-        gen = self.state.generation
-        leaving = [a for a in self.state.leaving if any(m.actor_id == a for m in gen.members)]
-        if not (self.spec.checkpoint.uri and self.spec.checkpoint.every):
-            self._log("warning", message=f"{', '.join(leaving)} must leave and no worker can take their shards, but "
-                                         f"the job saves no checkpoints (checkpoint.uri, checkpoint.every): its state "
-                                         f"since the start goes with them unless replacements join first")
-            return
-        self._log("notice_checkpoint", generation=gen.number, actor_ids=leaving)
-        self._ask_one_member("request_checkpoint")
+    def _ours_on(self, node: str) -> list[str]:
+        """The job's workers on `node`, as far as their hellos said."""
+        return sorted(a for a, n in self._worker_nodes.items() if n == node and a in self._pool)
 
-    def _nodes_that_go(self) -> set[str]:
-        """Told to go, or their workers went silent lately: no new worker should be or stay there."""
-        now = time.monotonic()
-        return set(self._noticed) | {node for node, until in self._lost_nodes.items() if until > now}
+    def worker_at(self, actor_id: str, node: str) -> None:
+        """A worker said hello from `node`: the node gets a watcher if it has none."""
+        self._worker_nodes[actor_id] = node
+        if self._spec.preemption.clouds() and node not in self._watchers and not node.startswith("unknown-"):
+            self._watchers[node] = actor_id
+            self._pool.handle(actor_id).watch_node.remote(node)
 
-    def _nodes_lost(self, actor_ids, now: float) -> None:
-        """Workers lost by their silence: their nodes, where no other worker is heard either, are kept
-        out of new placements for a while."""
-        node_of = {a: n for a, n in self._worker_nodes.items() if a in self._workers}
-        read_until = self.heartbeats.read_until  # heard or not: as far as the listener read
-        for node in nodes_gone_silent(actor_ids, node_of, self._heard, read_until,
-                                      self.spec.elastic.heartbeat_timeout_s):
-            self._lost_nodes[node] = now + LOST_NODE_AVOID_S
-
-    def _spawn_options(self) -> dict:
-        """The nodes a new worker may start on: those with the job's labels, and not one that goes. A
-        pending worker's selector is its demand as an autoscaler reads it: a node of a type that has
-        the labels, and a new one where only nodes that go have room."""
-        selector = dict(self.spec.elastic.worker_labels)
-        avoid = self._nodes_that_go()
-        if avoid:
-            selector[NODE_ID_LABEL] = f"!in({','.join(sorted(avoid))})"
-        return {"label_selector": selector} if selector else {}
-
-    def _leaving_worker_retired(self, actor_id: str, handle, lost: bool = False) -> None:
-        """Before a worker goes: if it watched a node, another of the node's workers takes over, or,
-        when it was the last one there, the node's notice is acknowledged through it (not through
-        one lost with its node: nobody would answer)."""
+    def worker_gone(self, actor_id: str, handle, lost: bool, job_over: bool) -> None:
+        """Before a worker goes (out of the pool already): if it watched a node, another of the node's
+        workers takes over, or, when it was the last one there, the node's notice is acknowledged
+        through it (not through one lost with its node: nobody would answer)."""
         node = self._worker_nodes.pop(actor_id, None)
         if node is None or self._watchers.get(node) != actor_id:
             return
         del self._watchers[node]
         others = self._ours_on(node)
-        if others and self._result is None:
+        if others and not job_over:
             self._watchers[node] = others[0]
-            self._workers[others[0]].watch_node.remote(node)
+            self._pool.handle(others[0]).watch_node.remote(node)
         elif not others and not lost and node in self._noticed and self._noticed[node].ack:
             ack = self._noticed[node].ack
             try:

@@ -1,6 +1,6 @@
 """The coordinator's decisions as a pure function: (state, event, now) -> (state, commands, reason).
 
-No Ray, no clock reads: the actor (actor.py) feeds events in and carries the commands out.
+No Ray, no clock reads: the coordinator's loop (job_loop.py) feeds events in and carries the commands out.
 """
 
 from __future__ import annotations

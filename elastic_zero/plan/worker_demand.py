@@ -27,7 +27,7 @@ class AutoscalerView:
 
 
 def worker_bundle(use_gpu: bool, worker_resources: dict) -> dict[str, float]:
-    """The resources one worker asks Ray for (coordinator/spawner.py asks the same)."""
+    """The resources one worker asks Ray for (coordinator/worker_pool.py asks the same)."""
     return {("GPU" if use_gpu else "CPU"): 1.0, **{k: float(v) for k, v in worker_resources.items()}}
 
 

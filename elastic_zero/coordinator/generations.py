@@ -1,0 +1,99 @@
+"""The generations a job runs, as the coordinator keeps them: the one running (generation_run.py),
+the plan last started, and how the last one ended (what the next recovery is planned and counted
+from). Each is started, aborted and ended here with what its workers must be told (the store's end
+key, generation_ends.py) and what the job's record keeps of it."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from elastic_zero.coordinator.books import steps_reached
+from elastic_zero.coordinator.commit_reads import checkpoint_candidates
+from elastic_zero.coordinator.drill_kills import DrillKills
+from elastic_zero.coordinator.generation_run import GenerationRun
+from elastic_zero.protocol import Outcome, OutcomeKind, Report, Source
+from elastic_zero.wire.generation_ends import announce_end
+
+
+class Generations:
+    def __init__(self, spec, pool, watch, record, store, completions) -> None:
+        self._spec, self._pool, self._watch, self._record = spec, pool, watch, record
+        self._store, self._completions = store, completions
+        self._drill_kills = DrillKills(store, spec.faults)
+        self.running: GenerationRun | None = None
+        self.last_plan = None
+        self.last_end: dict[str, Report] = {}  # actor id -> its report of the generation that ended last
+
+    def training(self) -> list[str]:
+        """The running generation's participants whose reports are still awaited."""
+        return self.running.training() if self.running is not None else []
+
+    def start(self, plan) -> None:
+        """`plan` starts. A checkpoint generation is given the commits it may restore, newest first,
+        their sample records read now (pruning may remove them while it trains): a ValueError where
+        there is none to read."""
+        if plan.source == Source.CHECKPOINT:
+            candidates, logs = checkpoint_candidates(self._spec.checkpoint.uri)
+            self._record.restore_candidates(logs)
+            plan = dataclasses.replace(plan, checkpoints=candidates)
+        last = self.last_end
+        failed_at = reached = None
+        if plan.source in (Source.SNAPSHOT, Source.CHECKPOINT, Source.RESTART):
+            failed_at = min(self._drill_kills.new_times() + [r.ended_at for r in last.values()] or [time.time()])
+            reached = steps_reached(last.values(), self._watch.last_words(self.last_plan.number))
+        resume = self._spec.checkpoint.resume if plan.source == Source.INIT else None
+        self._record.generation_starts(plan, last, failed_at, reached, resume)
+        self.last_plan = plan
+        self._watch.listen_to(plan.participants)
+        self.running = GenerationRun(plan, self._pool, self._completions)
+
+    def failed(self) -> None:
+        """A participant died or its collective failed: the generation is over. The others are aborted
+        now, so that they don't find out one collective (or one timeout) at a time: one store key they
+        all wait for; once, as every survivor's report of the failure comes too."""
+        if self.running.failed(time.monotonic()):
+            announce_end(self._store, self.running.number, aborted=True)
+
+    def kill_unresponsive(self) -> None:
+        """A participant still silent a collective timeout after the generation failed is hung (alive
+        but not answering): killed, so that it counts as lost and the survivors can recover."""
+        if self.running is None:
+            return
+        for actor_id in self.running.unresponsive(time.monotonic(), self._spec.elastic.collective_timeout_s):
+            self._record.log("worker_unresponsive", actor_id=actor_id)
+            handle = self._pool.get(actor_id)
+            if handle is not None:
+                self._pool.kill(handle)
+
+    def ask_one_member(self, method: str, generation) -> None:
+        """A safe point or a checkpoint is asked of one member still training: each rank adds its request into
+        the step's closing all-reduce (worker/trainer.py), so all act at one step (asking 1,024 took 1.4 s)."""
+        running = set(self.training())  # (one found lost is retired at once)
+        asked = next((m.actor_id for m in generation.members if m.actor_id in running and m.actor_id in self._pool),
+                     None)
+        if asked is not None:  # none: the generation is ending, and the next one is planned with what was asked
+            getattr(self._pool.handle(asked), method).remote(generation.number)
+
+    def end(self) -> GenerationRun:
+        """The running generation, over (no call out): its workers are told it ended."""
+        run, self.running = self.running, None
+        announce_end(self._store, run.number, aborted=False)  # (an abort, said first, stays)
+        return run
+
+    def close(self, run: GenerationRun) -> tuple:
+        """What `run`'s reports say goes into the record; they are how it ended. Returns the outcomes
+        of those that lived."""
+        self.last_end = run.results
+        return self._record.generation_ended(run.plan, run.results)
+
+    def lost_in_final_save(self, members: list[str], lost: dict) -> tuple:
+        """`lost` (actor id -> (when, why)) died in the final save; the other `members`' outcomes stand
+        as their generation ended (finished at the last step, holding its replicas). Returns the
+        outcomes of those that lived, to recover from."""
+        for actor_id, (_, why) in lost.items():
+            self._record.log("worker_lost", actor_id=actor_id, during="final_save", error=why)
+        now = time.time()
+        self.last_end = {a: Report(Outcome(a, OutcomeKind.DEAD, error=lost[a][1]), ended_at=lost[a][0]) if a in lost
+                         else dataclasses.replace(self.last_end[a], ended_at=now) for a in members}
+        return tuple(r.outcome for r in self.last_end.values() if r.outcome.kind != OutcomeKind.DEAD)

@@ -1,0 +1,249 @@
+"""What a job leaves behind and shows while it runs: its event log, its books (what each generation
+trained, the summary), its live figures, its metrics and trackers. Each commit and each restore is
+told once, whichever of rank 0's note or a generation's reports names it first.
+
+The coordinator's loop and its Ray threads (rank 0's notes) both write here: the sets of what was
+told are guarded by a lock; the rest is one write each, atomic under the GIL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+from elastic_zero.checkpoint.catalog import step_of_directory
+from elastic_zero.coordinator.books import Books
+from elastic_zero.coordinator.death_causes import is_memory_kill
+from elastic_zero.observe.event_log import EventLog
+from elastic_zero.observe.live import LiveProgress
+from elastic_zero.observe.metrics import JobMetrics
+from elastic_zero.observe.tracking import start_tracking
+from elastic_zero.protocol import OutcomeKind, Source
+
+
+class JobRecord:
+    def __init__(self, spec, spec_dict: dict, job_id: str, run_dir: str, started_at: float, restarted: bool) -> None:
+        self.spec, self.run_dir = spec, run_dir
+        self.books = Books(spec.train.global_batch, spec.train.steps, started_at)
+        self.events = EventLog(run_dir, go_on=restarted)
+        self.live = LiveProgress(spec.train.global_batch, spec.train.steps)
+        self.metrics = JobMetrics(job_id)
+        self._lock = threading.Lock()  # workers' warnings and rank 0's commits arrive on the actor's threads at once
+        self.tracking = start_tracking(spec, spec_dict, job_id, run_dir, self.warn, restarted)
+        if self.tracking is not None:
+            self.events.listener = self.tracking.event
+        self._commits_told = {r["directory"] for r in self.events.records if r.get("event") == "checkpoint_committed"}
+        self._restores_told: set = set()
+        self._candidate_logs: list = []  # (directory, sample records) of a checkpoint generation's candidates
+
+    def log(self, kind: str, **fields) -> None:
+        self.events.add(kind, **fields)
+
+    def warn(self, message: str, **fields) -> None:
+        """Something the job could not do as asked, told once (a worker's warning, a failing tracker)."""
+        with self._lock:
+            if message in self.books.warnings:
+                return
+            self.books.warnings.append(message)
+        self.log("warning", **fields, message=message)
+
+    # ---- checkpoints --------------------------------------------------------------------------------
+
+    def committed(self, directory: str, generation: int | None) -> bool:
+        """A `checkpoint_committed` event, once per directory (rank 0 tells it as it happens, and the
+        generation's reports name it again at its end): whether this was the first telling."""
+        with self._lock:
+            if directory in self._commits_told:
+                return False
+            self._commits_told.add(directory)
+        self.log("checkpoint_committed", generation=generation, directory=directory)
+        self.live.checkpoint = directory
+        return True
+
+    def committed_directories(self) -> list[str]:
+        return [e["directory"] for e in self.events.records if e.get("event") == "checkpoint_committed"]
+
+    def commit_of_step(self, step: int) -> str | None:
+        """The newest committed checkpoint of `step`, if any."""
+        return next((d for d in reversed(self.committed_directories()) if step_of_directory(d) == step), None)
+
+    def restored(self, generation: int, directory: str, step: int | None) -> bool:
+        """A `checkpoint_restored` event, once per generation (rank 0 tells it as it happens; its
+        generation's reports name it again at its end): whether this was the first telling. The
+        recovery's step is known from then."""
+        if (generation, directory) in self._restores_told:
+            return False
+        self._restores_told.add((generation, directory))
+        self.log("checkpoint_restored", generation=generation, directory=directory, step=step)
+        if step is not None:
+            self.books.restored(generation, step)
+        return True
+
+    def restore_candidates(self, candidates: list[tuple[str, list]]) -> None:
+        """The sample records of what a checkpoint generation may restore, newest commit first: read
+        when it is planned, as pruning may remove them while it trains."""
+        self._candidate_logs = list(reversed(candidates))
+
+    def add_checkpoint_logs(self, restored: str) -> None:
+        """The sample records of the restored checkpoint and older commits, for reports that were lost."""
+        for directory, rows in self._candidate_logs:  # oldest commit first
+            self.books.add_checkpoint_log(rows)
+            if directory == restored:
+                break
+
+    def saves_skipped(self, generation: int, steps) -> None:
+        """Periodic saves the ranks skipped together (every rank's report names the same steps): the
+        last one was still being written, and the step never waits for the store."""
+        for step in steps:
+            self.log("checkpoint_skipped", generation=generation, step=step)
+            self.books.checkpoints_skipped.append(step)
+        if steps:
+            self.warn(f"periodic checkpoints were skipped (the first at step {self.books.checkpoints_skipped[0]}): "
+                      f"each came due while the one before was still being written; the store takes longer "
+                      f"than checkpoint.every = {self.spec.checkpoint.every} steps")
+
+    # ---- rank 0's notes -----------------------------------------------------------------------------
+
+    def progress(self, step: int, loss: float | None, step_seconds: float, at: float, checkpoint: str | None,
+                 losses: tuple, generation) -> None:
+        """Rank 0's progress (`losses`: (step, loss) of every step since its last note, for the
+        trackers); `generation`: the one running (None: between two)."""
+        self.live.note(step, loss, step_seconds, at)
+        if self.tracking is not None:
+            self.tracking.train_points(list(losses), self.live.samples_per_s())
+        if checkpoint:  # the newest commit rank 0 knows of (the events learn of it at the generation's end)
+            self.live.checkpoint = checkpoint
+        self.metrics.set("elastic_zero_step", step)
+        self.metrics.set("elastic_zero_loss", loss)
+        self.metrics.set("elastic_zero_step_seconds", step_seconds)
+        self.metrics.set("elastic_zero_samples_per_second", self.live.samples_per_s())
+        # Ray exports a gauge only if it was set since the last export: the generation's figures too, each time
+        if self.live.eval is not None:
+            self.metrics.set("elastic_zero_eval_loss", self.live.eval["loss"])
+            self.metrics.set("elastic_zero_eval_perplexity", self.live.eval["perplexity"])
+        if generation is not None:
+            self.metrics.set("elastic_zero_world_size", generation.world_size)
+            self.metrics.set("elastic_zero_generation", generation.number)
+
+    def replicas_agreed(self, generation: int, cadence: dict) -> None:
+        self.log("replicas_cadence", generation=generation, **cadence)
+        latest = self.live.replicas
+        if latest is None or latest["generation"] <= generation:  # (notes are served on several threads)
+            self.live.replicas = {"generation": generation, **cadence}
+
+    def replicas(self, running, current: bool) -> dict:
+        """The replicas' cadence: the one the `running` generation agreed on (`current`: the status;
+        as asked until it agreed), else the latest agreed (the summary)."""
+        every = self.spec.elastic.replicate_every
+        asked = {"every": None if every == "auto" else every, "auto": every == "auto", "cost": None, "reason": None}
+        latest = self.live.replicas
+        if latest is None or (current and (running is None or latest["generation"] != running.number)):
+            return asked
+        return {key: latest[key] for key in asked}
+
+    def evaluated(self, generation: int, result: dict) -> None:
+        """Rank 0 evaluated the weights after `result["step"]` steps (worker/evaluation.py)."""
+        self.log("eval", generation=generation, **result)
+        self.live.eval = {k: result.get(k) for k in ("step", "loss", "perplexity")}
+        self.metrics.set("elastic_zero_eval_loss", result["loss"])
+        self.metrics.set("elastic_zero_eval_perplexity", result.get("perplexity"))
+
+    # ---- a generation's start and end, the job's end -----------------------------------------------
+
+    def generation_starts(self, plan, last_end: dict, failed_at: float, reached: int | None, resume: str | None) -> None:
+        """`plan` starts after a generation that ended as `last_end` (actor id -> report) says: a
+        recovery (from the failure at `failed_at`, epoch seconds, when the lost had `reached` steps)
+        or a reconfiguration begins in the books; `resume`: what the job resumes (a first generation)."""
+        if plan.source in (Source.SNAPSHOT, Source.CHECKPOINT, Source.RESTART):
+            lost = sorted(a + (f" ({r.outcome.error})" if is_memory_kill(r.outcome.error) else "")
+                          for a, r in last_end.items() if r.outcome.kind == OutcomeKind.DEAD)
+            cause = f"lost {', '.join(lost)}" + ("; restored from a checkpoint" if plan.checkpoints else "") + \
+                ("; started over from the initial weights" if plan.source == Source.RESTART else "")
+            self.books.begin_change("recovery", failed_at, plan.number, step=plan.step if plan.step >= 0 else None,
+                                    cause=cause, reached=reached, source=plan.source)
+        elif plan.source == Source.LIVE:
+            since = max((r.ended_at for r in last_end.values()), default=time.time())
+            self.books.begin_change("reconfiguration", since, plan.number, step=plan.step, **{
+                "from": plan.previous.world_size, "to": plan.generation.world_size}, cause=plan.cause)
+        self.books.world_size_history.append([plan.step, plan.generation.world_size])
+        resumed = {"resume": resume} if plan.source == Source.INIT and resume else {}
+        self.log("generation_start", generation=plan.number, step=plan.step, source=plan.source, **resumed,
+                 checkpoint=plan.checkpoints[0] if plan.checkpoints else None,
+                 workers=[m.actor_id for m in plan.generation.members], leaving=list(plan.leaving))
+        if plan.source != Source.INIT:  # counted as they start, as status counts them
+            self.metrics.add("elastic_zero_reconfigurations" if plan.source == Source.LIVE else "elastic_zero_recoveries")
+
+    def generation_ended(self, plan, results: dict) -> tuple:
+        """What `plan`'s reports (actor id -> report) say goes into the books, the metrics and the
+        log; returns the outcomes of those that lived (leavers' too: after a failed handover they
+        still hold shards of the previous layout)."""
+        for r in results.values():
+            for error in r.checkpoint_errors:
+                self.log("checkpoint_failed", generation=plan.number, actor_id=r.outcome.actor_id, error=error)
+        # every rank skipped the same saves: any report that lived says which
+        self.saves_skipped(plan.number, next((r.checkpoints_skipped for r in results.values() if r.checkpoints_skipped), ()))
+        members = {m.actor_id for m in plan.generation.members}
+        before = len(self.books.recoveries), len(self.books.reconfigurations)
+        self.books.add_generation_results(plan.number, [r for a, r in results.items() if a in members])
+        self._count_metrics(results.values(), before)
+        outcomes = tuple(r.outcome for r in results.values() if r.outcome.kind != OutcomeKind.DEAD)
+        alive = sum(1 for o in outcomes if o.actor_id in members)
+        kinds = sorted({o.kind for o in outcomes if o.actor_id in members} | ({OutcomeKind.DEAD} if alive < len(members) else set()))
+        self.log("generation_end", generation=plan.number, outcomes=kinds,
+                 ended_at={a: round(r.ended_at, 4) for a, r in results.items()},
+                 errors={o.actor_id: o.error for o in outcomes if o.error}, **_last_step(results.values()))
+        return outcomes
+
+    def _count_metrics(self, reports, before: tuple[int, int]) -> None:
+        """The stalls of the changes the books measured with a generation's results (counted `before`
+        them) and the reports' checkpoint figures go into the metrics."""
+        for kind, changes in (("recoveries", self.books.recoveries[before[0]:]),
+                              ("reconfigurations", self.books.reconfigurations[before[1]:])):
+            for change in changes:
+                self.metrics.add("elastic_zero_stall_seconds", change.get("stall_s") or 0.0)
+                if self.tracking is not None:
+                    self.tracking.change(change, kind)
+        if self.tracking is not None:
+            self.tracking.generation_losses({step: loss for r in reports for step, loss in r.losses})
+        for r in reports:
+            self.metrics.add("elastic_zero_checkpoint_stall_seconds", sum(r.checkpoint_stall_s))
+            self.metrics.add("elastic_zero_checkpoints", len(r.checkpoints))
+
+    def steps_done(self) -> int:
+        return max(self.books.step_log) + 1 if self.books.step_log else 0
+
+    def write_summary(self, result: dict, **more) -> None:
+        """summary.json, whole or not at all: the result's summary and `more`; the result gets the
+        written summary and its newest checkpoint. The trackers finish with it."""
+        if self.tracking is not None:  # a tracker's failure told by now is in the summary's warnings
+            self.tracking.flush()
+        summary = {**result["summary"], "ok": result["ok"], "error": result.get("error"), **more}
+        result["summary"] = summary
+        committed = self.committed_directories()
+        result["checkpoint"] = committed[-1] if committed else None
+        path = os.path.join(self.run_dir, "summary.json")
+        with open(path + ".tmp", "w") as fh:
+            json.dump(summary, fh, indent=1)
+        os.replace(path + ".tmp", path)
+        if self.tracking is not None:
+            self.tracking.finish(path, self._draw_plot(), bool(result["ok"]))
+
+    def _draw_plot(self) -> str | None:
+        """RUN_DIR/run.png for the trackers (a plot that cannot be drawn is a warning)."""
+        try:
+            from elastic_zero.plot import plot_run
+
+            return plot_run(self.run_dir)[0]
+        except Exception as exc:  # noqa: BLE001 - an artifact, never the job's outcome
+            self.warn(f"tracking: the plot could not be drawn: {type(exc).__name__}: {exc}"[:300])
+            return None
+
+
+def _last_step(reports) -> dict:
+    """The loss and metrics of a generation's last step, as rank 0 saw them (every rank sees the same)."""
+    for r in reports:
+        if r.rank == 0 and r.last_loss is not None:
+            return {"steps_done": r.outcome.step, "loss": r.last_loss, "metrics": dict(r.last_metrics)}
+    return {}
