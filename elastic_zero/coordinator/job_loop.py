@@ -51,12 +51,11 @@ class JobLoop:
             # its workers died with the previous one: the latest checkpoint (none yet: a fresh start)
             spec = {**spec, "checkpoint": {**spec["checkpoint"], "resume": "latest"}}
             self.spec = spec_from_dict(spec)
-        self.spec_dict = spec
         e = self.spec.elastic
-        self.host = ray.util.get_node_ip_address()
+        host = ray.util.get_node_ip_address()
         # the job's store, in a relay process that admits only holders of its secret (wire/rendezvous.py)
-        self._secret = new_secret()
-        self.rendezvous = RendezvousServer(self.host, self._secret, e.collective_timeout_s)
+        secret = new_secret()
+        self.rendezvous = RendezvousServer(host, secret, e.collective_timeout_s)
         self.record = JobRecord(self.spec, spec, job_id, run_dir, started_at, restarted)
         records = self.record.events.records
         numbers = [r["generation"] for r in records if r.get("event") == "generation_start"]
@@ -71,11 +70,11 @@ class JobLoop:
         self.lock = threading.Lock()  # the state, read by the actor's other threads
         self.completions = Completions()  # hellos and train calls in flight, collected as they complete
         self.pool = WorkerPool(e, self.completions, workforce)
-        self.watch = NodeWatch(self.host, self._secret, self.spec, self.pool, self.inbox.put, self.record.log)
+        self.watch = NodeWatch(host, secret, self.spec, self.pool, self.inbox.put, self.record.log)
         self.final = FinalSave(self.spec, self.pool, self.watch, self.rendezvous.store, self.record,
                                self.checkpoint_committed)
-        self._worker_args = dict(spec=spec, store_host=self.host, store_port=self.rendezvous.port,
-                                 store_secret=self._secret, coordinator=coordinator_name, namespace=namespace,
+        self._worker_args = dict(spec=spec, store_host=host, store_port=self.rendezvous.port,
+                                 store_secret=secret, coordinator=coordinator_name, namespace=namespace,
                                  heartbeat_port=self.watch.heartbeats.port)
         self.generations = Generations(self.spec, self.pool, self.watch, self.record, self.rendezvous.store,
                                        self.completions)

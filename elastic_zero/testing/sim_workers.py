@@ -33,7 +33,7 @@ from elastic_zero.protocol import GenerationPlan, Hello, Outcome, OutcomeKind, R
 
 SIM_NODE_FORMAT = "sim-node-{:04d}"
 UNIQUE_ID_BYTES = 128  # an NCCL unique id
-PROGRESS_EVERY_S = 0.5  # as the Trainer's rank 0
+PROGRESS_EVERY_S = 0.5  # as a real rank 0 (worker/coordinator_notes.py)
 PLAN_METHODS = ("train", "checkpoint_now")  # their first argument is a packed plan (protocol.pack_plan)
 
 

@@ -1,7 +1,8 @@
 """How a worker enters a generation, by where the generation's state comes from: a fresh start
 (or a resume), the checkpoints (when memory holds no complete step), or a handover between the
-participants (a planned change from the live state, or a recovery from replicas). A mixin of
-Trainer (trainer.py), kept apart so the trainer module holds the step loop and its control."""
+participants (a planned change from the live state, or a recovery from replicas). One per worker,
+owned by its Trainer (trainer.py), with the parts it enters through: the worker's model and engine,
+its groups, commits, saves, drills and notes."""
 
 from __future__ import annotations
 
@@ -10,17 +11,13 @@ import time
 import torch
 
 from elastic_zero.checkpoint import open_store, resolve, restore_candidates, restore_shard
-from elastic_zero.job.build import DTYPES
 from elastic_zero.plan.partition import partition_layout
 from elastic_zero.plan.reshard import plan_reshard, received_from_others
 from elastic_zero.protocol import GenerationPlan, Source
 from elastic_zero.worker.handover import hand_over
-from elastic_zero.worker.initial_model import initial_model
-from elastic_zero.worker.node_duties import coordinator_handle
-from elastic_zero.worker.replica import LayoutReplicas
-from elastic_zero.zero import ShardState, TorchComm, ZeroEngine
+from elastic_zero.zero import ShardState, ZeroEngine
 from elastic_zero.zero.abortable import GroupAborted
-from elastic_zero.zero.host_memory import building, host_empty, release_free_memory
+from elastic_zero.zero.host_memory import building, host_empty
 
 
 class _PhaseClock:
@@ -39,8 +36,26 @@ def committed_key(plan: GenerationPlan) -> str:
     return f"g{plan.number}/committed"
 
 
+def host_snapshot(engine: ZeroEngine) -> ShardState:
+    """A host copy of `engine`'s shard, complete on return."""
+    snapshot, copied = engine.host_shard_state()
+    if copied is not None:
+        copied.synchronize()
+    return snapshot
+
+
 class GenerationEntry:
-    def _enter(self, plan: GenerationPlan, report: dict) -> int | None:
+    def __init__(self, spec, actor_id: str, held, store, gate, groups, commits, saves, drills, notes, replicas,
+                 backend: str) -> None:
+        """`held`: the worker's model and engine (worker_model.py); `gate`: its generation gate;
+        `groups`, `commits`, `saves`, `drills`, `notes`: the worker's parts of those names;
+        `replicas`: what it holds of its buddy's and its own snapshots; `backend`: its training
+        group's ("nccl" or "gloo")."""
+        self.spec, self.actor_id, self._held, self.store, self._gate = spec, actor_id, held, store, gate
+        self.groups, self.commits, self.saves, self.drills, self.notes = groups, commits, saves, drills, notes
+        self.replicas, self.backend = replicas, backend
+
+    def enter(self, plan: GenerationPlan, report: dict) -> int | None:
         """Join generation `plan.number` (_enter_by_source) under the memory rule of each phase: the
         entry's restores, handovers and engines make and drop large transients, which go back to the
         system; the steps after it reuse their own memory (host_memory.py)."""
@@ -51,15 +66,13 @@ class GenerationEntry:
         """Join generation `plan.number` in one of three ways, by where its state comes from; return
         this worker's rank, or None for a leaver that has handed its shards over."""
         clock = _PhaseClock(report.setdefault("phases_s", {}))
-        if self._writer_reads_engine:  # a save of the engine's own tensors, abandoned or not
-            self.writer.wait()
-            self._writer_reads_engine = False
+        self.saves.engine_released()  # a save of the engine's own tensors, abandoned or not
         self._gate.enter(plan.number, self.store, self._settle_work_left)
-        self._replicas_planned = plan.replicas
+        self.commits.plan_keeps_replicas(plan.replicas)
         if plan.source in (Source.INIT, Source.RESTART):
             return self._start_fresh(plan, report, clock)
-        if self.engine is None:
-            self.engine = self._standalone_engine()
+        if self._held.engine is None:
+            self._held.standalone_engine()
         if plan.source == Source.CHECKPOINT:  # no complete step survived in memory
             return self._restore_checkpoint(plan, report, clock)
         return self._take_handover(plan, report, clock)  # "live" (a planned change) or "snapshot" (a recovery)
@@ -68,10 +81,11 @@ class GenerationEntry:
         """Under the gate's lock, as a generation is entered: the engine forgets what it had in flight
         on the groups of an aborted generation (its gathers after the last step: every path that
         follows cuts its buffers anew from the shard), and any interrupt of the one left is over."""
-        if self.engine is not None:
+        engine = self._held.engine
+        if engine is not None:
             if stale:
-                self.engine.forget_work_in_flight()
-            self.engine.clear_interrupt()
+                engine.forget_work_in_flight()
+            engine.clear_interrupt()
 
     def _start_fresh(self, plan: GenerationPlan, report: dict, clock: _PhaseClock) -> int:
         """Generation 0, or a restart (nothing held a trained step): build the engine on its group,
@@ -80,41 +94,35 @@ class GenerationEntry:
         if plan.source == Source.RESTART:
             self._start_over()
             clock.lap("model")
-        self._build_groups(plan, self._member_groups(plan, rank))
-        self.engine = self._new_engine(self._train_comm())
+        self.groups.build(plan, self._member_groups(plan, rank))
+        self._held.new_engine(self.groups.train_comm())
         clock.lap("engine")
         if self.spec.checkpoint.resume:
             state, report["restored_from"] = self._restore(self._resume_candidates())
             if state is not None:  # "latest" with nothing committed yet: a fresh start
                 report["received_bytes"] = state.nbytes()
-                self.engine.load_shard_state(state)
+                self._held.engine.load_shard_state(state)
         clock.lap("resume")
-        self._commit(plan)
+        self.commits.commit_now(plan, self._held.engine)
         clock.lap("commit")
         return rank
 
     def _start_over(self) -> None:
         """Let go of everything trained (the engine, its replicas) and build the model as the job
         began: the old engine and model go first, never two at once."""
-        self.replicas = LayoutReplicas()
-        if self.engine is None:  # its model was never bound to an engine: it is as the job began
-            return
-        self.engine.release_state()  # after the host copies still reading it (a save's, on a GPU)
-        self.engine.close()
-        self.engine = self.model = None
-        release_free_memory()
-        self._take_model(initial_model(self.spec, self.device))
+        self.replicas.clear()
+        self._held.start_over()
 
     def _restore_checkpoint(self, plan: GenerationPlan, report: dict, clock: _PhaseClock) -> int:
         """Every member reads its shard of the newest checkpoint all of them can read."""
         rank = plan.generation.rank_of(self.actor_id)
-        self._build_groups(plan, self._member_groups(plan, rank))
+        self.groups.build(plan, self._member_groups(plan, rank))
         state, report["restored_from"] = self._restore(plan.checkpoints)
         report["received_bytes"] = state.nbytes()
         clock.lap("read_checkpoint")
-        self.engine.reconfigure(self._train_comm(), state)
+        self._held.engine.reconfigure(self.groups.train_comm(), state)
         clock.lap("reconfigure")
-        self._commit(plan)
+        self.commits.commit_now(plan, self._held.engine)
         clock.lap("commit")
         return rank
 
@@ -128,22 +136,22 @@ class GenerationEntry:
         wanted = {"handover": (me, len(plan.participants), "gloo")}
         if me < world:
             wanted.update(self._member_groups(plan, me, host=len(plan.participants) != world))
-        self._build_groups(plan, wanted)  # an abort breaks the handover too
+        self.groups.build(plan, wanted)  # an abort breaks the handover too
         clock.lap("groups")
-        self._fire_drills("handover", plan, me if me < world else None, plan.step)  # participants: new ranks first
-        old = partition_layout(self.engine.layout, plan.previous.world_size)
-        new = partition_layout(self.engine.layout, world)
-        template = ShardState(self.engine.layout, old, 0,
-                              {n: torch.empty(0) for n in self.engine.vector_names()},
-                              {**self._scalars(), "step": plan.step})
+        self.drills.fire("handover", plan, me if me < world else None, plan.step)  # participants: new ranks first
+        old = partition_layout(self._held.engine.layout, plan.previous.world_size)
+        new = partition_layout(self._held.engine.layout, world)
+        template = ShardState(self._held.engine.layout, old, 0,
+                              {n: torch.empty(0) for n in self._held.engine.vector_names()},
+                              {**self._held.scalars(), "step": plan.step})
         store = self.replicas.of(plan.previous.number)
         if store is not None:  # the handover's step is the one restored, in this layout or a later one
             store.keep_only(plan.step)
         held = self._held_shards(plan)
         # what moves is held apart from the engine (replicas, or a host copy): its state goes before the
         # new shard comes (in a recovery it is stale anyway)
-        self.engine.release_state()
-        mine = hand_over(TorchComm(self._gate.groups["handover"], role="host"), old, new, plan.holder_of_old,
+        self._held.engine.release_state()
+        mine = hand_over(self.groups.handover_comm(), old, new, plan.holder_of_old,
                          list(range(world)), held, template)
         clock.lap("handover")
         if mine is None:
@@ -151,21 +159,21 @@ class GenerationEntry:
             return None
         moved = received_from_others(plan_reshard(old, new), plan.holder_of_old, list(range(world)), me)
         report["received_bytes"] = moved * sum(v.element_size() for v in mine.vectors.values())
-        if self._replicating:
+        if self.commits.replicating:
             # the new layout is committed before the engine is cut anew, and the one before it goes as
             # soon as every member holds it: a worker never holds the old layout's replicas, the new
             # layout's and its engine's state at once
-            self._commit(plan, snapshot=mine)  # `mine` is the snapshot as it is: reconfigure copies it
+            self.commits.commit_now(plan, self._held.engine, snapshot=mine)  # `mine` is the snapshot as it is: reconfigure copies it
             self._layout_committed_everywhere(plan, me)
             clock.lap("commit")
-        self.engine.reconfigure(self._train_comm(), mine)
+        self._held.engine.reconfigure(self.groups.train_comm(), mine)
         clock.lap("reconfigure")
         return me
 
     def _layout_committed_everywhere(self, plan: GenerationPlan, rank: int) -> None:
         """After this member's commit: once every member's is done (a barrier on the host group), the
         layout before is needed no more, and the leavers may go."""
-        self._host_comm().all_reduce(host_empty(1, torch.float32).zero_())
+        self.groups.host_comm().all_reduce(host_empty(1, torch.float32).zero_())
         self.replicas.confirmed()
         if rank == 0 and plan.leaving:
             self.store.set(committed_key(plan), "1")
@@ -192,12 +200,11 @@ class GenerationEntry:
         if not candidates:
             return None, None
         fs, _ = open_store(self.spec.checkpoint.uri)
-        comm = self._train_comm()
-        state, directory = restore_shard(fs, candidates, self.engine.layout, comm.world_size, comm.rank,
-                                         self.engine.vector_names(), comm, self.device)
-        if comm.rank == 0 and self._coordinator:  # told as it happens: the job's events stay in their order
-            coordinator_handle(self._coordinator, self._namespace).restored_note.remote(
-                self._gate.number, directory, int(state.scalars["step"]))
+        comm = self.groups.train_comm()
+        state, directory = restore_shard(fs, candidates, self._held.engine.layout, comm.world_size, comm.rank,
+                                         self._held.engine.vector_names(), comm, self._held.device)
+        if comm.rank == 0 and self.notes:  # told as it happens: the job's events stay in their order
+            self.notes.restored(self._gate.number, directory, int(state.scalars["step"]))
         return state, directory
 
     def _member_groups(self, plan: GenerationPlan, rank: int, host: bool = True) -> dict:
@@ -208,26 +215,6 @@ class GenerationEntry:
         if host:
             wanted["host"] = (rank, world, "gloo")
         return wanted
-
-    def _standalone_engine(self) -> ZeroEngine:
-        """An engine of its own, hollow: a handover or a checkpoint fills it (reconfigure) before
-        it trains, and at world size 1 its state would be the whole model's."""
-        return self._new_engine(None, hollow=True)
-
-    def _new_engine(self, comm, hollow: bool = False) -> ZeroEngine:
-        """The worker's engine over `comm` (None: on its own); a meta model's starting weights go
-        into it and are let go."""
-        engine = ZeroEngine(self.model, self.optimizer, stage=self.spec.zero.stage, process_group=comm,
-                            grad_clip=self.spec.train.grad_clip, wrap=self.wrap,
-                            compute_dtype=DTYPES[self.spec.zero.compute_dtype], device=self.device,
-                            init_values=self._init_values, hollow=hollow)
-        self._init_values = None
-        release_free_memory()  # the model's own tensors, and a meta model's unit-by-unit values, are gone
-        return engine
-
-    def _scalars(self) -> dict:
-        scale = self.engine.loss_scale
-        return {"loss_scale": scale.scale} if scale is not None else {}
 
     def _held_shards(self, plan: GenerationPlan) -> dict:
         """The old shards this process holds for the handover, by old rank."""
@@ -240,6 +227,6 @@ class GenerationEntry:
             # the safe point committed this step: its own snapshot is the engine's state (no copy); a
             # host copy only without replicas
             kept = replicas.own.get(plan.step) if replicas is not None else None
-            return {prev.rank_of(self.actor_id): kept if kept is not None else self._host_snapshot()}
+            return {prev.rank_of(self.actor_id): kept if kept is not None else host_snapshot(self._held.engine)}
         own_rank = prev.rank_of(self.actor_id) if self.actor_id in [m.actor_id for m in prev.members] else None
         return {r: (replicas.own if r == own_rank else replicas.ward)[plan.step] for r in mine}

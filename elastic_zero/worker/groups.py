@@ -1,4 +1,6 @@
-"""The process groups of a generation: built together, aborted together. A mixin of Trainer (trainer.py).
+"""The process groups of a generation: built together, aborted together. One per worker, owned by
+its Trainer (trainer.py); the groups built are kept in the worker's generation gate
+(generation_gate.py), which aborts them.
 
 Each generation has up to three groups, keyed by role under the prefix g<number>/<role>/:
 - "train": the training group (NCCL on GPU, gloo on CPU), for the engine's collectives on device
@@ -26,7 +28,12 @@ NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
 
 
 class GenerationGroups:
-    def _build_groups(self, plan, wanted: dict[str, tuple[int, int, str]]) -> dict:
+    def __init__(self, store, timeout_s: float, gate, on_collective) -> None:
+        """`store`: the job's store; `timeout_s`: the collective timeout; `gate`: the worker's
+        generation gate; `on_collective`: called as the training group enters each collective."""
+        self._store, self._timeout_s, self._gate, self._on_collective = store, timeout_s, gate, on_collective
+
+    def build(self, plan, wanted: dict[str, tuple[int, int, str]]) -> dict:
         """Build the groups `wanted` ({role: (rank, size, backend)}) of generation `plan.number` at
         once, and make them the current ones. Building waits in the store for every member; a member
         that died first would hold this worker there for the whole timeout (seen in the chaos drill: a
@@ -43,9 +50,9 @@ class GenerationGroups:
             try:
                 # a connection of its own: a build given up still waits in the store until its
                 # timeout, and on a shared client it would hold every later request behind it
-                store = self.store.clone()
+                store = self._store.clone()
                 result = new_process_group(store, f"g{plan.number}/{role}/", rank, size, backend,
-                                           timeout_s=self.spec.elastic.collective_timeout_s)
+                                           timeout_s=self._timeout_s)
             except Exception as exc:  # handed to the waiting thread, which raises it
                 result = exc
             with lock:
@@ -82,11 +89,14 @@ class GenerationGroups:
             gate.groups.update(built)
         return built
 
-    def _train_comm(self) -> TorchComm:
+    def train_comm(self) -> TorchComm:
         comm = TorchComm(self._gate.groups["train"], role="train")
-        comm.on_collective = self._collective_entered  # counted on the progress board (node_duties.py)
+        comm.on_collective = self._on_collective  # counted on the progress board (node_duties.py)
         return comm
 
-    def _host_comm(self) -> TorchComm:
+    def handover_comm(self) -> TorchComm:
+        return TorchComm(self._gate.groups["handover"], role="host")
+
+    def host_comm(self) -> TorchComm:
         groups = self._gate.groups
         return TorchComm(groups.get("host") or groups["handover"], role="host")

@@ -2,8 +2,9 @@
 process, once its heartbeats have started), it beats (a heartbeat datagram to the coordinator
 every HEARTBEAT_EVERY_S, from a process of its own, whatever training is doing: a node that vanishes
 goes silent, see heartbeats.py and plan/liveness.py), it takes SIGTERM as a notice that it goes, and one
-worker per node watches the node's cloud metadata server when the coordinator asks it to. Mixed into
-the worker actor; the coordinator is reached by its name."""
+worker per node watches the node's cloud metadata server when the coordinator asks it to. The
+training thread marks its progress here, on the board the beats carry. One per worker, owned by its
+Trainer; the coordinator is reached by its name."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from elastic_zero.job.spec import HEARTBEAT_EVERY_S
 from elastic_zero.job.build import DTYPES
 from elastic_zero.protocol import Hello
 from elastic_zero.zero.memory_facts import model_memory, own_tensor_bytes
-from elastic_zero.worker.faults import WorkerStartError, ray_node_id
+from elastic_zero.worker.faults import ray_node_id
 from elastic_zero.worker.node_age import raylet_started_at
 
 
@@ -38,26 +39,28 @@ def coordinator_handle(name: str, namespace: str):
 
 
 class NodeDuties:
-    _cloud_watcher: CloudWatcher | None = None
-    _beats = None  # the beat process (it ends with this worker's process)
-    board: ProgressBoard | None = None  # this worker's progress, which its beats carry (heartbeats.py)
-    _hang_in: str | None = None  # a hang drill armed for later in the step: "data" or "collective"
-    _collectives_armed = 0  # the collectives entered since a "collective" hang was armed
+    def __init__(self, spec, actor_id: str, coordinator: str | None, namespace: str | None) -> None:
+        self._spec, self._actor_id, self._coordinator, self._namespace = spec, actor_id, coordinator, namespace
+        self._cloud_watcher: CloudWatcher | None = None
+        self._beats = None  # the beat process (it ends with this worker's process)
+        self.board: ProgressBoard | None = None  # this worker's progress, which its beats carry (heartbeats.py)
+        self._hang_in: str | None = None  # a hang drill armed for later in the step: "data" or "collective"
+        self._collectives_armed = 0  # the collectives entered since a "collective" hang was armed
 
-    def _mark(self, **progress) -> None:
+    def mark(self, **progress) -> None:
         """The training thread's progress (generation, steps, phase) on the board its beats read."""
         if self.board is not None:
             self.board.mark(**progress)
         if self._hang_in is not None and progress.get("phase") == self._hang_in:
             threading.Event().wait()  # the drill: inside the data read, alive (beating), never training again
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
         """A micro batch or an eval batch begins: training moves, though no collective or phase shows it
         (an evaluation at stage 1 or 2 enters none until its end)."""
         if self.board is not None:
             self.board.tick()
 
-    def _collective_entered(self) -> None:
+    def collective_entered(self) -> None:
         """The training group enters a collective (zero/comm.py's on_collective): counted on the board."""
         if self._hang_in == "collective":
             self._collectives_armed += 1
@@ -66,53 +69,34 @@ class NodeDuties:
         if self.board is not None:
             self.board.collective()
 
-    def _hang(self, action: str) -> None:
+    def hang(self, action: str) -> None:
         """A hang drill (job/sections.py HANG_ACTIONS): now ("hang"), or armed for later in this step."""
         if action == "hang":
             threading.Event().wait()
         self._hang_in, self._collectives_armed = action.removeprefix("hang_in_"), 0
 
-    def hello(self) -> Hello:
-        """Where this worker runs; raises WorkerStartError (one line) if it could not start."""
-        if self.start_error:
-            raise WorkerStartError(self.start_error)
+    def hello(self, memory: dict) -> Hello:
+        """Where this worker runs, once its first beat is out; `memory`: memory_facts() of its model."""
         node, warning = os.environ.get("ELASTIC_ZERO_NODE"), ""
+        actor_id = self._actor_id
         if not node:
             node, problem = ray_node_id()
             if node is None:  # buddies may then share this machine: said, not hidden
-                node, warning = f"unknown-{self.actor_id}", f"the Ray node of {self.actor_id} is unknown ({problem})"
-        return Hello(Member(self.actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")),
-                     "; ".join(filter(None, (warning, self._beats_started()))), os.getpid(), self._memory_facts(),
+                node, warning = f"unknown-{actor_id}", f"the Ray node of {actor_id} is unknown ({problem})"
+        return Hello(Member(actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")),
+                     "; ".join(filter(None, (warning, self._beats_started()))), os.getpid(), memory,
                      raylet_started_at())
 
-    def _memory_facts(self) -> dict:
-        """What the coordinator plans memory with (plan/memory.py): the node's capacity and Ray's
-        threshold, what this process holds beside its model's own tensors, the model's state facts."""
-        model = getattr(self, "model", None)
-        facts = {"capacity": capacity_bytes(), "threshold": monitor_threshold(), "used": used_bytes(),
-                 "rss": rss_bytes(os.getpid())}
-        device = getattr(self, "device", None)
-        if device is not None and device.type == "cuda":  # the engine's state is there, not in the node's memory
-            import torch
-
-            facts["device_capacity"] = torch.cuda.get_device_properties(device).total_memory
-        if model is not None:
-            facts["own_tensors"] = own_tensor_bytes(model)
-            facts["model"] = model_memory(model, self.wrap, self.spec.zero.stage,
-                                          DTYPES[self.spec.zero.compute_dtype], self.optimizer)
-        return facts
-
-    def _start_beating(self, coordinator: str | None, coordinator_host: str, heartbeat_port: int | None,
-                       secret: bytes) -> None:
+    def start_beating(self, coordinator_host: str, heartbeat_port: int | None, secret: bytes) -> None:
         """First thing in the worker's start: its beat process starts while the model is built."""
-        if coordinator and self.spec.elastic.heartbeat_timeout_s and heartbeat_port:
+        if self._coordinator and self._spec.elastic.heartbeat_timeout_s and heartbeat_port:
             token = beat_token(secret)
             self.board = ProgressBoard.create()
             try:
-                self._beats = start_beat_process(coordinator_host, heartbeat_port, token, self.actor_id,
+                self._beats = start_beat_process(coordinator_host, heartbeat_port, token, self._actor_id,
                                                  HEARTBEAT_EVERY_S, self.board.path)
             except OSError as exc:  # no process to spare (EAGAIN, ENOMEM): a thread beats, stalls and all
-                print(f"elastic_zero: {self.actor_id} beats from a thread: its beat process could not start "
+                print(f"elastic_zero: {self._actor_id} beats from a thread: its beat process could not start "
                       f"({exc})", file=sys.stderr)
                 sender = HeartbeatSender(coordinator_host, heartbeat_port, token)
                 threading.Thread(target=self._beat, args=(sender,), daemon=True, name="heartbeat").start()
@@ -127,11 +111,11 @@ class NodeDuties:
             if self.board is not None:
                 self.board.unlink()  # mapped by both: nothing else needs its name
             return ""
-        return f"the heartbeats of {self.actor_id} had not started {BEAT_START_TIMEOUT_S:g} s after its start"
+        return f"the heartbeats of {self._actor_id} had not started {BEAT_START_TIMEOUT_S:g} s after its start"
 
-    def _take_sigterm_as_notice(self) -> None:
-        if "sigterm" in self.spec.preemption.watch:
-            catch_sigterm(self._on_sigterm, termination_grace_s(self.spec.preemption.sigterm_grace_s))
+    def take_sigterm_as_notice(self) -> None:
+        if "sigterm" in self._spec.preemption.watch:
+            catch_sigterm(self._on_sigterm, termination_grace_s(self._spec.preemption.sigterm_grace_s))
 
     def _beat(self, sender: HeartbeatSender) -> None:
         self.board.unlink()
@@ -140,17 +124,18 @@ class NodeDuties:
             pid = os.getpid()
             at = self.board.read()
             memory = (rss_bytes(pid), peak_rss_bytes(pid), used_bytes())
-            sender.beat(self.actor_id, at, memory=memory, waited_ms=starved(at))
+            sender.beat(self._actor_id, at, memory=memory, waited_ms=starved(at))
             time.sleep(HEARTBEAT_EVERY_S)
 
     def _on_sigterm(self, grace_s: float) -> None:
         """SIGTERM (a pod deleted, a node's agent stopping it): a preemption notice of this worker,
         which hands its shard over at the next safe point; it goes at the grace period's end anyway."""
-        coordinator_handle(self._coordinator, self._namespace).preemption_notice.remote(self.actor_id, grace_s, "sigterm")
+        coordinator_handle(self._coordinator, self._namespace).preemption_notice.remote(self._actor_id, grace_s,
+                                                                                       "sigterm")
 
     def watch_node(self, node: str) -> None:
         """Watch this node's cloud metadata server for the job (the coordinator picks one worker per node)."""
-        p = self.spec.preemption
+        p = self._spec.preemption
         clouds = p.clouds()
         if self._cloud_watcher is not None or not clouds:
             return
@@ -166,3 +151,18 @@ class NodeDuties:
         if self._cloud_watcher is None:
             return "this worker does not watch its node"
         return self._cloud_watcher.acknowledge(tuple(ack))
+
+
+def memory_facts(spec, model=None, wrap=None, optimizer=None, device=None) -> dict:
+    """What the coordinator plans memory with (plan/memory.py): the node's capacity and Ray's
+    threshold, what this process holds beside its model's own tensors, the model's state facts."""
+    facts = {"capacity": capacity_bytes(), "threshold": monitor_threshold(), "used": used_bytes(),
+             "rss": rss_bytes(os.getpid())}
+    if device is not None and device.type == "cuda":  # the engine's state is there, not in the node's memory
+        import torch
+
+        facts["device_capacity"] = torch.cuda.get_device_properties(device).total_memory
+    if model is not None:
+        facts["own_tensors"] = own_tensor_bytes(model)
+        facts["model"] = model_memory(model, wrap, spec.zero.stage, DTYPES[spec.zero.compute_dtype], optimizer)
+    return facts

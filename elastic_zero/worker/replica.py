@@ -85,6 +85,10 @@ class LayoutReplicas:
             POOL.trim()  # its blocks are of sizes no longer asked for
         self.current.keep_latest()
 
+    def clear(self) -> None:
+        """Every layout's replicas go (the engine starts over, or a plan keeps none)."""
+        self.generation, self.current, self.earlier = -1, ReplicaStore(), None
+
     def report(self) -> dict:
         """The steps held, as the coordinator's Outcome describes them."""
         earlier = ((self.earlier[0], tuple(sorted(self.earlier[1].own)), tuple(sorted(self.earlier[1].ward)))

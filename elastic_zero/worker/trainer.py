@@ -23,32 +23,33 @@ from elastic_zero.job.build import build_loss, build_optimizer, build_source
 from elastic_zero.node_memory import reset_peak
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.evaluation import eval_due
-from elastic_zero.protocol import GenerationPlan, Outcome, OutcomeKind, Report
+from elastic_zero.protocol import GenerationPlan, Hello, Outcome, OutcomeKind, Report
 from elastic_zero.wire.rendezvous import connect
-from elastic_zero.job.spec import HANG_ACTIONS, KILL_ACTIONS, spec_from_dict
+from elastic_zero.job.spec import spec_from_dict
 from elastic_zero.worker.cadence_meter import CadenceMeter
-from elastic_zero.worker.drills import due_drills
+from elastic_zero.worker.drill_runner import DrillRunner
 from elastic_zero.worker.entry import GenerationEntry, committed_key
 from elastic_zero.worker.evaluation import Evaluator
 from elastic_zero.worker.device import worker_device
-from elastic_zero.worker.faults import is_communication_failure, is_device_failure, named
+from elastic_zero.worker.faults import WorkerStartError, is_communication_failure, is_device_failure, named
 from elastic_zero.worker.generation_gate import GenerationGate, abort_all
-from elastic_zero.worker.initial_model import InitialModel, initial_model
+from elastic_zero.worker.initial_model import initial_model
 from elastic_zero.worker.groups import GenerationGroups
-from elastic_zero.worker.node_duties import NodeDuties, coordinator_handle
+from elastic_zero.worker.coordinator_notes import CoordinatorNotes
+from elastic_zero.worker.node_duties import NodeDuties, memory_facts
 from elastic_zero.worker.replica import LayoutReplicas
+from elastic_zero.worker.checkpoint_records import CheckpointRecords
 from elastic_zero.worker.commits import StepCommits
 from elastic_zero.worker.replication import Replicator
 from elastic_zero.worker.saves import CheckpointSaves
 from elastic_zero.worker.step_batches import StepBatches
 from elastic_zero.worker.warnings_relay import relay_warnings
+from elastic_zero.worker.worker_model import WorkerModel
 from elastic_zero.zero import TorchComm, ZeroEngine
 from elastic_zero.zero.host_memory import large_allocations_to_the_system, release_free_memory
 
-PROGRESS_EVERY_S = 0.5  # how often rank 0 tells the coordinator its step and loss
 
-
-class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, NodeDuties):
+class Trainer:
     def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int, store_secret: bytes,
                  coordinator: str | None = None, namespace: str | None = None, joiner: bool = False,
                  heartbeat_port: int | None = None) -> None:
@@ -58,30 +59,30 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         self.actor_id = actor_id
         self.cadence = CadenceMeter(self.spec.elastic.replicate_every)  # how often a step commits
         self.use_gpu = self.spec.elastic.use_gpu
-        self._start_beating(coordinator, store_host, heartbeat_port, store_secret)
+        self.duties = NodeDuties(self.spec, actor_id, coordinator, namespace)
+        self.duties.start_beating(store_host, heartbeat_port, store_secret)
         self.backend = "nccl" if self.use_gpu else "gloo"
         # a start failure is kept and told by hello(), as one line naming the field: raised here,
         # it would reach the coordinator as an actor death with a traceback
         self.start_error = ""
         try:
             self.device = worker_device(self.use_gpu)
-            self._take_model(initial_model(self.spec, self.device))
-            self.source = named("data.source", lambda: build_source(self.spec, self.model))
+            built = initial_model(self.spec, self.device)
+            self.source = named("data.source", lambda: build_source(self.spec, built.model))
             t = self.spec.train
             self.batches = StepBatches(self.source, t.global_batch, t.micro_batch, t.steps, self.device)
             self.loss_fn = build_loss(self.spec)
-            self.evaluator = named("eval.source", lambda: Evaluator(self.spec, self.model)) \
+            self.evaluator = named("eval.source", lambda: Evaluator(self.spec, built.model)) \
                 if self.spec.eval.source else None
             # float16 overflows are the loss scaler's to skip; elsewhere a non-finite loss is a bug
             self._finite_loss = self.spec.zero.compute_dtype != "float16"
-            self.optimizer = build_optimizer(self.spec)
+            self.held = WorkerModel(self.spec, self.device, build_optimizer(self.spec), built)
             release_free_memory()  # a meta model's construction made and freed every parameter
         except Exception as exc:
             self.start_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return
-        self.engine: ZeroEngine | None = None
         if joiner:  # the layout and hooks now, while the others train; the handover fills it (hollow until then)
-            self.engine = self._standalone_engine()
+            self.held.standalone_engine()
         # the layout before a handover stays until every rank has committed the new one, so that a
         # loss inside the handover is recovered from memory
         self.replicas = LayoutReplicas()
@@ -89,15 +90,14 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         self._safe_point_for = -1  # the latest generation a safe point was requested for
         # the generation entered, its groups, whether it was aborted: an abort for g never reaches g + 1
         self._gate = GenerationGate()
-        self._untold_log: list[tuple] = []  # (generation, step, rank, start, count): see train()
-        self._saved_through = -1  # the index of the last step whose sample records went into a checkpoint
-        self._coordinator, self._namespace = coordinator, namespace
-        self._progress_told_at = 0.0
+        self.records = CheckpointRecords()
+        self.notes = CoordinatorNotes(actor_id, coordinator, namespace)
         self.store = connect(store_host, store_port, store_secret, self.spec.elastic.collective_timeout_s)
+        self.groups = GenerationGroups(self.store, self.spec.elastic.collective_timeout_s, self._gate,
+                                       self.duties.collective_entered)
         c = self.spec.checkpoint
         # rank 0 commits; the coordinator hears of each commit as it happens
-        told = (lambda d: coordinator_handle(coordinator, namespace).checkpoint_note.remote(actor_id, d)) \
-            if coordinator else None
+        told = self.notes.committed if self.notes else None
         # a job with no checkpoint.uri of its own writes its final weights to its run directory (job/prepare.py)
         self.writer = (AsyncCheckpointWriter(c.uri, self.store, c.keep, self.spec.zero.stage,
                                              self.spec.elastic.collective_timeout_s, on_commit=told)
@@ -105,18 +105,39 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         # a checkpoint at the next step asked for in generation _checkpoint_for, taken unless a checkpoint
         # was saved for a request of that generation or a later one (_checkpoint_taken)
         self._checkpoint_for = self._checkpoint_taken = -1
-        self._writer_reads_engine = False  # a save in flight writes from the engine's own tensors (saves.py)
+        self.saves = CheckpointSaves(self.spec, self.writer, self.replicator, self.replicas, self.records)
+        self.commits = StepCommits(self.spec, self.cadence, self.replicator, self.replicas, self.records, self.groups,
+                                   self.device, self.notes.cadence if self.notes else None)
+        self.drills = DrillRunner(self.spec.faults, self.store, self.replicator, self.writer, self.duties, actor_id,
+                                  coordinator, namespace)
+        self.entry = GenerationEntry(self.spec, actor_id, self.held, self.store, self._gate, self.groups, self.commits,
+                                     self.saves, self.drills, self.notes, self.replicas, self.backend)
         # the coordinator's word that a generation is over (or aborted)
         self._ends = GenerationEndWatch(self.store, self.abort_generation) if coordinator else None
         if coordinator:
-            self._take_sigterm_as_notice()
-            relay_warnings(lambda text: coordinator_handle(coordinator, namespace).worker_warning.remote(actor_id, text))
+            self.duties.take_sigterm_as_notice()
+            relay_warnings(self.notes.warning)
 
-    def _take_model(self, built: InitialModel) -> None:
-        self.model, self.wrap, self._model_extra = built.model, built.wrap, built.extra
-        self._init_values = built.init_values  # a meta model's weights to start from, until its engine takes them
+    @property
+    def engine(self) -> ZeroEngine | None:
+        """The engine of the moment (the entry into a generation may make it anew)."""
+        return self.held.engine
 
     # ---- control, called concurrently with train() ----------------------------------------
+
+    def hello(self) -> Hello:
+        """Where this worker runs; raises WorkerStartError (one line) if it could not start."""
+        if self.start_error:
+            raise WorkerStartError(self.start_error)
+        held = self.held
+        return self.duties.hello(memory_facts(self.spec, held.model, held.wrap, held.optimizer, self.device))
+
+    def watch_node(self, node: str) -> None:
+        """Watch this node's cloud metadata server for the job (the coordinator picks one worker per node)."""
+        self.duties.watch_node(node)
+
+    def acknowledge_notice(self, ack: tuple) -> bool | str:
+        return self.duties.acknowledge_notice(ack)
 
     def request_safe_point(self, number: int) -> None:
         """Stop at the next safe point of generation `number` (a request may arrive before train()
@@ -154,15 +175,15 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
                   "checkpoints": [], "checkpoints_skipped": [], "restored_from": None}
         if self._ends is not None:
             self._ends.watch(plan.number)
-        self._untold_log, self._saved_through = [], -1  # the records this generation commits (worker/saves.py)
+        self.records.new_generation()  # the sample records this generation commits or saves
         self.cadence.new_generation()  # measured anew: the world size sets a shard's bytes
         try:
             if self.device.type == "cuda":  # set_device holds per thread, and Ray may call on another
                 torch.cuda.set_device(self.device)
-            self._mark(generation=plan.number, phase="entering")
-            rank = self._enter(plan, report)
+            self.duties.mark(generation=plan.number, phase="entering")
+            rank = self.entry.enter(plan, report)
             reset_peak()  # the peak its beats carry is this generation's steps', not its entry's
-            self._mark(steps=self.engine.step_count, phase="idle")
+            self.duties.mark(steps=self.engine.step_count, phase="idle")
             if rank is None:
                 return Report.made_from(report, Outcome(self.actor_id, OutcomeKind.LEFT, plan.step), time.time())
             report["rank"] = rank
@@ -181,11 +202,11 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             bug = "" if is_communication_failure(exc, self._gate.aborted.is_set()) else error
             if self.writer is not None:
                 self.writer.abandon()  # at once: a slow write must not make this survivor miss its deadline
-                self._take_checkpoint_news(report)
+                self.saves.take_news(report)
             abort_all(self._gate.groups)
             flight = self.replicator.settle()  # an exchange that completed before the failure still commits
             if flight is not None:
-                self._committed(plan, flight, report)
+                self.commits.committed(plan, flight, report)
             if self.engine is not None:
                 self.engine.discard_partial_step()
             step = self.engine.step_count if self.engine is not None else plan.step
@@ -197,12 +218,12 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
     def _loop(self, plan: GenerationPlan, rank: int, report: dict) -> str:
         spec = self.spec
         world = plan.generation.world_size
-        comm = self._train_comm()
+        comm = self.groups.train_comm()
         engine = self.engine
         while engine.step_count < spec.train.steps:
             step = engine.step_count
             for moment in ("step",) if report["step_times"] else ("first_step", "step"):
-                self._fire_drills(moment, plan, rank, step)
+                self.drills.fire(moment, plan, rank, step)
             if report["first_step_at"] is None:  # ready to train: an evaluation first is not part of the stall
                 report["first_step_at"] = time.time()
             self._evaluate_if_due(plan, rank, world, comm, report, step)
@@ -213,8 +234,8 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             # device would wait for. No phase mark: a mark restarts the collectives' count, and this
             # rank, done with its backward, would look behind a peer still in its own (plan/stuck.py)
             self.batches.prepare(step + 1, world, rank)
-            waited = blocked = self._finish_commit(plan, report)  # the previous step's replicas, sent while this one ran
-            self._fire_drills("commit", plan, rank, step)
+            waited = blocked = self.commits.finish(plan, report)  # the previous step's replicas, sent while this one ran
+            self.drills.fire("commit", plan, rank, step)
             asked = self._safe_point_for == plan.number
             checkpoint_asked = self._checkpoint_for > self._checkpoint_taken  # asked in this generation or before
             every = spec.checkpoint.every
@@ -222,62 +243,63 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             agree = step_summary(asked, weight, loss_sum, metric_sums, self.device, checkpoint_asked,
                                  save_busy=save_busy)
             # without replicas the layout is complete once every rank has taken its shards of it
-            committed = self.replicas.generation == plan.number or not self._replicating
-            self._mark(phase="agree")
+            committed = self.replicas.generation == plan.number or not self.commits.replicating
+            self.duties.mark(phase="agree")
             comm.all_reduce(agree)
             if committed:  # every rank got here after a commit in this layout: it is complete in memory
                 self.replicas.confirmed()  # and so the older steps are needed no more
-                if not self._replicating and self.replicas.generation >= 0:  # (a plan without room for them)
-                    self.replicas = LayoutReplicas()  # those of the layouts before go too
+                if not self.commits.replicating and self.replicas.generation >= 0:  # (a plan without room for them)
+                    self.replicas.clear()  # those of the layouts before go too
                 if rank == 0 and plan.leaving and not report["step_times"]:
                     self.store.set(committed_key(plan), "1")  # the leavers may go
             report["last_loss"], report["last_metrics"] = read_step_summary(
                 agree, sorted(metric_sums), world, step, finite=self._finite_loss, finite_metrics=True)
-            self._agree_cadence(plan, rank, comm, report)
+            self.commits.agree_cadence(plan, rank, comm, report)
             report["losses"].append((step, round(report["last_loss"], 6)))  # every rank: one may be lost
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             # the update after the all-reduce: the older replicas are gone before the step's copy is made,
             # which a step that will commit (every `replicate_every`, or a safe point) has the engine make
             # as it updates
             will_stop = agree[0] > 0 and step + 1 < spec.train.steps
-            self._mark(phase="update")
-            engine.step(host_copy=self._commit_due(step + 1) or (will_stop and self._replicating))
+            self.duties.mark(phase="update")
+            engine.step(host_copy=self.commits.due(step + 1) or (will_stop and self.commits.replicating))
             engine.zero_grad()
-            self._mark(steps=engine.step_count, phase="commit")
+            self.duties.mark(steps=engine.step_count, phase="commit")
             stopping = agree[0] > 0 and engine.step_count < spec.train.steps
             trained = time.time()
             last = engine.step_count == spec.train.steps
             copy_s = 0.0
             # a safe point always commits: the next generation's fallback is this layout at this step
-            if self._commit_due(engine.step_count) or (stopping and self._replicating):
-                copy_s = self._start_commit(plan, report)
+            if self.commits.due(engine.step_count) or (stopping and self.commits.replicating):
+                copy_s = self.commits.start(plan, report, engine)
                 blocked += copy_s
                 if last or stopping:  # nothing follows to hide the swap behind: committed before going on
-                    self._finish_commit(plan, report)  # (its wait is in the time since `trained`)
-            elif not self._replicating:
-                self._keep_step_records(plan, report, step, world, rank)
+                    self.commits.finish(plan, report)  # (its wait is in the time since `trained`)
+            elif not self.commits.replicating:
+                self.commits.keep_step_records(plan, report, step, world, rank)
             if last:  # the final weights are this step's checkpoint, written next
-                self._fire_drills("final", plan, rank, engine.step_count)
+                self.drills.fire("final", plan, rank, engine.step_count)
             self.cadence.step_done(trained - started - waited - copy_s)  # its own time, less its commits'
             checkpoint_now, skip_save = bool(agree[-2] > 0), bool(agree[-1] > 0)
             if checkpoint_now:  # on every rank: a request still on its way to one is for this checkpoint too
                 self._checkpoint_taken = max(self._checkpoint_for, plan.number)
-            self._mark(phase="save")
-            self._save_checkpoint(plan, report, now=checkpoint_now, skip_periodic=skip_save)
-            self._mark(phase="idle")
+            self.duties.mark(phase="save")
+            self.saves.save(plan, report, engine, self.held.model, self.held.extra, now=checkpoint_now,
+                            skip_periodic=skip_save)
+            self.duties.mark(phase="idle")
             report["step_ends"].append(time.time())
             report["step_times"].append(report["step_ends"][-1] - started)
             if len(report["step_times"]) == 1:  # the layout before is let go by now: the peak its beats
                 reset_peak()  # carry is the steps' own from here (what the coordinator plans with)
             report["protect_times"].append(time.time() - trained + blocked)
-            if rank == 0 and self._coordinator:
-                self._tell_progress(plan, report)
+            if rank == 0 and self.notes:
+                self.notes.progress(plan.number, engine.step_count, last, report)
             if stopping:  # its commit above kept the steps since the last one
                 return OutcomeKind.SAFE_POINT
         self._evaluate_if_due(plan, rank, world, comm, report, engine.step_count)  # the final weights
         if self.writer is not None:
             self.writer.wait()  # the final checkpoint is committed before the job reports success
-            self._take_checkpoint_news(report)
+            self.saves.take_news(report)
         return OutcomeKind.FINISHED
 
     def _evaluate_if_due(self, plan: GenerationPlan, rank: int, world: int, comm: TorchComm, report: dict,
@@ -286,31 +308,14 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         Lost inside it, the next generation restores that step (committed first) and evaluates it."""
         if self.evaluator is None or not eval_due(step, self.spec.eval.every, self.spec.train.steps):
             return
-        self._finish_commit(plan, report)
-        self._fire_drills("eval", plan, rank, step)
+        self.commits.finish(plan, report)
+        self.drills.fire("eval", plan, rank, step)
         result = self.evaluator.evaluate(self.engine.module, comm, world, rank, step, self.device,
                                          lambda fn, batch: self._call_loss(batch, fn, "eval.loss"),
                                          finite=self._finite_loss)
         report["evals"].append(dataclasses.asdict(result))
-        if rank == 0 and self._coordinator:
-            coordinator_handle(self._coordinator, self._namespace).eval_note.remote(plan.number,
-                                                                                   dataclasses.asdict(result))
-
-    def _tell_progress(self, plan: GenerationPlan, report: dict) -> None:
-        """Rank 0 tells the coordinator (fire and forget) that the generation stepped, once, and
-        its step and loss at most every PROGRESS_EVERY_S: the live view, the progress line, the metrics."""
-        coordinator = coordinator_handle(self._coordinator, self._namespace)
-        if len(report["step_times"]) == 1:
-            coordinator.generation_stepped.remote(plan.number)
-        now = time.time()
-        if now - self._progress_told_at >= PROGRESS_EVERY_S or self.engine.step_count == self.spec.train.steps:
-            self._progress_told_at = now
-            told = report.get("losses_told", 0)  # the trackers get every step's loss, a note's worth at a time
-            report["losses_told"] = len(report["losses"])
-            coordinator.progress_note.remote(plan.number, self.engine.step_count, report["last_loss"],
-                                             report["step_times"][-1], now,
-                                             report["checkpoints"][-1] if report["checkpoints"] else None,
-                                             tuple(report["losses"][told:]))
+        if rank == 0 and self.notes:
+            self.notes.evaluated(plan.number, dataclasses.asdict(result))
 
     def _forward_backward(self, world: int, rank: int, comm: TorchComm,
                           step: int) -> tuple[range, float, torch.Tensor | float, dict]:
@@ -321,9 +326,9 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         rank's (positions, weight, weight * loss, {metric: weight * value}) for the step's all-reduce
         (on the device)."""
         spec, engine = self.spec, self.engine
-        self._mark(phase="data")
+        self.duties.mark(phase="data")
         positions, micro, batches = self.batches.of_step(step, world, rank)
-        self._mark(phase="compute")
+        self.duties.mark(phase="compute")
         weights = [batch_weight(b, len(m)) if m else 0.0 for b, m in zip(batches, micro)]
         global_weight = float(spec.train.global_batch)  # synthetic data: one per sample, known up front
         if self.source.num_samples is not None:  # a collate may weigh samples: the total is known only by asking
@@ -353,7 +358,7 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
         return positions, sum(weights), loss_sum, metric_sums or {}
 
     def _call_loss(self, batch: dict, loss_fn=None, where: str = "train.loss"):
-        self._tick()  # a sign of life on the progress board, each micro batch and eval batch
+        self.duties.tick()  # a sign of life on the progress board, each micro batch and eval batch
         try:
             return (loss_fn or self.loss_fn)(self.engine.module, batch)
         except Exception as exc:
@@ -364,32 +369,21 @@ class Trainer(GenerationEntry, GenerationGroups, StepCommits, CheckpointSaves, N
             text = str(exc).splitlines()[0][:300] if str(exc) else ""
             raise ValueError(f"{where}: raised {type(exc).__name__}: {text}") from exc
 
-    def _fire_drills(self, moment: str, plan: GenerationPlan, rank: int | None, step: int) -> None:
-        for i, fault in due_drills(self.spec.faults, moment, rank, step, plan.step, plan.source):
-            if fault.action == "raise":  # a bug, not a fault: it happens every time the step is run
-                raise RuntimeError(f"injected error at step {step} (faults[{i}])")
-            if self.store.add(f"fault/{i}", 1) != 1:
-                continue  # fired once already (before a recovery that repeats this step)
-            if fault.action in KILL_ACTIONS:
-                # the swap in flight arrives first (a buddy lost inside one: test_replication.py); at the
-                # "commit" moment (drills.py) none is: the step's was committed just before
-                if self.replicator.in_flight is not None:
-                    self.replicator.in_flight.done.wait()
-                if fault.action == "kill_after_save" and self.writer is not None:
-                    self.writer.wait()  # the save in flight written (and on rank 0 committed) first
-                self.store.set(f"fault/{i}/at", repr(time.time()))  # the coordinator times the recovery from here
-                if fault.action == "device_error":  # as a failing GPU shows itself: train() ends the process
-                    raise RuntimeError(f"CUDA error: an illegal memory access was encountered (injected by faults[{i}])")
-                os._exit(1)
-            if fault.action in HANG_ACTIONS:  # alive, not training: found stuck (plan/stuck.py)
-                self._hang(fault.action)
-            coordinator = coordinator_handle(self._coordinator, self._namespace)
-            if fault.action == "preempt":
-                coordinator.preemption_notice.remote(self.actor_id, fault.deadline_s)
-            elif fault.action == "scale":
-                coordinator.scale.remote(fault.workers)
+    # ---- saves the coordinator asks for -------------------------------------------------------
+
+    def settle_saves(self) -> dict:
+        """Wait for the save in flight, if any: this rank's commits and errors since the last look."""
+        return self.saves.settle()
+
+    def checkpoint_now(self, plan: GenerationPlan, final: bool = False) -> dict:
+        """Save the step `plan` reached and wait for the commit: when the job stops on request at a
+        safe point, or (`final`) at the end of a job whose last step's checkpoint did not commit (a
+        member was lost while it was written, and the job recovered from memory)."""
+        if final:
+            self.drills.fire("final", plan, plan.generation.rank_of(self.actor_id), self.engine.step_count)
+        return self.saves.save_now(plan, self.engine, self.held.model, self.held.extra)
 
     # ---- the end -----------------------------------------------------------------------------
 
     def memory_report(self) -> dict:
-        return self.engine.memory_report() if self.engine is not None else {}
+        return self.held.memory_report()
