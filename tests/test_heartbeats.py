@@ -109,7 +109,10 @@ def test_beats_the_kernel_dropped_make_nobody_look_silent():
         for _ in range(2000):  # far more than the buffer holds between two drains
             sender.beat("w0")
         assert _until(lambda: listener.overflows >= 1 and listener.heard["w4"] > before["w4"])
-        assert listener.dropped > 0 and socket_drops(listener._sock) == listener.dropped
+        # the kernel may count drops after the drain that first saw some: a loaded machine runs the
+        # loopback's receive work late (seen in CI: 1,555 counted by the listener, 1,982 by the
+        # kernel); every drain reads the count again, so the listener's catches up
+        assert _until(lambda: 0 < listener.dropped == socket_drops(listener._sock))
     finally:
         listener.close()
 
