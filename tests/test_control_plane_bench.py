@@ -34,6 +34,10 @@ def test_the_coordinator_carries_64_simulated_workers_through_every_scenario(tmp
     for window in (row["recovery_window"], row["scale_up_window"]):
         assert window["wall_s"] > 0 and window["relay_processes"] == 1 and window["relay_cpu_s"] >= 0, window
         assert window["simulated_workers_cpu_s"] > 0, window
+    # what beats were lost and where: at least the frozen node's 8 to silence; the machine's drop
+    # counters read around the run (this machine's, every process's: not negative, that is all)
+    assert row["lost_to_silence"] >= 8 and row["silence_decisions"] >= 1
+    assert isinstance(row["sim_beats_refused"], int) and all(v >= 0 for v in row["kernel_drops"].values())
     # the headline is the coordinator's own CPU in each window, the harness's beside it
     assert row["recovery_coordinator_cpu_s"] == row["recovery_window"]["coordinator_cpu_s"]
     assert row["joiners_coordinator_cpu_s"] == row["scale_up_window"]["coordinator_cpu_s"]
@@ -45,6 +49,7 @@ def test_the_coordinator_carries_64_simulated_workers_through_every_scenario(tmp
     assert cells[0] == "64" and cells[3] == f"{row['recovery_coordinator_cpu_s']:g}"
     assert cells[4] == f"{row['recovery_window']['simulated_workers_cpu_s']:g}"
     assert any(line.startswith("  goal at 64: recovery_coordinator_cpu_s") for line in table)
+    assert any(line.startswith(f"  beats at 64: {row['lost_to_silence']} workers lost to silence") for line in table)
 
 
 def test_bad_arguments_are_one_line_each_before_anything_starts(tmp_path):

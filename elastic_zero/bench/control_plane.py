@@ -17,6 +17,7 @@ from elastic_zero.node_memory import peak_rss_bytes
 from elastic_zero.bench.control_plane_figures import (busiest_nodes, first, growth, held_within, merged, problems,
                                                      rendezvous_s)
 from elastic_zero.testing.local_cluster import descendants
+from elastic_zero.bench.net_drops import kernel_drops
 from elastic_zero.testing.sim_workers import SIM_NODE_FORMAT
 
 SCALE_UP = 64
@@ -150,6 +151,7 @@ def _scenario(n: int, per_node: int, steady_s: float, hosts: list, host_pids: li
     from elastic_zero.coordinator.actor import NAMESPACE, Coordinator, coordinator_name
 
     job_id = spec.name
+    kernel_before = kernel_drops()
     launched = time.time()
     coordinator = ray.remote(Coordinator).options(
         name=coordinator_name(job_id), namespace=NAMESPACE, num_cpus=0, max_concurrency=16).remote(
@@ -228,6 +230,12 @@ def _scenario(n: int, per_node: int, steady_s: float, hosts: list, host_pids: li
     row["generations"] = len([e for e in events.read() if e["event"] == "generation_start"])
     seen = _seen(hosts)
     row["sim_longest_beat_gap_s"] = round(max(s["longest_beat_gap_s"] for s in seen), 3)
+    row["sim_beats_refused"] = sum(s.get("beats_refused", 0) for s in seen)
+    # the lost beats no socket counts: the machine's, over the whole run (every process's traffic)
+    row["kernel_drops"] = {k: v - kernel_before.get(k, 0) for k, v in kernel_drops().items()}
+    lost = [e for e in events.read() if e["event"] == "worker_lost" and "silent_s" in e]
+    row["silence_decisions"] = len([e for e in events.read() if e["event"] == "decision" and e.get("on") == "Silence"])
+    row["lost_to_silence"] = len(lost)
     row["safe_point_requests"] = sum(s["safe_point_requests"] for s in seen)
     return row
 
@@ -364,6 +372,14 @@ def format_control_plane(report: dict) -> str:
                          f"{os.cpu_count() * w['wall_s']:.1f} CPU s): the coordinator {w['coordinator_cpu_s']:g} "
                          f"beyond its steady state, its relay {w['relay_cpu_s']:g}, the simulated workers "
                          f"{w['simulated_workers_cpu_s']:g} (steady: {largest['steady_hosts_cpu']:g} per s)")
+    for r in report["rows"]:
+        if "lost_to_silence" in r:
+            drops = r.get("kernel_drops") or {}
+            lines.append(f"  beats at {r['workers']}: {r['lost_to_silence']} workers lost to silence in "
+                         f"{r['silence_decisions']} decisions (the scenario freezes one node); the listener counted "
+                         f"{r['beats_dropped']} dropped; the machine's drops: input queues {drops.get('backlog')}, "
+                         f"UDP receive buffers {drops.get('rcvbuf_errors')}; sends refused "
+                         f"{r['sim_beats_refused']}")
     real = report.get("real_jobs")
     if real:
         cpu = ", ".join(f"{n} workers {v:g}" for n, v in real["coordinator_cpu"].items())

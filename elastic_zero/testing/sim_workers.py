@@ -88,6 +88,7 @@ class SimulatedHost:
         self.rendezvous: dict[int, dict[str, tuple[float, float]]] = {}  # generation -> actor -> (began, done)
         self._beats = None  # the pipe to the process that beats for this host's workers (_beat_process)
         self._longest_beat_gap = None  # between two rounds of its heartbeats: a starved one would fake a lost node
+        self._beats_refused = None  # beats the kernel refused to send (sendto raised)
 
     # ---- the bench's side --------------------------------------------------------------------
 
@@ -117,6 +118,7 @@ class SimulatedHost:
         return {"plan_arrivals": {g: dict(v) for g, v in list(self.plan_arrivals.items())},
                 "rendezvous": {g: dict(v) for g, v in list(self.rendezvous.items())},
                 "longest_beat_gap_s": self._longest_beat_gap.value if self._longest_beat_gap else 0.0,
+                "beats_refused": self._beats_refused.value if self._beats_refused else 0,
                 "safe_point_requests": self.safe_point_requests}
 
     # ---- the workforce's side ----------------------------------------------------------------
@@ -143,10 +145,11 @@ class SimulatedHost:
                                             self._abort_everywhere)
             context = multiprocessing.get_context("spawn")  # not a fork of a process with threads
             self._longest_beat_gap = context.Value("d", 0.0)
+            self._beats_refused = context.Value("q", 0)
             self._beats, theirs = context.Pipe(duplex=False)[::-1]
             context.Process(target=_beat_process, daemon=True, args=(
                 theirs, args["store_host"], args["heartbeat_port"], args["store_secret"],
-                self._longest_beat_gap)).start()
+                self._longest_beat_gap, self._beats_refused)).start()
 
     def kill(self, actor_id: str) -> None:
         member = self._member(actor_id)
@@ -331,7 +334,7 @@ class SimulatedHost:
             self._beats.send([a for a, m in self._members.items() if not (m.frozen.is_set() or m.killed.is_set())])
 
 
-def _beat_process(conn, host: str, port: int, secret: bytes, longest_gap) -> None:
+def _beat_process(conn, host: str, port: int, secret: bytes, longest_gap, refused) -> None:
     """Each live simulated worker's heartbeat, one datagram each, as worker/node_duties.py sends it:
     from a process of its own, so that the host's threads (hundreds of simulated workers) never delay
     it, as a real worker's training never delays its own beats (heartbeats.start_beat_process). Ends when the host goes."""
@@ -348,8 +351,9 @@ def _beat_process(conn, host: str, port: int, secret: bytes, longest_gap) -> Non
         now = time.monotonic()
         longest_gap.value = max(longest_gap.value, now - last)
         last = now
-        for actor_id in beating:
-            sender.beat(actor_id)
+        failed = sum(not sender.beat(actor_id) for actor_id in beating)
+        if failed:  # said, not swallowed: a beat lost here looks like a silent worker there
+            refused.value += failed
         time.sleep(max(0.0, last + HEARTBEAT_EVERY_S - time.monotonic()))
 
 

@@ -283,17 +283,19 @@ class HeartbeatSender:
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
 
     def beat(self, actor_id: str, progress: tuple = NO_PROGRESS, flags: int = 0, memory: tuple = (0, 0, 0),
-             waited_ms: int = 0) -> None:
+             waited_ms: int = 0) -> bool:
         """One beat; `progress`: (generation, steps, marks, phase index, collectives since the mark)
         from the worker's board; `memory`: (the worker's RSS, its peak, its node's used memory) in bytes;
-        `waited_ms`: how long its process waited for a CPU while its training stood still (cpu_waits.py)."""
+        `waited_ms`: how long its process waited for a CPU while its training stood still (cpu_waits.py).
+        Whether the kernel took it (False: it refused it; one lost beat, the next one counts)."""
         generation, steps, marks, phase, collectives = progress
         try:
             self._sock.sendto(self._token + PROGRESS.pack(generation, steps, marks, *memory, collectives, waited_ms,
                                                           phase, flags)
                               + actor_id.encode(), self._target)
-        except OSError:  # a beat lost (the network, the coordinator gone): the next one counts
-            pass
+            return True
+        except OSError:  # the network, the coordinator gone
+            return False
 
 
 def start_beat_process(host: str, port: int, token: bytes, actor_id: str, every_s: float,
