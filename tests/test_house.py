@@ -25,11 +25,13 @@ def _modules():
 def foreign_reads(source: str) -> dict[str, list[str]]:
     """class name -> the attributes of `self` its methods read that no class of the module sets (in
     its methods or as its class attributes, a dataclass's fields among them): what only another
-    file's class can set. Classes with a base from outside the module (torch's nn.Module, a
-    NamedTuple) are not judged: their attributes come from there."""
+    file's class can set. Classes with a base from outside the package (torch's nn.Module, a
+    NamedTuple, an Enum) are not judged: their attributes come from there."""
     tree = ast.parse(source)
     classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
-    local = {cls.name for cls in classes}
+    # the package's own classes: this module's, and those it imports from the package
+    imports = [n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("elastic_zero")]
+    own = {cls.name for cls in classes} | {alias.asname or alias.name for n in imports for alias in n.names}
     owned, reads = set(), {}
     for cls in classes:
         read = reads.setdefault(cls.name, set())
@@ -45,10 +47,7 @@ def foreign_reads(source: str) -> dict[str, list[str]]:
                 (owned.add if isinstance(node.ctx, ast.Store) else read.add)(node.attr)
     found = {}
     for cls in classes:
-        if any(not isinstance(b, ast.Name) or b.id not in local and not b.id[0].isupper() for b in cls.bases):
-            continue
-        if any(isinstance(b, ast.Name) and b.id not in local and b.id in {"Enum", "NamedTuple", "Exception"}
-               for b in cls.bases):
+        if any(not isinstance(b, ast.Name) or b.id not in own for b in cls.bases):
             continue
         foreign = sorted(reads[cls.name] - owned)
         if foreign:
@@ -75,6 +74,7 @@ def test_the_check_sees_a_mixin():
     """The rule's own oracle: a mixin that reads its host's attribute, set in another file, and a
     class that owns what it reads."""
     mixin = "class Reads:\n    def f(self):\n        return self.pool\n"
-    owner = "class Owns:\n    def __init__(self, pool):\n        self.pool = pool\n    def f(self):\n        return self.pool\n"
+    owner = ("class Owns:\n    def __init__(self, pool):\n        self.pool = pool\n"
+             "    def f(self):\n        return self.pool\n")
     assert foreign_reads(mixin) == {"Reads": ["pool"]}
     assert foreign_reads(owner) == {}

@@ -38,7 +38,7 @@ def status_of(job) -> dict:
             if gen else []
     live = job.record.live
     records = list(job.record.events.records)  # a restarted coordinator's include its predecessors'
-    committed = [r["directory"] for r in records if r.get("event") == "checkpoint_committed"]
+    committed = job.record.committed_directories()
     starts = [r for r in records if r.get("event") == "generation_start"]
     newest = live.checkpoint or (committed[-1] if committed else None)  # live: the later of notes and events
     e = job.spec.elastic

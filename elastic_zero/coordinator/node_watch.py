@@ -114,8 +114,10 @@ class NodeWatch:
         on past them (plan/stuck.py)."""
         e = self._spec.elastic
         bound_s = stuck_bound_s(median_step_s, e.stuck_after_steps, e.stuck_min_s)
-        training = run.training()
-        if bound_s is None or run.failure_seen_at is not None or len(training) < 2:
+        if bound_s is None or run.failure_seen_at is not None:
+            return None
+        training = run.training()  # (a copy, made only when the rule is on: this runs four times a second)
+        if len(training) < 2:
             return None
         # stillness too is measured up to what the listener read (a listener behind would make all look still)
         now, beats, moved = self.heartbeats.read_until, self.heartbeats.progress, self.heartbeats.moved
