@@ -244,7 +244,7 @@ def test_close_releases_the_group_and_leaves_a_plain_model():
     _step(engine, x, y)
     want = engine.full_state_dict()
     engine.close()
-    assert engine.comm is None and engine._hooks == []
+    assert engine.comm is None and engine._flow.hooks == [] and engine._flow.comm is None
     assert all(torch.equal(p, want[n]) for n, p in model.named_parameters())  # the updated weights stay
     lm_loss(model(x), y).backward()  # no engine hook fires any more
     assert all(p.grad is not None for p in model.parameters())

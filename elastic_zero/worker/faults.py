@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from elastic_zero.zero.abortable import GroupAborted
 from elastic_zero.zero.comm import TrafficError
-from elastic_zero.zero.engine import StepInterrupted
+from elastic_zero.zero.unit_flow import StepInterrupted
 
 
 class WorkerStartError(RuntimeError):

@@ -19,14 +19,12 @@ Read parameters outside forward only after synchronize() (full_state_dict does i
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from typing import Mapping, Sequence
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from elastic_zero.plan.layout import build_layout
 from elastic_zero.plan.partition import partition_layout
@@ -34,21 +32,19 @@ from elastic_zero.zero import exit_guard
 from elastic_zero.zero.comm import agree_on_all_ranks, as_comm
 from elastic_zero.zero.loss_scale import DynamicLossScale
 from elastic_zero.zero.meta import UnitInitializer, has_meta_parameters
-from elastic_zero.zero.shard_io import ShardIO
+from elastic_zero.zero.shard import ShardState, check_shard_fits
+from elastic_zero.zero.shard_buffers import ShardBuffers
 from elastic_zero.zero.update_groups import update_groups
 from elastic_zero.zero.units import find_units, param_specs
 from elastic_zero.zero.unit_buffer import UnitBuffer
+from elastic_zero.zero.unit_flow import UnitFlow
+from elastic_zero.zero.whole_state import gather_state_dict, take_starting_values
 
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-REDUCES_IN_FLIGHT = 2  # gradient reductions a backward keeps going at once, each holding its unit's bucket
 LAYOUT_ALIGN = 16  # elements each parameter's offset in a unit's flat buffer is a multiple of
 
 
-class StepInterrupted(RuntimeError):
-    """interrupt() was called: the step in flight is abandoned at the next unit boundary."""
-
-
-class ZeroEngine(ShardIO):
+class ZeroEngine:
     def __init__(
         self,
         model: nn.Module,
@@ -107,20 +103,18 @@ class ZeroEngine(ShardIO):
         self._unit_modules = dict(unit_modules)
         # The master copy is the rank's own chunk of each parameter buffer where it can be.
         self._master_is_view = stage in (1, 2) and compute_dtype == torch.float32
-        self._pending_reduces: list = []
-        self._shard_readers: list = []  # CUDA events of host copies of the shard still running (shard_io.py)
         self._host_copy = None  # the one step(host_copy=True) made: (ShardState, event, seconds)
-        self._sync = True
-        self._interrupted = False
+        self._flow = UnitFlow(stage, self.reduce_dtype, self.loss_scale)
         # the gradient and optimizer state are made after the units take their values: with a model
         # built for real, its own tensors go unit by unit first, so the two are never held together
         self._partition_over(self.comm, hollow, state_later=not hollow)
         if not hollow:
-            self._take_initial_values(initializer)
-            self._allocate_state(self.device)
+            take_starting_values(self.comm, self.shard, self.units, stage, self.device, initializer, self._after_bind)
+            self.shard.allocate_state(self.device)
+            self._groups = self._build_update_groups()
         if initializer is not None:
             initializer.fill_frozen(model)
-        self._install_hooks()
+        self._flow.install_hooks(model)
         exit_guard.track(self)  # closed at interpreter exit if still open: see exit_guard.py
 
     def _partition_over(self, comm, hollow: bool = False, state_later: bool = False) -> None:
@@ -137,143 +131,24 @@ class ZeroEngine(ShardIO):
             # (a hollow engine's buffers are on the meta device: shaped, holding nothing)
             self.units.append(UnitBuffer(ui, span, self._unit_modules.get(span.name), members, self.partition,
                                          self.rank, self.compute_dtype, where, allocated=self.stage != 3 or hollow))
-        shard_numel = self.partition.shard_numel
-        self._master = None if self._master_is_view else torch.zeros(shard_numel, device=where)
-        self._allocate_state(torch.device("meta") if state_later else where)
-        self._order = [u for u in self.units if u.module is not None]
-        self._root = next((u for u in self.units if u.module is None), None)
-
-    def _allocate_state(self, where: torch.device) -> None:
-        """The gradient shard and the optimizer's state vectors (zeros), and the update's views of them."""
-        shard_numel = self.partition.shard_numel
-        self._grad = torch.zeros(shard_numel, device=where)
-        self._state = {name: torch.zeros(shard_numel, device=where) for name in self.optimizer.state_names}
+        self.shard = ShardBuffers(self.layout, self.partition, self.rank, self.units, self.optimizer.state_names,
+                                  self._master_is_view, self.device, where,
+                                  torch.device("meta") if state_later else where)
         self._groups = self._build_update_groups()
+        self._flow.cut_over(comm, self.units, self.shard)
 
     def _build_update_groups(self):
-        views = {name: functools.partial(self._vector_unit, name) for name in self.vector_names()}
-        views["grads"] = lambda unit: self._grad[self._shard_slice(unit)]
-        return update_groups(self.layout, self.partition, self.rank, self.optimizer, self.units, views)
-
-    # ---- hooks -------------------------------------------------------------------------------
-
-    def _install_hooks(self) -> None:
-        # Hooks name units by index: reconfigure() replaces the UnitBuffer objects.
-        hooks = [self.module.register_forward_pre_hook(self._before_root_forward)]
-        for unit in self._order:
-            hooks.append(unit.module.register_forward_pre_hook(functools.partial(self._before_unit_forward, unit.index)))
-            if self.stage == 3:
-                hooks.append(unit.module.register_forward_hook(functools.partial(self._after_unit_forward, unit.index)))
-        for unit in self.units:
-            for p, _ in unit.members:
-                hooks.append(p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_ready, unit.index)))
-        self._hooks = hooks
+        """The update's runs, as views of the shard's vectors."""
+        return update_groups(self.layout, self.partition, self.rank, self.optimizer, self.units,
+                             self.shard.unit_views())
 
     def interrupt(self) -> None:
         """Abandon the step in flight (from another thread): forward and backward raise
         StepInterrupted at the next unit boundary. discard_partial_step() clears it."""
-        self._interrupted = True
+        self._flow.interrupt()
 
     def clear_interrupt(self) -> None:
-        self._interrupted = False
-
-    def _check_interrupt(self) -> None:
-        if self._interrupted:
-            raise StepInterrupted("the step was interrupted (the generation is being torn down)")
-
-    def _before_root_forward(self, module, args) -> None:
-        self._check_interrupt()
-        if self._root is not None:
-            self._ensure_gathered(self._root)
-        if self.stage == 3 and self._order:
-            self._prefetch(self._order[0])
-
-    def _before_unit_forward(self, index: int, module, args) -> None:
-        self._check_interrupt()
-        unit = self.units[index]
-        if self.stage == 3:
-            pos = self._order.index(unit)
-            if pos + 1 < len(self._order):
-                self._prefetch(self._order[pos + 1])
-        self._ensure_gathered(unit)
-
-    def _after_unit_forward(self, index: int, module, args, output) -> None:
-        if torch.is_grad_enabled():
-            for t in tree_flatten(output)[0]:
-                if isinstance(t, torch.Tensor) and t.requires_grad:
-                    t.register_hook(functools.partial(self._before_unit_backward, index))
-        self.units[index].free()
-
-    def _before_unit_backward(self, index: int, grad) -> None:
-        unit = self.units[index]
-        pos = self._order.index(unit)
-        if pos > 0 and not self._order[pos - 1].grads_done:
-            self._prefetch(self._order[pos - 1])
-        self._ensure_gathered(unit)
-
-    def _on_grad_ready(self, index: int, param: nn.Parameter) -> None:
-        self._check_interrupt()
-        unit = self.units[index]
-        if unit.grad_arrived(param, self.stage, self.reduce_dtype):
-            self._reduce(unit)
-
-    # ---- collectives -------------------------------------------------------------------------
-
-    def _prefetch(self, unit: UnitBuffer) -> None:
-        if unit.is_free:
-            self._launch_gather(unit)
-
-    def _ensure_gathered(self, unit: UnitBuffer) -> None:
-        if unit.is_free:
-            self._launch_gather(unit)
-        unit.wait_gathered()
-
-    def _launch_gather(self, unit: UnitBuffer) -> None:
-        unit.wait_gathered()  # a gather still in flight writes this buffer: never start a second over it
-        unit.allocate()
-        own = unit.own()
-        if not self._master_is_view:
-            own.copy_(self._master_unit(unit))
-        unit.gather_handle = self.comm.all_gather(unit.full, own, async_op=True)
-
-    def _reduce(self, unit: UnitBuffer) -> None:
-        bucket = unit.take_grad_bucket(self.stage, self.reduce_dtype, self._sync)
-        if bucket is None:
-            return
-        out = bucket[unit.own_slice]
-        self._pending_reduces.append((unit, out, self.comm.reduce_scatter(out, bucket, async_op=True)))
-        if self.stage == 3:
-            unit.free()
-        # each pending reduction holds its unit's whole gradient bucket: folding the oldest into the
-        # shard as backward goes bounds them to a few units, where the whole model's would pile up
-        while len(self._pending_reduces) > REDUCES_IN_FLIGHT:
-            self._fold(*self._pending_reduces.pop(0))
-
-    def _fold(self, unit: UnitBuffer, out: torch.Tensor, handle) -> None:
-        """Wait for one unit's reduction and put its share into the gradient shard."""
-        handle.wait()
-        scale = 1.0 / self.world_size
-        if self.loss_scale is not None:
-            scale /= self.loss_scale.scale
-        shard = self._grad[self._shard_slice(unit)]
-        if self.stage == 1:  # full gradients accumulate locally; the reduction replaces the shard
-            shard.copy_(out)
-            if scale != 1.0:
-                shard.mul_(scale)
-        else:
-            shard.add_(out, alpha=scale)
-
-    def _finish_backward(self) -> None:
-        for unit in self.units:
-            if not unit.grads_done:
-                self._reduce(unit)  # parameters that got no gradient this backward
-        for pending in self._pending_reduces:
-            self._fold(*pending)
-        self._pending_reduces = []
-        for unit in self.units:
-            unit.start_backward()
-            if self.stage == 3:
-                unit.free()
+        self._flow.clear_interrupt()
 
     # ---- the training API --------------------------------------------------------------------
 
@@ -282,14 +157,14 @@ class ZeroEngine(ShardIO):
 
         Stage 1 with sync=False only accumulates locally (use it for all but the last micro batch);
         stages 2 and 3 always reduce, since they keep no full gradients."""
-        self._sync = sync
+        self._flow.sync = sync
         if self.loss_scale is not None:
             loss = loss * self.loss_scale.scale
         try:
             loss.backward()
-            self._finish_backward()
+            self._flow.finish_backward()
         finally:
-            self._sync = True
+            self._flow.sync = True
 
     @property
     def last_grad_norm(self) -> float | None:
@@ -303,11 +178,11 @@ class ZeroEngine(ShardIO):
         chunk, which a copy made later would have to wait for the gathers to finish with.
 
         Returns False when fp16 gradients overflowed: the step is skipped and the loss scale backs off."""
-        if self._pending_reduces or any(u.grads_seen for u in self.units):
-            self._finish_backward()  # loss.backward() was called directly
+        if self._flow.backward_in_flight():
+            self._flow.finish_backward()  # loss.backward() was called directly
         self._grad_norm = None
         if self.loss_scale is not None:
-            overflow = torch.logical_not(torch.isfinite(self._grad).all()).to(torch.float32).reshape(1)
+            overflow = torch.logical_not(torch.isfinite(self.shard.grad).all()).to(torch.float32).reshape(1)
             self.comm.all_reduce(overflow, op="max")
             overflowed = bool(overflow.item())
             self.loss_scale.update(overflowed)
@@ -317,17 +192,17 @@ class ZeroEngine(ShardIO):
         if self.grad_clip is not None:
             # on the device, as torch's clip_grad_norm_: no read back of the norm (on a GPU the host
             # would wait for the backward); a coefficient clamped at 1 leaves the gradients as they are
-            sq = torch.linalg.vector_norm(self._grad).square().reshape(1)
+            sq = torch.linalg.vector_norm(self.shard.grad).square().reshape(1)
             self.comm.all_reduce(sq)
             self._grad_norm = sq.sqrt()
-            self._grad.mul_(torch.clamp(self.grad_clip / (self._grad_norm + 1e-6), max=1.0))
+            self.shard.grad.mul_(torch.clamp(self.grad_clip / (self._grad_norm + 1e-6), max=1.0))
         # at stages 1-2 the master shard is a chunk of the buffer an unfinished gather (a step with
         # no forward since the last) may still write: let it land before the update
         self.synchronize()
-        self._await_shard_readers()
+        self.shard.await_readers()
         lr_scale = self.optimizer.schedule.scale(self.step_count)
         for hyper, views in self._groups:
-            states = {name: views[name] for name in self._state}
+            states = {name: views[name] for name in self.optimizer.state_names}
             self.optimizer.update(views["params"], views["grads"], states, hyper, self.step_count + 1, lr_scale)
         self.step_count += 1
         if host_copy:
@@ -336,27 +211,20 @@ class ZeroEngine(ShardIO):
             self._host_copy = (snapshot, copied, time.perf_counter() - started)
         if self.stage in (1, 2):
             for unit in self.units:
-                self._launch_gather(unit)
+                self._flow.launch_gather(unit)
         return True
 
-    def _await_shard_readers(self) -> None:
-        """Order every write of the shard after the host copies of it that are still running (on
-        the device's stream: the host does not wait)."""
-        for event in self._shard_readers:
-            torch.cuda.current_stream(self.device).wait_event(event)
-        self._shard_readers.clear()
-
     def zero_grad(self) -> None:
-        self._grad.zero_()
+        self.shard.grad.zero_()
         for unit in self.units:
             unit.zero_grads(self.stage)
 
     def discard_partial_step(self) -> None:
         """After a failed collective: forget the work in flight and the gradients of the lost step."""
         self.forget_work_in_flight()
-        self._interrupted = False
-        if self._grad is not None:  # (None: its state was released for a recovery)
-            self._grad.zero_()
+        self._flow.clear_interrupt()
+        if self.shard.grad is not None:  # (None: its state was released for a recovery)
+            self.shard.grad.zero_()
         for unit in self.units:
             unit.start_backward()
             unit.zero_grads(self.stage)
@@ -365,9 +233,7 @@ class ZeroEngine(ShardIO):
         """Drop the handles of the collectives in flight, never to wait for them: their group was
         aborted. A gather dropped leaves its unit's full buffer unknown (the shard is intact): only
         reconfigure() or load_shard_state() makes the engine train again."""
-        self._pending_reduces = []
-        for unit in self.units:
-            unit.gather_handle = None
+        self._flow.forget_work_in_flight()
 
     def close(self) -> None:
         """Finish pending work, remove the hooks and let go of the process group, so that it can be
@@ -377,15 +243,115 @@ class ZeroEngine(ShardIO):
         if self.comm is None:
             return
         self.synchronize()
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
+        self._flow.detach()
         self.comm = None
 
     def synchronize(self) -> None:
         """Wait until every parameter buffer that is allocated holds the current parameters."""
+        self._flow.synchronize()
+
+    # ---- the state as plain data (the shard's own buffers: shard_buffers.py) -------------------
+
+    def vector_names(self) -> tuple[str, ...]:
+        return self.shard.names
+
+    def _scalars(self) -> dict:
+        scalars: dict = {"step": self.step_count}
+        if self.loss_scale is not None:
+            scalars["loss_scale"] = self.loss_scale.scale
+        return scalars
+
+    def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """The model's state dict with the full fp32 parameters; every rank must call it."""
+        self.synchronize()
+        out = gather_state_dict(self.comm, self.shard, self.units, self.module, self.device)
+        return {} if rank0_only and self.rank != 0 else out
+
+    def shard_state(self) -> ShardState:
+        """A copy of this rank's shard: every state vector over the rank's ranges, and the step."""
+        self.synchronize()
+        return self.shard.copy(self._scalars())
+
+    def host_shard_state(self) -> tuple[ShardState, "torch.cuda.Event | None"]:
+        """A copy of this rank's shard in host buffers (pinned, on a side stream, on CUDA: complete
+        once the returned event is; on CPU complete on return, the event None)."""
+        if self._master_is_view:  # the master is the gathered buffer's own chunk, which the gathers rewrite
+            self.synchronize()
+        return self.shard.host_copy(self._scalars())
+
+    def take_host_copy(self):
+        """(host copy of the shard, its CUDA event or None, seconds the copy took) made by the last
+        step(host_copy=True) if no step followed it, else None; taken once."""
+        taken, self._host_copy = self._host_copy, None
+        if taken is not None and int(taken[0].scalars["step"]) != self.step_count:
+            return None
+        return taken
+
+    def shard_in_place(self) -> ShardState:
+        """This rank's shard whose vectors are views of the engine's own tensors, not copies: what a
+        save that nothing trains beside (the final weights, a stop) writes from, a block at a time.
+        The engine must not change until it is written."""
+        self.synchronize()
+        return self.shard.in_place(self._scalars())
+
+    def load_shard_state(self, state: ShardState) -> None:
+        """Replace this rank's shard with `state` (same layout, world size and rank) and republish."""
+        check_shard_fits(state, self.layout, self.partition, self.rank, self.vector_names())
+        self.shard.await_readers()
+        self.synchronize()
+        self._write_shard(state)
+
+    def release_state(self) -> None:
+        """Free the shard's state (master, gradient, optimizer state): a handover, whose shards move
+        from replicas or a host copy, lets it go before the new shard arrives. Only reconfigure()
+        makes the engine usable again."""
+        self.synchronize()
+        self.shard.release()  # after the host copies still reading it
+        self._host_copy, self._groups = None, ()  # (the update's groups hold views of it)
+
+    def reconfigure(self, process_group, state: ShardState) -> None:
+        """Continue on another process group (another world size) from `state`, this rank's shard of
+        the new partition: the model, its hooks and the optimizer stay; the buffers are cut anew."""
+        comm = as_comm(process_group)
+        check_shard_fits(state, self.layout, partition_layout(self.layout, comm.world_size), comm.rank,
+                         self.vector_names())
+        if self._flow.backward_in_flight():
+            raise RuntimeError("reconfigure() at a safe point only: a backward has not been stepped")
+        self.release_state()  # `state` holds every value the new partition takes: never both at once
+        self._partition_over(comm)
         for unit in self.units:
-            unit.wait_gathered()
+            unit.bind_params()
+        self._write_shard(state)
+        for unit in self.units:
+            self._after_bind(unit)
+
+    def _write_shard(self, state: ShardState) -> None:
+        self._host_copy = None  # of the shard replaced
+        self.shard.write(state)
+        self.step_count = int(state.scalars["step"])
+        if self.loss_scale is not None and "loss_scale" in state.scalars:
+            self.loss_scale.scale = float(state.scalars["loss_scale"])
+        # Publish lazily, as after step(): each unit's forward waits for its own buffer, so the
+        # gathers overlap the first forward. Stage 3 frees the buffers instead (see _after_bind).
+        if self.stage != 3:
+            for unit in self.units:
+                self._flow.launch_gather(unit)
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes held on this rank now, by category, with the parameter count and world size."""
+        def held(t) -> int:  # a hollow engine's buffers are on meta: shaped, holding nothing
+            return 0 if t is None or t.is_meta else t.untyped_storage().nbytes()
+
+        shard = self.shard.bytes_held()
+        return {
+            "params": shard["params"] + sum(held(u.full) for u in self.units),
+            "grads": shard["grads"] + sum(held(u.grad_full) for u in self.units),
+            "optimizer": shard["optimizer"],
+            "buffers": sum(b.nbytes for b in self.module.buffers()),
+            "param_count": self.layout.param_numel,
+            "world_size": self.world_size,
+            "stage": self.stage,
+        }
 
     def _after_bind(self, unit: UnitBuffer) -> None:
         if self.stage == 1:
