@@ -3,8 +3,9 @@
 On a cluster (an address given) the coordinator is a detached named actor: the job goes on if
 this driver dies, and status/scale/stop reach it by name. A driver that is told to stop (SIGTERM,
 as `ray job stop` sends, or Ctrl-C) takes the job down with it. If the coordinator's process dies,
-this driver starts it again (COORDINATOR_RESTARTS times at most), and it resumes from the latest
-checkpoint by itself.
+this driver starts it again (COORDINATOR_RESTARTS times at most), and it takes over the workers,
+which outlive it, and the generation they were in, from their memory (coordinator/takeover.py); with
+none left, it resumes from the latest checkpoint by itself.
 
 Why the driver and not Ray (max_restarts): Ray's memory monitor kills retriable actors first and,
 among the rest, the newest. A coordinator Ray may restart would be the first victim on a node short
@@ -57,8 +58,9 @@ def drive(job: JobSpec, tables: dict, job_id: str, run_dir: str, run_config, sta
         try:
             return _follow(followed, view, lambda: _start_coordinator(tables, job_id, run_dir, started_at, detached,
                                                                       restarted=True))
-        finally:  # collected, or this driver was stopped: either way the coordinator goes
+        finally:  # collected, or this driver was stopped: either way the coordinator goes, and its workers
             ray.kill(followed[0], no_restart=True)
+            _end_workers(job_id)
     finally:
         restore()
         if view is not None:
@@ -128,8 +130,8 @@ def _follow(followed: list, view: ProgressView | None, restart) -> dict:
             if restarts == COORDINATOR_RESTARTS:
                 return _lost(f"the coordinator died and was not restarted ({COORDINATOR_RESTARTS} restarts at most)")
             restarts += 1
-            # its workers died with it: it resumes from the latest checkpoint, and goes on with its
-            # predecessor's events (the cursor stays)
+            # its replacement takes over its workers (or resumes from the latest checkpoint), and goes
+            # on with its predecessor's events (the cursor stays)
             followed[0] = restart()
             continue
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
@@ -147,6 +149,18 @@ def _follow(followed: list, view: ProgressView | None, restart) -> dict:
         if p["done"]:
             return ray.get(actor.result.remote(0))
         time.sleep(POLL_S)
+
+
+def _end_workers(job_id: str) -> None:
+    """The job's workers still alive: detached, they would outlive a coordinator killed with them
+    working (a stop, a driver's end) until their wait for a replacement ran out (workforce.py)."""
+    import ray
+
+    from elastic_zero.coordinator.actor import NAMESPACE, coordinator_name
+    from elastic_zero.coordinator.workforce import named_workers
+
+    for handle in named_workers(coordinator_name(job_id), NAMESPACE).values():
+        ray.kill(handle, no_restart=True)
 
 
 def _lost(why: str) -> dict:

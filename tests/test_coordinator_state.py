@@ -531,3 +531,33 @@ def test_a_scale_up_takes_a_ready_standby_at_once_and_a_standby_that_cannot_star
     (warn,) = cmds
     assert isinstance(warn, Warn) and "goes on with 0 standby worker(s)" in warn.message
     assert decide(s, GenerationStepped(up.number), 4.0)[1] == ()  # none asked for again
+
+
+def test_a_taken_over_generation_fails_everywhere_without_a_loss_and_recovers_from_memory():
+    """Its workers failed because the store went with the lost coordinator (a loss inside an entry),
+    not because of a bug: the replacement restores from their memory. The same reports from a
+    generation this coordinator ran are a failure with no lost worker: the job fails (the oracle)."""
+    from elastic_zero.coordinator.transitions import taken_over
+
+    s, plan = _started(3)
+    outs = tuple(Outcome(m.actor_id, "failed", step=5, own_steps=(4, 5), ward_steps=(4, 5), snapshot_generation=0,
+                         error="DistNetworkError: the store closed") for m in plan.generation.members)
+    assert isinstance(_cmd(decide(s, GenerationEnded(outs), 10.0)[1], Fail), Fail)
+    fresh = CoordinatorState(min_workers=1, max_workers=4, target=2, first_generation=1)  # a replacement's
+    t = taken_over(fresh, plan, target=3, committed=False)
+    assert t.members() == ("w0", "w1", "w2") and t.running and t.target == 3 and t.first_generation == 1
+    t, cmds, reason = decide(t, GenerationEnded(outs, coordinator_lost=True), 10.0)
+    new = _cmd(cmds, StartGeneration).plan
+    assert new.source == "snapshot" and new.step == 5 and new.number == 1 and _cmd(cmds, Fail) is None
+
+
+def test_a_taken_over_generation_stopped_at_a_safe_point_goes_on_from_live_shards():
+    from elastic_zero.coordinator.transitions import taken_over
+
+    s, plan = _started(2)
+    t = taken_over(CoordinatorState(min_workers=1, max_workers=4, target=2), plan, target=2, committed=False)
+    outs = tuple(Outcome(m.actor_id, "safe_point", step=16) for m in plan.generation.members)
+    t, cmds, reason = decide(t, GenerationEnded(outs, coordinator_lost=True), 10.0)
+    new = _cmd(cmds, StartGeneration).plan
+    assert new.source == "live" and new.step == 16 and new.cause == "coordinator" and "coordinator's loss" in reason
+    assert [m.actor_id for m in new.generation.members] == ["w0", "w1"]

@@ -45,3 +45,10 @@ def test_a_worker_that_could_not_start_is_gone():
     events = [{"t": 0.0, "event": "spawn", "count": 1, "actor_ids": ["w0"]},
               {"t": 3.0, "event": "worker_start_failed", "actor_id": "w0", "error": "x"}]
     assert worker_timeline(events)[0]["gone"] == "start_failed" and still_here(worker_timeline(events)) == []
+
+
+def test_workers_taken_over_by_a_restarted_coordinator_are_still_here():
+    events = EVENTS[:4] + [{"t": 30.0, "event": "coordinator_restarted", "restarts": 1, "resume": "workers' memory"},
+                           {"t": 30.1, "event": "generation_taken_over", "generation": 0, "step": 0,
+                            "workers": ["w0", "w1"]}]
+    assert [w["actor_id"] for w in still_here(worker_timeline(events))] == ["w0", "w1"]

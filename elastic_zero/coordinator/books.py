@@ -120,6 +120,12 @@ class Books:
             if first is None or step >= first:
                 self._record(generation, step, rank, start, count)
 
+    def add_earlier_rows(self, rows) -> None:
+        """Sample records an earlier coordinator of this job booked (its generation_end events): a
+        replacement's books begin where its predecessor's stood, and the summary counts the whole job."""
+        for generation, step, rank, start, count in rows:
+            self._record(generation, step, rank, start, count)
+
     def _record(self, generation: int, step: int, rank: int, start: int, count: int) -> None:
         """A later generation's record of a step replaces an earlier one's; the same generation's
         records of a step (its ranks, reported by themselves, buddies or checkpoints) add up."""

@@ -21,3 +21,11 @@ class DrillKills:
                 self._timed.add(key)
                 times.append(float(self._store.get(key).decode()))
         return times
+
+    def fired_before(self, restarts: int) -> None:
+        """The drills that killed this job's earlier coordinators (kill_coordinator, in order: one a
+        restart) fired: marked so in this coordinator's store, which is new, so that a step run again
+        does not kill this one too."""
+        killers = [i for i, fault in enumerate(self._faults) if fault.action == "kill_coordinator"]
+        for i in killers[:restarts]:
+            self._store.set(f"fault/{i}", "1")

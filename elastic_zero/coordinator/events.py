@@ -63,6 +63,9 @@ class StopRequested:
 @dataclass(frozen=True)
 class GenerationEnded:
     outcomes: tuple[Outcome, ...]
+    # it ran when its coordinator was lost, and a replacement took its workers over: their failures
+    # (a store gone under their feet) are the coordinator's loss, not a bug of theirs
+    coordinator_lost: bool = False
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ report no longer awaited."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import ray
@@ -14,16 +15,20 @@ from elastic_zero.protocol import Outcome, OutcomeKind, Report, pack_plan
 
 
 class GenerationRun:
-    def __init__(self, plan, pool, completions) -> None:
-        """Each participant of `plan` is asked to train it (a call on its handle in `pool`)."""
+    def __init__(self, plan, pool, completions, taken_over: dict | None = None) -> None:
+        """Each participant of `plan` is asked to train it (a call on its handle in `pool`). Or the
+        generation was started by a lost coordinator and is `taken_over` (the participants' take_over()
+        calls in flight -> actor id): their answers are its reports."""
         self.plan = plan
+        self.taken_over = taken_over is not None
         self.results: dict[str, Report] = {}
         self.failure_seen_at: float | None = None  # a participant failed (monotonic)
-        self._calls: dict = {}  # train() in flight -> actor id
-        shared = pack_plan(plan)  # serialized once: pickling a plan of N members for each of N calls is O(N^2)
-        for actor_id in plan.participants:
-            ref = pool.handle(actor_id).train.remote(shared)
-            self._calls[ref] = actor_id
+        self._calls: dict = dict(taken_over or {})  # train() (or take_over()) in flight -> actor id
+        if taken_over is None:
+            shared = pack_plan(plan)  # serialized once: pickling a plan of N members for each of N calls is O(N^2)
+            for actor_id in plan.participants:
+                self._calls[pool.handle(actor_id).train.remote(shared)] = actor_id
+        for ref in self._calls:
             completions.watch(ref)
 
     @property
@@ -51,6 +56,8 @@ class GenerationRun:
             oom = memory_kill(str(exc))
             death = {"cause": oom} if oom else {}
             report = Report(Outcome(actor_id, OutcomeKind.DEAD, error=oom or str(exc)[:300]), ended_at=time.time())
+        if self.taken_over and (report is None or report.generation != self.number):
+            report = _not_in_it(actor_id, report, self.number)
         self.results[actor_id] = report
         return actor_id, report, death
 
@@ -77,3 +84,16 @@ class GenerationRun:
             return []
         self.failure_seen_at = now
         return self.training()
+
+
+def _not_in_it(actor_id: str, report: Report | None, number: int) -> Report:
+    """A participant of a taken-over generation whose report is of an earlier one (the lost coordinator
+    never reached it with this plan) or of none: it failed in this one, holding what it held then."""
+    if report is None:
+        return Report(Outcome(actor_id, OutcomeKind.FAILED, error="it trained no generation"), ended_at=time.time(),
+                      generation=number)
+    if report.outcome.kind == OutcomeKind.DEAD:
+        return report
+    outcome = dataclasses.replace(report.outcome, kind=OutcomeKind.FAILED,
+                                  error=f"its last generation was {report.generation}, not {number}")
+    return dataclasses.replace(report, outcome=outcome, generation=number, log=(), ward_log=())

@@ -25,6 +25,10 @@ class Generations:
         self.last_plan = None
         self.last_end: dict[str, Report] = {}  # actor id -> its report of the generation that ended last
 
+    def drills_fired_before(self, restarts: int) -> None:
+        """A restarted coordinator's: the drills that killed its predecessors fired (drill_kills.py)."""
+        self._drill_kills.fired_before(restarts)
+
     def training(self) -> list[str]:
         """The running generation's participants whose reports are still awaited."""
         return self.running.training() if self.running is not None else []
@@ -47,6 +51,13 @@ class Generations:
         self.last_plan = plan
         self._watch.listen_to(plan.participants)
         self.running = GenerationRun(plan, self._pool, self._completions)
+
+    def take_over(self, plan, calls: dict) -> None:
+        """The generation a lost coordinator started goes on under this one: `calls` (its participants'
+        take_over() in flight -> actor id) bring its reports. Their silence is not counted until the
+        next generation: they beat to the lost coordinator's listener until they follow this one."""
+        self.last_plan = plan
+        self.running = GenerationRun(plan, self._pool, self._completions, taken_over=calls)
 
     def failed(self) -> None:
         """A participant died or its collective failed: the generation is over. The others are aborted
@@ -74,6 +85,19 @@ class Generations:
                      None)
         if asked is not None:  # none: the generation is ending, and the next one is planned with what was asked
             getattr(self._pool.handle(asked), method).remote(generation.number)
+
+    def checkpoint_before_leaving(self, generation, leaving) -> None:
+        """Workers told to go have nobody to hand their shards to (the state machine's CheckpointNow):
+        every member saves the step it reaches next, and training goes on until replacements join
+        or the workers go. Without checkpoints, the user is told what will be lost."""
+        leaving = [a for a in leaving if any(m.actor_id == a for m in generation.members)]
+        if not (self._spec.checkpoint.uri and self._spec.checkpoint.every):
+            self._record.log("warning", message=f"{', '.join(leaving)} must leave and no worker can take their shards, "
+                                                f"but the job saves no checkpoints (checkpoint.uri, checkpoint.every): "
+                                                f"its state since the start goes with them unless replacements join first")
+            return
+        self._record.log("notice_checkpoint", generation=generation.number, actor_ids=leaving)
+        self.ask_one_member("request_checkpoint", generation)
 
     def end(self) -> GenerationRun:
         """The running generation, over (no call out): its workers are told it ended."""

@@ -31,6 +31,9 @@ from elastic_zero.coordinator.node_watch import STUCK_POLL_S, NodeWatch
 from elastic_zero.coordinator.commit_reads import commits_since
 from elastic_zero.coordinator.resume import result_of_ended_job, writable_resume_point
 from elastic_zero.coordinator.worker_pool import WorkerPool
+from elastic_zero.coordinator.workforce import RayWorkforce
+from elastic_zero.coordinator.takeover import find_generation, take_over, target_after
+from elastic_zero.coordinator.transitions import taken_over
 from elastic_zero.coordinator.state import (
     CheckpointNow, CoordinatorState, Fail, FinalWeightsWritten, Finish, GenerationEnded, MemorySeen, RequestSafePoint,
     Retire, Spawn, Start, StartGeneration, Stop, Tick, Warn, decide,
@@ -57,19 +60,14 @@ class JobLoop:
         secret = new_secret()
         self.rendezvous = RendezvousServer(host, secret, e.collective_timeout_s)
         self.record = JobRecord(self.spec, spec, job_id, run_dir, started_at, restarted)
-        records = self.record.events.records
-        numbers = [r["generation"] for r in records if r.get("event") == "generation_start"]
-        self.state = CoordinatorState(min_workers=e.min_workers, max_workers=e.max_workers, target=e.workers,
-                                      min_wait_s=e.min_wait_s, join_window_s=e.join_window_s,
-                                      replicated=e.replicate_every != 0, standby=e.standby_workers,
-                                      first_generation=max(numbers) + 1 if numbers else 0)
+        self.state = CoordinatorState.at_start(e, self.record.events.records)
         self.restarts = self.record.events.count("coordinator_restarted") + (1 if restarted else 0)
         per_node = e.memory_per_node_gib
         self.memory = MemoryWatch(int(per_node * 2**30) if per_node else None)  # what the workers measured
         self.inbox: queue.Queue = queue.Queue()
         self.lock = threading.Lock()  # the state, read by the actor's other threads
         self.completions = Completions()  # hellos and train calls in flight, collected as they complete
-        self.pool = WorkerPool(e, self.completions, workforce)
+        self.pool = WorkerPool(e, self.completions, workforce or RayWorkforce(coordinator_name, namespace))
         self.watch = NodeWatch(host, secret, self.spec, self.pool, self.inbox.put, self.record.log)
         self.final = FinalSave(self.spec, self.pool, self.watch, self.rendezvous.store, self.record,
                                self.checkpoint_committed)
@@ -78,6 +76,7 @@ class JobLoop:
                                  heartbeat_port=self.watch.heartbeats.port)
         self.generations = Generations(self.spec, self.pool, self.watch, self.record, self.rendezvous.store,
                                        self.completions)
+        self.generations.drills_fired_before(self.restarts)
         self.result: dict | None = None
 
     def log(self, kind: str, **fields) -> None:
@@ -100,6 +99,10 @@ class JobLoop:
 
     def _drive(self, ended_before) -> None:
         c = self.spec.checkpoint
+        if self.restarted and ended_before is None and self._take_over():
+            self._loop()  # the lost coordinator's generation goes on, from its workers' memory
+            return
+        self._retire(tuple(self.pool.adopt()), "a worker of an earlier coordinator of this job")
         if self.restarted:
             if ended_before is not None:  # it died while lingering: the job is over, and stays so
                 self.log("coordinator_restarted", restarts=self.restarts, resume=None)
@@ -124,6 +127,9 @@ class JobLoop:
             # the checkpoint resumed is one to fall back to; without one, what memory cannot restore starts over
             self.state = dataclasses.replace(self.state, committed=resumed is not None)
         self.apply(Start())
+        self._loop()
+
+    def _loop(self) -> None:
         last_tick = next_listen = next_stuck_look = time.monotonic()
         while self.result is None:
             while not self.inbox.empty():
@@ -151,6 +157,24 @@ class JobLoop:
                 self._refresh_memory()
                 self._notice_unplaceable_workers()
                 self.apply(Tick())
+
+    # ---- a lost coordinator's workers ---------------------------------------------------------------
+
+    def _take_over(self) -> bool:
+        """The workers a lost coordinator left, taken over with the generation they were in (takeover.py);
+        False where none trained."""
+        found = find_generation(self.pool.workforce)
+        if found is None or found.plan is None:
+            return False
+        e, plan = self.spec.elastic, found.plan
+        self.log("coordinator_restarted", restarts=self.restarts, resume="workers' memory")
+        take_over(found, self.pool, self.watch, self.generations, self._worker_args, e.collective_timeout_s + 30.0)
+        self._retire(tuple(found.others), "a worker of the lost coordinator outside its last generation")
+        with self.lock:
+            self.state = taken_over(self.state, plan, target_after(self.record.events.records, e.workers),
+                                    bool(self.record.committed_directories()))
+        self.log("generation_taken_over", generation=plan.number, step=plan.step, workers=sorted(found.participants))
+        return True
 
     # ---- what comes back from the workers --------------------------------------------------------
 
@@ -241,13 +265,14 @@ class JobLoop:
             for directory in r.checkpoints:
                 self.checkpoint_committed(directory, plan.number)
         outcomes = self.generations.close(run)
+        lost_coordinator = run.taken_over
         members = {m.actor_id for m in plan.generation.members}
         if sum(1 for o in outcomes if o.actor_id in members) < len(members) or \
                 any(o.kind == OutcomeKind.FAILED for o in outcomes):
             self._find_own_commits()  # a commit whose note was lost with rank 0 is restored, not started over
         if any(r.outcome.kind == OutcomeKind.DEAD and is_memory_kill(r.outcome.error) for r in results.values()):
             self._memory_killed(plan)  # before the recovery is planned: not into the same death
-        self.apply(GenerationEnded(outcomes))
+        self.apply(GenerationEnded(outcomes, coordinator_lost=lost_coordinator))
 
     # ---- checkpoints the workers tell of ---------------------------------------------------------------
 
@@ -294,7 +319,7 @@ class JobLoop:
             asked = self.pool.spawn(command.count, self.watch.placement(), joiner=joiner, **self._worker_args)
             self.log("spawn", count=command.count, actor_ids=asked, asked_t=round(asked_t, 4))
         elif isinstance(command, CheckpointNow):
-            self._checkpoint_before_leaving()
+            self.generations.checkpoint_before_leaving(self.state.generation, self.state.leaving)
         elif isinstance(command, RequestSafePoint):
             self.generations.ask_one_member("request_safe_point", self.state.generation)
         elif isinstance(command, StartGeneration):
@@ -333,20 +358,6 @@ class JobLoop:
             if finished:
                 self.apply(FinalWeightsWritten())
 
-    def _checkpoint_before_leaving(self) -> None:
-        """Workers told to go have nobody to hand their shards to (the state machine's CheckpointNow):
-        every member saves the step it reaches next, and training goes on until replacements join
-        or the workers go. Without checkpoints, the user is told what will be lost."""
-        gen = self.state.generation
-        leaving = [a for a in self.state.leaving if any(m.actor_id == a for m in gen.members)]
-        if not (self.spec.checkpoint.uri and self.spec.checkpoint.every):
-            self.log("warning", message=f"{', '.join(leaving)} must leave and no worker can take their shards, but "
-                                        f"the job saves no checkpoints (checkpoint.uri, checkpoint.every): its state "
-                                        f"since the start goes with them unless replacements join first")
-            return
-        self.log("notice_checkpoint", generation=gen.number, actor_ids=leaving)
-        self.generations.ask_one_member("request_checkpoint", gen)
-
     # ---- workers and nodes -----------------------------------------------------------------------
 
     def _retire(self, actor_ids, why: str, lost: bool = False) -> None:
@@ -360,17 +371,11 @@ class JobLoop:
             self.log("retire", actor_ids=list(actor_ids), why=why)
 
     def _notice_unplaceable_workers(self) -> None:
-        """Workers still starting that no node type of the cluster's autoscaler can host would wait
-        for ever (placement_watch.py). Before the job's first generation each fails to start, with a
-        line naming what the job asks for, and the state machine ends the job (exit 2); a job that
-        trains goes on at its size, warned once."""
-        reason = self.pool.unplaceable(time.monotonic())
-        if reason is None:
-            return
-        if self.state.generation is not None:
+        """Workers still starting that no node type of the cluster can host (worker_pool.py)."""
+        reason, given_up = self.pool.give_up_unplaceable(time.monotonic(), training=self.state.generation is not None)
+        if reason is not None and not given_up:
             self.record.warn(f"a replacement worker can never be placed: {reason}")
-            return
-        for actor_id in self.pool.give_up_starting():  # their hellos, when the kill ends them, are not waited for
+        for actor_id in given_up:  # their hellos, when the kill ends them, are not waited for
             self.log("worker_start_failed", actor_id=actor_id, error=reason)
             self._retire((actor_id,), "no node can host it")
             self.apply(WorkerStartFailed(actor_id, reason, bad_input=True))

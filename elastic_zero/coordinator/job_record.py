@@ -14,6 +14,7 @@ import threading
 import time
 
 from elastic_zero.checkpoint.catalog import step_of_directory
+from elastic_zero.checkpoint.sample_runs import decode_runs, encode_runs
 from elastic_zero.coordinator.books import Books
 from elastic_zero.coordinator.death_causes import is_memory_kill
 from elastic_zero.observe.event_log import EventLog
@@ -35,6 +36,9 @@ class JobRecord:
         if self.tracking is not None:
             self.events.listener = self.tracking.event
         self._commits_told = {r["directory"] for r in self.events.records if r.get("event") == "checkpoint_committed"}
+        for r in self.events.records:  # an earlier coordinator's: what its generations trained
+            if r.get("event") == "generation_end" and r.get("samples"):
+                self.books.add_earlier_rows(decode_runs(r["samples"]))
         self._restores_told: set = set()
         self._candidate_logs: list = []  # (directory, sample records) of a checkpoint generation's candidates
 
@@ -186,14 +190,16 @@ class JobRecord:
         self.saves_skipped(plan.number, next((r.checkpoints_skipped for r in results.values() if r.checkpoints_skipped), ()))
         members = {m.actor_id for m in plan.generation.members}
         before = len(self.books.recoveries), len(self.books.reconfigurations)
-        self.books.add_generation_results(plan.number, [r for a, r in results.items() if a in members])
+        booked = [r for a, r in results.items() if a in members]
+        self.books.add_generation_results(plan.number, booked)
         self._count_metrics(results.values(), before)
         outcomes = tuple(r.outcome for r in results.values() if r.outcome.kind != OutcomeKind.DEAD)
         alive = sum(1 for o in outcomes if o.actor_id in members)
         kinds = sorted({o.kind for o in outcomes if o.actor_id in members} | ({OutcomeKind.DEAD} if alive < len(members) else set()))
         self.log("generation_end", generation=plan.number, outcomes=kinds,
                  ended_at={a: round(r.ended_at, 4) for a, r in results.items()},
-                 errors={o.actor_id: o.error for o in outcomes if o.error}, **_last_step(results.values()))
+                 errors={o.actor_id: o.error for o in outcomes if o.error}, **_last_step(results.values()),
+                 samples=encode_runs((plan.number, *row) for r in booked for row in (*r.log, *r.ward_log)))
         return outcomes
 
     def _count_metrics(self, reports, before: tuple[int, int]) -> None:

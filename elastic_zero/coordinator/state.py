@@ -86,6 +86,15 @@ class CoordinatorState:
     # the generation whose members were asked for a checkpoint because its leavers cannot hand over
     checkpoint_asked_in: int | None = None
 
+    @classmethod
+    def at_start(cls, elastic, events: list[dict]) -> "CoordinatorState":
+        """A coordinator's first state, for the job's `elastic` section; `events`: the job's log so
+        far (a restarted coordinator numbers its generations on after its predecessor's)."""
+        e, numbers = elastic, [r["generation"] for r in events if r.get("event") == "generation_start"]
+        return cls(min_workers=e.min_workers, max_workers=e.max_workers, target=e.workers, min_wait_s=e.min_wait_s,
+                   join_window_s=e.join_window_s, replicated=e.replicate_every != 0, standby=e.standby_workers,
+                   first_generation=max(numbers) + 1 if numbers else 0)
+
     @property
     def phase(self) -> "Phase":
         if self.done:
@@ -134,7 +143,7 @@ def _decide(state: CoordinatorState, event: Event, now: float):
         state = replace(state, stop_requested=True, stop_checkpoint=state.stop_checkpoint or event.checkpoint)
         return state, (), "stop requested: the job ends at the next safe point"
     if isinstance(event, GenerationEnded):
-        return _on_generation_end(state, event.outcomes, now)
+        return _on_generation_end(state, event.outcomes, now, event.coordinator_lost)
     if isinstance(event, FinalWeightsWritten):  # only ever sent while finishing
         return state, (), "FinalWeightsWritten ignored: no final save was running"
     if isinstance(event, CheckpointCommitted):
@@ -278,7 +287,7 @@ def _on_preemption(state, actor_ids, now):
     return state, retire + spawn + more, "; ".join([reason] + said)
 
 
-def _on_generation_end(state, outcomes, now):
+def _on_generation_end(state, outcomes, now, coordinator_lost: bool = False):
     by_id = {o.actor_id: o for o in outcomes}
     members = state.members()
     kinds = [by_id[a].kind if a in by_id else OutcomeKind.DEAD for a in members]
@@ -299,7 +308,7 @@ def _on_generation_end(state, outcomes, now):
         return replace(state, done=True), (Fail(f"the same error ended two generations: {repeated[0]}"),), \
             "a repeated error is a bug, not a fault"
     state = replace(state, errors_seen=state.errors_seen | set(bugs))
-    if not (dead or dead_leavers) and failed and len(failed) == len(members):
+    if not (dead or dead_leavers) and failed and len(failed) == len(members) and not coordinator_lost:
         cause = bugs[0] if bugs else failed[0].error
         return replace(state, done=True), (Fail(f"every worker failed and none was lost: {cause}"),), \
             "failure without a lost worker"
@@ -321,9 +330,11 @@ def _on_generation_end(state, outcomes, now):
     leavers = tuple(a for a in members if a in state.leaving and a not in postponed)
     participants = tuple(m.actor_id for m in gen.members) + leavers
     holder_of_old = tuple(participants.index(a) for a in members)
+    cause = "coordinator" if coordinator_lost else "scale" if not state.leaving else "leave"
     plan, warn = fitted(state, GenerationPlan(gen, state.generation, participants, holder_of_old, Source.LIVE, step, leavers,
-                                              "scale" if not state.leaving else "leave"))
+                                              cause))
     state = begin(state, plan, len(joiners), leaving=postponed)
     state, spawn = top_up(state) if top_up_pending else (state, ())
     return state, warn + (StartGeneration(plan),) + spawn, \
-        f"generation {gen.number}: {len(members)} -> {gen.world_size} workers at step {step}"
+        f"generation {gen.number}: {len(members)} -> {gen.world_size} workers at step {step}" + \
+        (", from their memory after the coordinator's loss" if coordinator_lost else "")

@@ -36,3 +36,13 @@ def remember(state, members) -> dict:
     known = dict(state.members_by_id)
     known.update({m.actor_id: m for m in members})
     return known
+
+
+def taken_over(state, plan: GenerationPlan, target: int, committed: bool):
+    """The state of a coordinator that took over the generation `plan` started, from a lost coordinator
+    whose workers outlived it: its members and leavers known, numbering on after it, `target` the
+    workers the job was to have, `committed` whether a checkpoint is there to fall back to."""
+    known = {m.actor_id: m for g in (plan.previous, plan.generation) if g is not None for m in g.members}
+    state = replace(state, target=target, committed=committed, members_by_id=known,
+                    first_generation=max(state.first_generation, plan.number + 1))
+    return begin(state, plan, 0)

@@ -14,7 +14,6 @@ from typing import NamedTuple
 import ray
 
 from elastic_zero.coordinator.placement_watch import PlacementWatch
-from elastic_zero.coordinator.workforce import RayWorkforce
 from elastic_zero.plan.worker_demand import worker_bundle
 
 
@@ -47,14 +46,15 @@ class Hello(NamedTuple):
 
 
 class WorkerPool:
-    def __init__(self, elastic, completions, workforce=None) -> None:
-        """`elastic`: the job's elastic section; `completions`: where the hellos are watched."""
+    def __init__(self, elastic, completions, workforce) -> None:
+        """`elastic`: the job's elastic section; `completions`: where the hellos are watched;
+        `workforce`: where the workers come from (workforce.py)."""
         self._elastic, self._completions = elastic, completions
         self._handles: dict[str, object] = {}  # actor id -> handle, from spawn to retirement
         self._hellos: dict = {}  # hello() in flight -> actor id
         self._spawned = 0
         self.placement = PlacementWatch(worker_bundle(elastic.use_gpu, elastic.worker_resources), elastic.worker_labels)
-        self.workforce = workforce or RayWorkforce()
+        self.workforce = workforce
 
     def __contains__(self, actor_id: str) -> bool:
         return actor_id in self._handles
@@ -89,6 +89,17 @@ class WorkerPool:
             self._completions.watch(ref)
         return asked
 
+    def adopt(self, handles: dict[str, object] | None = None) -> set[str]:
+        """Workers an earlier coordinator of the job spawned, taken into this pool (actor id -> handle;
+        None: those the workforce finds alive): their ids. Those spawned from now on are numbered after
+        them, so no two workers share a name."""
+        if handles is None:
+            handles = self.workforce.survivors() if hasattr(self.workforce, "survivors") else {}
+        self._handles.update(handles)
+        numbers = [int(a[1:]) for a in handles if a[:1] == "w" and a[1:].isdigit()]
+        self._spawned = max([self._spawned, *(n + 1 for n in numbers)])
+        return set(handles)
+
     def is_hello(self, ref) -> bool:
         return ref in self._hellos
 
@@ -107,11 +118,18 @@ class WorkerPool:
             return None
         return self.placement.look(now)
 
-    def give_up_starting(self) -> list[str]:
-        """The workers still starting, whose hellos are no longer awaited (a kill ends them)."""
+    def give_up_unplaceable(self, now: float, training: bool) -> tuple[str | None, list[str]]:
+        """(why, the workers given up on) where the workers still starting can never be placed: no node
+        type of the cluster's autoscaler can host them (placement_watch.py), else (None, []). Before the
+        job's first generation each is given up on (its hello no longer awaited: the caller ends it), and
+        the job ends on a line naming what it asks for (exit 2); a job `training` goes on at its size,
+        warned, and keeps them."""
+        reason = self.unplaceable(now)
+        if reason is None or training:
+            return reason, []
         starting = list(self._hellos.values())
         self._hellos.clear()
-        return starting
+        return reason, starting
 
     def remove(self, actor_id: str):
         """`actor_id`'s handle, out of the pool (None: gone already)."""

@@ -192,6 +192,7 @@ class ElasticSpec:
     use_gpu: bool = False  # one GPU per worker and NCCL, else one CPU and gloo
     collective_timeout_s: float = 30.0  # a collective waiting longer fails the generation; its hung member is killed
     min_wait_s: float = 60.0  # how long to wait for workers while below min_workers
+    coordinator_wait_s: float = 60.0  # how long workers whose coordinator was lost wait, stopped at a safe point, for its replacement to take them over and train on from their memory; then they end, and the job resumes from its latest checkpoint (0: they end at once)
     heartbeat_timeout_s: float = 1.0  # a member silent this long, while others are heard, is lost (0: off)
     stuck_after_steps: float = 3.0  # a member that did not move for this many measured steps (at least stuck_min_s) while its peers went on past it is stuck: killed, and recovered as a loss (0: off; plan/stuck.py)
     stuck_min_s: float = 2.0  # the least time a member behind its peers may stay put before it is stuck
@@ -225,6 +226,7 @@ class ElasticSpec:
         _at_least("elastic.heartbeat_timeout_s", self.heartbeat_timeout_s, 0.0)
         _at_least("elastic.stuck_after_steps", self.stuck_after_steps, 0.0)
         _at_least("elastic.stuck_min_s", self.stuck_min_s, 0.0)
+        _at_least("elastic.coordinator_wait_s", self.coordinator_wait_s, 0.0)
         if 0 < self.heartbeat_timeout_s < 4 * HEARTBEAT_EVERY_S:
             _fail("elastic.heartbeat_timeout_s", f"must be 0 (off) or >= {4 * HEARTBEAT_EVERY_S:g} (4 heartbeats), "
                                                  f"got {self.heartbeat_timeout_s!r}")
@@ -311,14 +313,15 @@ HANG_ACTIONS = ("hang", "hang_in_data", "hang_in_collective")
 @dataclass(frozen=True)
 class FaultSpec:
     at_step: int  # the step it happens at (for the handover and final-save drills: from it on)
-    action: str  # one of KILL_ACTIONS, HANG_ACTIONS, "raise", "preempt" or "scale"
+    action: str  # one of KILL_ACTIONS, HANG_ACTIONS, "raise", "preempt", "scale" or "kill_coordinator" (the rank kills the job's coordinator before the step)
     rank: Optional[int] = None  # the rank it hits, in the generation of the moment
     workers: Optional[int] = None  # scale: the world size asked for
     deadline_s: Optional[float] = None  # preempt: seconds until the worker goes
 
     def validate(self, where: str) -> None:
         _at_least(f"{where}.at_step", self.at_step, 0)
-        _choice(f"{where}.action", self.action, [*KILL_ACTIONS, *HANG_ACTIONS, "raise", "preempt", "scale"])
+        _choice(f"{where}.action", self.action, [*KILL_ACTIONS, *HANG_ACTIONS, "raise", "preempt", "scale",
+                                                 "kill_coordinator"])
         if self.action != "scale" and self.rank is None:
             _fail(f"{where}.rank", f"is required for action {self.action!r}")
         _at_least(f"{where}.rank", self.rank, 0)

@@ -37,8 +37,11 @@ KINDS: dict[str, EventKind] = {k.name: k for k in (
     # generations
     _kind("generation_start", "generation step source checkpoint workers leaving resume",
           "a generation began: from which state (init, live, snapshot, checkpoint, restart), with whom"),
-    _kind("generation_end", "generation outcomes ended_at errors steps_done loss metrics",
-          "a generation ended: each participant's outcome, and the last step's loss"),
+    _kind("generation_taken_over", "generation step workers",
+          "a coordinator that replaced a lost one took over the generation it had started, from its workers"),
+    _kind("generation_end", "generation outcomes ended_at errors steps_done loss metrics samples",
+          "a generation ended: each participant's outcome, the last step's loss, and the sample records its "
+          "reports gave, as runs (checkpoint/sample_runs.py), from which a replacement coordinator's books begin"),
     _kind("replicas_cadence", "generation every auto cost reason", "the replica cadence a generation agreed on"),
     _kind("eval", "generation step loss metrics samples perplexity seconds", "an evaluation of the weights"),
     # workers

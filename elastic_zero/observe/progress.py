@@ -63,6 +63,8 @@ def describe(record: dict) -> str | None:
         return f"restored {r['directory']}"
     if kind == "coordinator_restarted":
         return f"the coordinator was restarted ({r['restarts']}); resuming from the {r.get('resume') or 'start'}"
+    if kind == "generation_taken_over":
+        return f"the new coordinator took over generation {r['generation']} from its {len(r['workers'])} workers"
     if kind == "warning":
         return f"warning: {r['message']}"
     if kind == "job_failed":

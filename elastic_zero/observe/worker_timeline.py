@@ -30,8 +30,8 @@ def worker_timeline(records: list[dict]) -> list[dict]:
                     w.update(joined_t=r["t"], joined_generation=r.get("generation"))
         elif kind in ("worker_lost", "worker_start_failed") and r.get("actor_id") in workers:
             workers[r["actor_id"]]["gone"] = workers[r["actor_id"]]["gone"] or kind.removeprefix("worker_")
-        elif kind == "coordinator_restarted":  # its predecessor's workers ended with it
-            for w in workers.values():
+        elif kind == "coordinator_restarted" and r.get("resume") != "workers' memory":
+            for w in workers.values():  # its predecessor's workers ended with it (none were taken over)
                 w["gone"] = w["gone"] or "coordinator_restarted"
         elif kind == "retire":
             for actor_id in r.get("actor_ids", ()):

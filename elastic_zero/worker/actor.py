@@ -8,6 +8,7 @@ worker's process.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from elastic_zero.protocol import unpack_plan
@@ -24,12 +25,41 @@ class TrainingWorker:
 
         self._trainer = Trainer(spec, actor_id, store_host, store_port, store_secret, coordinator, namespace, joiner,
                                 heartbeat_port)
+        # the plan of the generation trained last and its report, kept for a coordinator that replaces
+        # a lost one (which never heard the report): given to it once, by take_over()
+        self._training = threading.Lock()
+        self._last_plan: bytes | None = None
+        self._unheard: Report | None = None
 
     def hello(self) -> Hello:
         return self._trainer.hello()
 
     def train(self, packed_plan: bytes) -> Report:
-        return self._trainer.train(unpack_plan(packed_plan))
+        with self._training:
+            self._last_plan, self._unheard = packed_plan, None
+            report = self._trainer.train(unpack_plan(packed_plan))
+            self._unheard = report
+            return report
+
+    def last_plan(self) -> bytes | None:
+        """The plan of the generation this worker trained last (or trains now), packed; None: none yet."""
+        return self._last_plan
+
+    def take_over(self, store_host: str, store_port: int, store_secret: bytes, heartbeat_port: int | None,
+                  wait_s: float) -> Report | None:
+        """A coordinator that replaces a lost one takes this worker over: the generation in progress
+        stops at its next safe point (or has ended), and its report, which the lost coordinator never
+        heard, is the answer (None: it trained none). From then on the worker follows the new
+        coordinator's store and listener. A TimeoutError if the generation does not end within `wait_s`."""
+        self._trainer.coordinator_lost()
+        if not self._training.acquire(timeout=wait_s):
+            raise TimeoutError(f"the generation in progress did not end within {wait_s:g} s")
+        try:
+            self._trainer.follow(store_host, store_port, store_secret, heartbeat_port)
+            report, self._unheard = self._unheard, None
+            return report
+        finally:
+            self._training.release()
 
     def request_safe_point(self, number: int) -> None:
         self._trainer.request_safe_point(number)

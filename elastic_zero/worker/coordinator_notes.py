@@ -21,35 +21,39 @@ class CoordinatorNotes:
         """Whether there is a coordinator to tell."""
         return bool(self._coordinator)
 
-    def _handle(self):
-        return coordinator_handle(self._coordinator, self._namespace)
+    def _tell(self, method: str, *args) -> None:
+        """One note; dropped while there is no coordinator (it was lost, and its replacement has not
+        taken this worker over yet: it hears how the generation went from the worker's report)."""
+        try:
+            coordinator = coordinator_handle(self._coordinator, self._namespace)
+        except ValueError:  # no actor of that name now
+            return
+        getattr(coordinator, method).remote(*args)
 
     def progress(self, generation: int, step_count: int, last: bool, report: dict) -> None:
         """Rank 0's step: that the generation stepped, once, and its step and loss at most every
         PROGRESS_EVERY_S (and at the `last` step): the live view, the progress line, the metrics."""
-        coordinator = self._handle()
         if len(report["step_times"]) == 1:
-            coordinator.generation_stepped.remote(generation)
+            self._tell("generation_stepped", generation)
         now = time.time()
         if now - self._progress_told_at >= PROGRESS_EVERY_S or last:
             self._progress_told_at = now
             told = report.get("losses_told", 0)  # the trackers get every step's loss, a note's worth at a time
             report["losses_told"] = len(report["losses"])
-            coordinator.progress_note.remote(generation, step_count, report["last_loss"], report["step_times"][-1],
-                                             now, report["checkpoints"][-1] if report["checkpoints"] else None,
-                                             tuple(report["losses"][told:]))
+            self._tell("progress_note", generation, step_count, report["last_loss"], report["step_times"][-1], now,
+                       report["checkpoints"][-1] if report["checkpoints"] else None, tuple(report["losses"][told:]))
 
     def evaluated(self, generation: int, result: dict) -> None:
-        self._handle().eval_note.remote(generation, result)
+        self._tell("eval_note", generation, result)
 
     def cadence(self, generation: int, summary: dict) -> None:
-        self._handle().replicas_note.remote(generation, summary)
+        self._tell("replicas_note", generation, summary)
 
     def restored(self, generation: int, directory: str, step: int) -> None:
-        self._handle().restored_note.remote(generation, directory, step)
+        self._tell("restored_note", generation, directory, step)
 
     def committed(self, directory: str) -> None:
-        self._handle().checkpoint_note.remote(self._actor_id, directory)
+        self._tell("checkpoint_note", self._actor_id, directory)
 
     def warning(self, text: str) -> None:
-        self._handle().worker_warning.remote(self._actor_id, text)
+        self._tell("worker_warning", self._actor_id, text)

@@ -41,6 +41,10 @@ class DrillRunner:
             if fault.action in HANG_ACTIONS:  # alive, not training: found stuck (plan/stuck.py)
                 self._duties.hang(fault.action)
             coordinator = coordinator_handle(self._coordinator, self._namespace)
+            if fault.action == "kill_coordinator":  # as its process dying would: its replacement takes over
+                import ray
+
+                ray.kill(coordinator, no_restart=True)
             if fault.action == "preempt":
                 coordinator.preemption_notice.remote(self._actor_id, fault.deadline_s)
             elif fault.action == "scale":

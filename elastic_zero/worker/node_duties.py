@@ -15,7 +15,8 @@ import threading
 import time
 
 from elastic_zero.cpu_waits import StillnessMeter
-from elastic_zero.wire.heartbeats import HeartbeatSender, ProgressBoard, beat_token, beating_started, start_beat_process
+from elastic_zero.wire.heartbeats import (PHASES, HeartbeatSender, ProgressBoard, beat_token, beating_started,
+                                         start_beat_process)
 from elastic_zero.node_memory import capacity_bytes, monitor_threshold, peak_rss_bytes, rss_bytes, used_bytes
 from elastic_zero.plan.membership import Member
 from elastic_zero.preemption.cloud_watcher import CloudWatcher
@@ -43,6 +44,7 @@ class NodeDuties:
         self._spec, self._actor_id, self._coordinator, self._namespace = spec, actor_id, coordinator, namespace
         self._cloud_watcher: CloudWatcher | None = None
         self._beats = None  # the beat process (it ends with this worker's process)
+        self._sender: HeartbeatSender | None = None  # where there is none: the thread that beats sends with it
         self.board: ProgressBoard | None = None  # this worker's progress, which its beats carry (heartbeats.py)
         self._hang_in: str | None = None  # a hang drill armed for later in the step: "data" or "collective"
         self._collectives_armed = 0  # the collectives entered since a "collective" hang was armed
@@ -98,8 +100,28 @@ class NodeDuties:
             except OSError as exc:  # no process to spare (EAGAIN, ENOMEM): a thread beats, stalls and all
                 print(f"elastic_zero: {self._actor_id} beats from a thread: its beat process could not start "
                       f"({exc})", file=sys.stderr)
-                sender = HeartbeatSender(coordinator_host, heartbeat_port, token)
-                threading.Thread(target=self._beat, args=(sender,), daemon=True, name="heartbeat").start()
+                self._sender = HeartbeatSender(coordinator_host, heartbeat_port, token)
+                threading.Thread(target=self._beat, daemon=True, name="heartbeat").start()
+
+    def follow(self, coordinator_host: str, heartbeat_port: int | None, secret: bytes) -> None:
+        """A coordinator that replaced a lost one took this worker over: beat to its listener from now on."""
+        if not heartbeat_port or self.board is None:
+            return
+        token = beat_token(secret)
+        if self._sender is not None:  # beats from a thread: it sends to the new listener from its next beat
+            self._sender = HeartbeatSender(coordinator_host, heartbeat_port, token)
+            return
+        self._beats.kill()
+        self._beats.wait()
+        generation, steps, _, phase, _ = self.board.read()
+        board = ProgressBoard.create()  # the same progress, on a board the new beat process can map
+        board.mark(generation=generation, steps=steps, phase=PHASES[phase])
+        self.board = board
+        self._beats = start_beat_process(coordinator_host, heartbeat_port, token, self._actor_id, HEARTBEAT_EVERY_S,
+                                         self.board.path)
+        warning = self._beats_started()
+        if warning:
+            print(f"elastic_zero: {warning}", file=sys.stderr)
 
     def _beats_started(self) -> str:
         """Wait until this worker's first heartbeat is out, before its hello says it is ready: the
@@ -117,14 +139,14 @@ class NodeDuties:
         if "sigterm" in self._spec.preemption.watch:
             catch_sigterm(self._on_sigterm, termination_grace_s(self._spec.preemption.sigterm_grace_s))
 
-    def _beat(self, sender: HeartbeatSender) -> None:
+    def _beat(self) -> None:
         self.board.unlink()
         starved = StillnessMeter(os.getpid())
         while True:
             pid = os.getpid()
             at = self.board.read()
             memory = (rss_bytes(pid), peak_rss_bytes(pid), used_bytes())
-            sender.beat(self._actor_id, at, memory=memory, waited_ms=starved(at))
+            self._sender.beat(self._actor_id, at, memory=memory, waited_ms=starved(at))
             time.sleep(HEARTBEAT_EVERY_S)
 
     def _on_sigterm(self, grace_s: float) -> None:

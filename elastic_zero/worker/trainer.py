@@ -18,13 +18,11 @@ import time
 import torch
 
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
-from elastic_zero.wire.generation_ends import GenerationEndWatch
 from elastic_zero.job.build import build_loss, build_optimizer, build_source
 from elastic_zero.node_memory import reset_peak
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.evaluation import eval_due
 from elastic_zero.protocol import GenerationPlan, Hello, Outcome, OutcomeKind, Report
-from elastic_zero.wire.rendezvous import connect
 from elastic_zero.job.spec import spec_from_dict
 from elastic_zero.worker.cadence_meter import CadenceMeter
 from elastic_zero.worker.drill_runner import DrillRunner
@@ -35,6 +33,7 @@ from elastic_zero.worker.faults import WorkerStartError, is_communication_failur
 from elastic_zero.worker.generation_gate import GenerationGate, abort_all
 from elastic_zero.worker.initial_model import initial_model
 from elastic_zero.worker.groups import GenerationGroups
+from elastic_zero.worker.coordinator_link import CoordinatorLink
 from elastic_zero.worker.coordinator_notes import CoordinatorNotes
 from elastic_zero.worker.node_duties import NodeDuties, memory_facts
 from elastic_zero.worker.replica import LayoutReplicas
@@ -92,7 +91,11 @@ class Trainer:
         self._gate = GenerationGate()
         self.records = CheckpointRecords()
         self.notes = CoordinatorNotes(actor_id, coordinator, namespace)
-        self.store = connect(store_host, store_port, store_secret, self.spec.elastic.collective_timeout_s)
+        e = self.spec.elastic
+        # the store and the coordinator's word, from whichever coordinator leads the job now
+        self.link = CoordinatorLink(store_host, store_port, store_secret, e.collective_timeout_s, bool(coordinator),
+                                    e.coordinator_wait_s, self.abort_generation, self.coordinator_lost, self.duties)
+        self.store = self.link.store
         self.groups = GenerationGroups(self.store, self.spec.elastic.collective_timeout_s, self._gate,
                                        self.duties.collective_entered)
         c = self.spec.checkpoint
@@ -112,8 +115,6 @@ class Trainer:
                                   coordinator, namespace)
         self.entry = GenerationEntry(self.spec, actor_id, self.held, self.store, self._gate, self.groups, self.commits,
                                      self.saves, self.drills, self.notes, self.replicas, self.backend)
-        # the coordinator's word that a generation is over (or aborted)
-        self._ends = GenerationEndWatch(self.store, self.abort_generation) if coordinator else None
         if coordinator:
             self.duties.take_sigterm_as_notice()
             relay_warnings(self.notes.warning)
@@ -158,6 +159,15 @@ class Trainer:
         (dropped): generation_gate.py."""
         self._gate.abort(number, self._interrupt_work)
 
+    def coordinator_lost(self) -> None:
+        """The coordinator is gone: the generation in progress stops at its next safe point, its
+        shards and replicas in memory, for a replacement to take over (coordinator_link.py)."""
+        self.request_safe_point(self._gate.number)
+
+    def follow(self, store_host: str, store_port: int, secret: bytes, heartbeat_port: int | None) -> None:
+        """A replacement coordinator took this worker over, its generation over: follow it."""
+        self.link.follow(store_host, store_port, secret, heartbeat_port)
+
     def _interrupt_work(self) -> None:
         """The generation was aborted: the step in flight and a save waiting on a lost peer go."""
         if self.engine is not None:
@@ -173,8 +183,7 @@ class Trainer:
                   "step_ends": [], "protect_times": [], "losses": [], "evals": [], "first_step_at": None,
                   "last_loss": None, "checkpoint_stall_s": [], "entered_at": time.time(), "checkpoint_errors": [],
                   "checkpoints": [], "checkpoints_skipped": [], "restored_from": None}
-        if self._ends is not None:
-            self._ends.watch(plan.number)
+        self.link.watch_generation(plan.number)
         self.records.new_generation()  # the sample records this generation commits or saves
         self.cadence.new_generation()  # measured anew: the world size sets a shard's bytes
         try:

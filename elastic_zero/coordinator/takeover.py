@@ -1,0 +1,73 @@
+"""A coordinator that replaces a lost one finds the workers that outlived it and the generation they
+were in, from the workers themselves: each keeps the plan it trained last (worker/actor.py).
+
+The lost coordinator's workers are detached, named after it (workforce.py): the replacement lists
+them by name, asks each its last plan, and takes the newest plan's participants over (take_over()):
+each stops at its next safe point, or has stopped, and answers with the report the lost coordinator
+never heard. Those answers end the generation as its reports would have (generation_run.py), and the
+state machine goes on from them: from the members' live shards at a safe point, from the replicas
+after a failure, from the checkpoint where memory lacks a shard (state.py, recovery.py)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import ray
+
+from elastic_zero.protocol import GenerationPlan, unpack_plan
+
+ASK_S = 10.0  # how long the survivors' last plans are waited for (a quick call; a worker not answering is left out)
+
+
+class Found(NamedTuple):
+    plan: GenerationPlan  # the newest plan a survivor trained
+    participants: dict  # its participants alive, actor id -> handle
+    others: dict  # the job's other workers alive (spawned, standing by, or left behind): retired
+
+
+def find_generation(workforce) -> Found | None:
+    """The newest generation the job's surviving workers were in, or None: no survivor, or none that
+    trained (a workforce that cannot list survivors, a simulated one, has none)."""
+    survivors = workforce.survivors() if hasattr(workforce, "survivors") else {}
+    if not survivors:
+        return None
+    asked = {handle.last_plan.remote(): actor_id for actor_id, handle in survivors.items()}
+    ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=ASK_S)
+    plans = []
+    for ref in ready:
+        try:
+            packed = ray.get(ref)
+        except ray.exceptions.RayError:  # died since it was listed
+            continue
+        if packed is not None:
+            plans.append(unpack_plan(packed))
+    if not plans:
+        return Found(None, {}, survivors)
+    newest = max(plans, key=lambda p: p.number)
+    participants = {a: h for a, h in survivors.items() if a in newest.participants}
+    return Found(newest, participants, {a: h for a, h in survivors.items() if a not in participants})
+
+
+def take_over_calls(participants: dict, worker_args: dict, wait_s: float) -> dict:
+    """Each participant taken over (take_over() in flight -> actor id): it follows this coordinator's
+    store and listener (`worker_args`, as a worker spawned now is given) once its generation is over,
+    which it waits `wait_s` for at most."""
+    a = worker_args
+    return {handle.take_over.remote(a["store_host"], a["store_port"], a["store_secret"], a["heartbeat_port"],
+                                    wait_s): actor_id for actor_id, handle in participants.items()}
+
+
+def take_over(found: Found, pool, watch, generations, worker_args: dict, wait_s: float) -> None:
+    """`found`'s survivors taken into `pool` (the caller retires those outside its generation), and its
+    generation into `generations`, its reports to come from its participants."""
+    pool.adopt({**found.participants, **found.others})
+    for m in found.plan.generation.members:
+        if m.actor_id in found.participants:
+            watch.worker_at(m.actor_id, m.node)
+    generations.take_over(found.plan, take_over_calls(found.participants, worker_args, wait_s))
+
+
+def target_after(events: list[dict], workers: int) -> int:
+    """The workers the lost coordinator was to keep: the last scale asked of it, else the spec's."""
+    asked = [r["workers"] for r in events if r.get("event") == "scale_requested"]
+    return asked[-1] if asked else workers

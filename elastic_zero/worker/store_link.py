@@ -1,0 +1,28 @@
+"""The job's store as a worker's parts use it, wherever the coordinator of the moment serves it.
+
+Each part (the groups, the checkpoint writer, the drills, the entry) is given this link, not a
+client: every call goes to the current client, a torch TCPStore (through the worker's local relay,
+wire/rendezvous.py). A coordinator that replaces a lost one serves a store of its own; when it takes
+the worker over, the worker connects to that store and switches the link (worker/takeover.py), and
+every part follows. A connection torch made cannot be pointed elsewhere: torch's client does not
+reconnect, so a new one is made."""
+
+from __future__ import annotations
+
+
+class StoreLink:
+    def __init__(self, client) -> None:
+        self._client = client
+
+    def switch(self, client) -> None:
+        """From now on every call goes to `client` (a replacement coordinator's store)."""
+        self._client = client
+
+    @property
+    def client(self):
+        """The client of the moment (what a torch call that takes a Store must be given)."""
+        return self._client
+
+    def __getattr__(self, name: str):
+        # set, get, add, check, wait, compare_set, clone...: the current client's
+        return getattr(self._client, name)
