@@ -51,6 +51,8 @@ def _what(change: dict, kind: str) -> str:
         return f"{cause.split(';')[0].replace('lost ', 'worker ', 1)} {how}, recovered from {source}"
     if change.get("cause") == "leave":
         return "preemption notice: workers handed over and left"
+    if change.get("cause") == "coordinator":
+        return "coordinator lost: its replacement took the workers over from their memory"
     if change["to"] > change["from"]:
         return "scale-up: workers joined at a safe point"
     return "scale-down at a safe point"

@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 
 _STEP_DIR = re.compile(r"step-(\d{10})(?:-\d+)?$")
-_COLOURS = {"recovery": "tab:red", "scale": "tab:green", "preemption": "tab:orange", "checkpoint": "0.6"}
+_COLOURS = {"recovery": "tab:red", "scale": "tab:green", "preemption": "tab:orange", "takeover": "tab:brown",
+            "checkpoint": "0.6"}
 SIZE_PX = (1000, 750)
 _DPI = 100
 
@@ -21,7 +22,7 @@ _DPI = 100
 @dataclass(frozen=True)
 class Mark:
     step: int
-    kind: str  # "recovery" | "scale" | "preemption" | "checkpoint"
+    kind: str  # "recovery" | "scale" | "preemption" | "takeover" | "checkpoint"
     label: str
 
 
@@ -52,7 +53,8 @@ def read_run(run_dir: str) -> RunSeries:
     marks = [Mark(r["step"], "recovery", f"{r.get('cause', 'failure')}: {_stall(r)}")
              for r in summary.get("recoveries", []) if r.get("step") is not None]
     for r in summary.get("reconfigurations", []):
-        kind = "preemption" if r.get("cause") == "leave" else "scale"  # workers leave on a preemption notice
+        # workers leave on a preemption notice; a lost coordinator's replacement takes them over
+        kind = {"leave": "preemption", "coordinator": "takeover"}.get(r.get("cause"), "scale")
         marks.append(Mark(r["step"], kind, f"{r.get('from')}->{r.get('to')} workers: {_stall(r)}"))
     for e in events:
         found = _STEP_DIR.search(str(e.get("directory", ""))) if e.get("event") == "checkpoint_committed" else None

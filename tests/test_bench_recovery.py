@@ -38,3 +38,17 @@ def test_the_report_says_when_the_run_recovered_more_than_once():
     assert "recovered" not in format_recovery(report) and "scale-up stall 0.20 s" in format_recovery(report)
     assert "scale-up stall -" in format_recovery({**report, "scale_up_stall_s": None})  # the replacement came too late
     assert "the run recovered 2 times, the first is the kill's" in format_recovery({**report, "elastic_zero_recoveries": 2})
+
+
+def test_steps_trained_again_are_those_past_where_the_next_generation_started():
+    from elastic_zero.bench.coordinator_loss import retrained_steps
+
+    taken_over = [{"event": "generation_start", "generation": 0, "step": 0},
+                  {"event": "generation_end", "generation": 0, "steps_done": 16},
+                  {"event": "generation_start", "generation": 1, "step": 16},  # live shards: none again
+                  {"event": "generation_end", "generation": 1, "steps_done": 40}]
+    assert retrained_steps(taken_over) == 0
+    replicas = taken_over[:2] + [{"event": "generation_start", "generation": 1, "step": 14},
+                                 {"event": "generation_end", "generation": 1, "steps_done": 30},
+                                 {"event": "generation_start", "generation": 2, "step": -1}]  # a checkpoint's
+    assert retrained_steps(replicas) == 2

@@ -140,7 +140,8 @@ def test_a_save_due_while_the_last_is_written_is_skipped_and_no_step_waits_for_t
     skipped = [e["step"] for e in events if e["event"] == "checkpoint_skipped"]  # the steps done at each
     assert set(committed) | set(skipped) == set(range(1, 17)) and not set(committed) & set(skipped), (committed, skipped)
     # a save is started only when no rank's last one still writes: it never waits (each waited about 30 ms
-    # for the one before it, measured here: every step's commit and save took 27 ms at the median, 3 now)
-    assert 16 in committed and skipped and summary["checkpoint_stall_s_max"] < 0.005, summary["checkpoint_stall_s_max"]
+    # for the one before it, measured here: every step's commit and save took 27 ms at the median, 3 now;
+    # the slowest hand-off to the writer took 7 ms in a CI run on two loaded cores, under half the wait)
+    assert 16 in committed and skipped and summary["checkpoint_stall_s_max"] < 0.015, summary["checkpoint_stall_s_max"]
     assert any(w.startswith("periodic checkpoints were skipped") for w in summary["warnings"]), summary["warnings"]
     exactly_once(summary)

@@ -259,7 +259,7 @@ def test_a_lost_coordinator_and_a_worker_lost_while_it_is_away_recover_from_memo
     """No checkpoints: the coordinator and worker w1 are killed together. The replacement takes w0 over,
     and the job goes on from w0's shard and its replica of w1's, then a replacement worker joins."""
     head, cwd = open_head, workdir
-    steps = 120
+    steps = 40  # paced: 0.1 s a step at least, a few seconds of training past the kill
     (cwd / "job.toml").write_text(_spec(steps, paced=True))
     run_dir = cwd / "out"
     job_id = _ok(_cli(head, cwd, "submit", "job.toml", "--address", head.address, "--run-dir", str(run_dir))).strip()

@@ -26,7 +26,7 @@ def add_bench_parsers(sub) -> None:
     rec.add_argument("--steps", type=int, default=24)
     rec.add_argument("--kill-step", type=int, default=8, help="the step the fault hits rank 1 at")
     rec.add_argument("--fault", default="kill", help="kill (beside --against), or hang, hang_in_data, "
-                     "hang_in_collective: beside a kill and the fault-free job, ours only")
+                     "hang_in_collective, kill_coordinator: beside a kill and the fault-free job, ours only")
     rec.add_argument("--micro-batch", type=int, default=8)
     rec.add_argument("--checkpoint-every", type=int, default=5)
     rec.add_argument("--against", default="ray-train", help="ray-train or torchft (pip install -e '.[anchors]')")
@@ -153,6 +153,12 @@ def run_bench(args) -> int:
         report = run_step_bench(args.stage, args.workers, args.preset, args.micro_batch,
                                 args.warmup, args.steps, args.rounds, args.replicate_every)
         print(json.dumps(report) if args.json else format_report(report))
+        return 0
+    if args.bench == "recovery" and args.fault == "kill_coordinator":
+        from elastic_zero.bench.coordinator_loss import format_coordinator_loss, run_coordinator_loss_bench
+
+        report = run_coordinator_loss_bench(args.preset, args.workers, args.steps, args.kill_step, args.micro_batch)
+        print(json.dumps(report) if args.json else format_coordinator_loss(report))
         return 0
     if args.bench == "recovery" and args.fault != "kill":
         from elastic_zero.bench.hang import format_hang, run_hang_bench

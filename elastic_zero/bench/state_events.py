@@ -60,6 +60,7 @@ def change_windows(summary: dict) -> list[EventWindow]:
             sizes = f" ({c.get('from')} -> {c.get('to')})" if kind == "reconfiguration" else ""
             grew = (c.get("to") or 0) > (c.get("from") or 0)
             name = ("kill and recovery" if kind == "recovery" else "preemption hand-off" if c.get("cause") == "leave"
+                    else "coordinator takeover" if c.get("cause") == "coordinator"
                     else "scale-up hand-over" if grew else "scale-down hand-over") + sizes
             phases = c.get("phases_s", {})
             moving = phases.get("handover", phases.get("read_checkpoint"))

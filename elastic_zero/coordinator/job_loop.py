@@ -110,9 +110,9 @@ class JobLoop:
                 return
             self.log("coordinator_restarted", restarts=self.restarts,
                      resume="latest checkpoint" if c.uri and c.every else None)
-            if not (c.uri and c.every):
-                self._carry_out(Fail("the coordinator was lost (its workers with it) and the job saves no "
-                                     "checkpoints to resume from"))
+            if not (c.uri and c.every) and self.state.first_generation > 0:  # (none trained yet: nothing lost)
+                self._carry_out(Fail("the coordinator was lost, none of its workers was left to take over, and the "
+                                     "job saves no checkpoints to resume from"))
                 return
         self.log("job_start", name=self.spec.name, workers=self.spec.elastic.workers, job_id=self.job_id)
         if c.uri:  # where the job runs (the CLI checked where it was launched); every job writes its final weights

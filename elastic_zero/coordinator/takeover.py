@@ -28,7 +28,10 @@ class Found(NamedTuple):
 def find_generation(workforce) -> Found | None:
     """The newest generation the job's surviving workers were in, or None: no survivor, or none that
     trained (a workforce that cannot list survivors, a simulated one, has none)."""
-    survivors = workforce.survivors() if hasattr(workforce, "survivors") else {}
+    try:
+        survivors = workforce.survivors() if hasattr(workforce, "survivors") else {}
+    except ray.exceptions.RayError:  # the cluster's actor list could not be read: none to take over
+        return None
     if not survivors:
         return None
     asked = {handle.last_plan.remote(): actor_id for actor_id, handle in survivors.items()}
