@@ -15,9 +15,12 @@ from typing import Callable
 
 from elastic_zero.wire.generation_ends import GenerationEndWatch
 from elastic_zero.wire.rendezvous import connect
-from elastic_zero.worker.coordinator_watch import CoordinatorWatch
+from elastic_zero.worker.coordinator_watch import WAIT_S, CoordinatorWatch
 from elastic_zero.worker.node_duties import coordinator_handle
 from elastic_zero.worker.store_link import StoreLink
+
+
+WATCH_CONNECT_S = 30.0  # to reach the store and answer its challenge
 
 
 class CoordinatorLink:
@@ -30,8 +33,8 @@ class CoordinatorLink:
         self._timeout_s, self._abort, self._duties = timeout_s, abort_generation, duties
         self.store = StoreLink(connect(store_host, store_port, secret, timeout_s))
         self._ends = GenerationEndWatch(self.store, abort_generation) if watched else None
-        self._watch = CoordinatorWatch(self.store, wait_s, on_lost, functools.partial(_end_this_worker, wait_s)) \
-            if watched else None
+        self._watch = CoordinatorWatch(functools.partial(_watch_connection, store_host, store_port, secret), wait_s,
+                                       on_lost, functools.partial(_end_this_worker, wait_s)) if watched else None
 
     def watch_generation(self, number: int) -> None:
         """The worker takes part in generation `number`: its abort, said in the store, reaches it."""
@@ -45,9 +48,17 @@ class CoordinatorLink:
         if self._ends is not None:  # the old watch's connection is closed: its thread has ended, or waits idle
             self._ends = GenerationEndWatch(self.store, self._abort)
         if self._watch is not None:
-            self._watch.taken_over(self.store)
+            self._watch.taken_over(functools.partial(_watch_connection, store_host, store_port, secret))
         self._duties.follow(store_host, heartbeat_port, secret)
         coordinator_handle.cache_clear()  # the lost coordinator's handle, cached, would reach nobody
+
+
+def _watch_connection(host: str, port: int, secret: bytes):
+    """A connection of the watch's own to the coordinator's store, without torch (store_client.py)."""
+    from elastic_zero.wire.rendezvous import admitted_connection
+    from elastic_zero.wire.store_client import StoreClient
+
+    return StoreClient(admitted_connection(host, port, secret, WATCH_CONNECT_S), WAIT_S)
 
 
 def _end_this_worker(wait_s: float) -> None:

@@ -13,55 +13,56 @@ job, if a coordinator comes back later, resumes from its latest checkpoint."""
 
 from __future__ import annotations
 
-import datetime
 import threading
 import time
 from typing import Callable
 
 NEVER_SET = "coordinator/watch"  # a key nobody sets: waiting for it ends only when the store goes
 WAIT_S = 24 * 3600.0  # one wait's length; a wait that times out (the store alive) is made again
+REACH_TRIES, REACH_GAP_S = 3, 1.0  # a store that did not answer (not refused): tried again so often, so far apart
 
 
 class CoordinatorWatch:
-    def __init__(self, store, wait_s: float, on_lost: Callable[[], None], on_given_up: Callable[[], None]) -> None:
-        """`store`: the job's store (a client or a StoreLink: it is cloned, the wait blocks the connection)."""
+    def __init__(self, connect: Callable[[], object], wait_s: float, on_lost: Callable[[], None],
+                 on_given_up: Callable[[], None]) -> None:
+        """`connect()`: a new connection to the coordinator's store whose get() waits for a key (a
+        wire/store_client.StoreClient: no torch, whose client prints a C++ trace when a store goes)."""
         self._wait_s, self._on_lost, self._on_given_up = wait_s, on_lost, on_given_up
         self._cond = threading.Condition()
-        self._store = store.clone()
         self._lost_at: float | None = None  # monotonic; None: the coordinator is there
         self._epoch = 0  # taken over this many times: a watch of an earlier store ends quietly
-        self._start(self._store, 0)
+        self._start(connect, 0)
 
     @property
     def lost(self) -> bool:
         with self._cond:
             return self._lost_at is not None
 
-    def taken_over(self, store) -> None:
-        """A replacement coordinator took this worker over: watch its store from now on."""
-        clone = store.clone()
+    def taken_over(self, connect: Callable[[], object]) -> None:
+        """A replacement coordinator took this worker over: watch its store (`connect`) from now on."""
         with self._cond:
             self._epoch += 1
-            self._lost_at, self._store = None, clone
+            self._lost_at = None
             epoch = self._epoch
             self._cond.notify_all()
-        self._start(clone, epoch)
+        self._start(connect, epoch)
 
-    def _start(self, store, epoch: int) -> None:
-        threading.Thread(target=self._watch, args=(store, epoch), daemon=True, name="coordinator-watch").start()
+    def _start(self, connect, epoch: int) -> None:
+        threading.Thread(target=self._watch, args=(connect, epoch), daemon=True, name="coordinator-watch").start()
 
-    def _watch(self, store, epoch: int) -> None:
-        import torch.distributed as dist
-
-        while True:
+    def _watch(self, connect, epoch: int) -> None:
+        quick_ends = 0  # waits in a row that ended at once: a store that admits and drops is gone too
+        while quick_ends < REACH_TRIES:
+            conn = _reach(connect)
+            if conn is None:
+                break  # the store is gone, and the coordinator with it
             started = time.monotonic()
             try:
-                store.wait([NEVER_SET], datetime.timedelta(seconds=WAIT_S))
-            except dist.DistError:
-                if time.monotonic() - started >= WAIT_S * 0.99:
-                    store = store.clone()  # the wait timed out, the store alive: again, on a connection in step
-                    continue
-            break  # (a key nobody sets was set: nothing sensible to watch any more)
+                conn.get(NEVER_SET)
+                break  # (a key nobody sets was set: nothing sensible to watch any more)
+            except OSError:  # closed or reset (or a wait that timed out): the store gone, unless it answers anew
+                conn.close()
+            quick_ends = quick_ends + 1 if time.monotonic() - started < REACH_GAP_S else 0
         with self._cond:
             if epoch != self._epoch:
                 return  # the worker follows another coordinator by now
@@ -74,3 +75,18 @@ class CoordinatorWatch:
             if epoch != self._epoch:
                 return
         self._on_given_up()
+
+
+def _reach(connect):
+    """A new connection to the store, or None where it is gone: refused at once (nothing listens where
+    the relay did: its process ended), or no answer REACH_TRIES times (a reset or a timeout may be
+    the network's, the store alive)."""
+    for attempt in range(REACH_TRIES):
+        try:
+            return connect()
+        except ConnectionRefusedError:
+            return None
+        except OSError:
+            if attempt + 1 < REACH_TRIES:
+                time.sleep(REACH_GAP_S)
+    return None
