@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -159,8 +160,11 @@ def _end_workers(job_id: str) -> None:
     from elastic_zero.coordinator.actor import NAMESPACE, coordinator_name
     from elastic_zero.coordinator.workforce import named_workers
 
-    for handle in named_workers(coordinator_name(job_id), NAMESPACE).values():
-        ray.kill(handle, no_restart=True)
+    try:
+        for handle in named_workers(coordinator_name(job_id), NAMESPACE).values():
+            ray.kill(handle, no_restart=True)
+    except (ray.exceptions.RayError, ConnectionError) as exc:  # Ray going away: the job's outcome stands
+        print(f"elastic_zero: could not end the job's workers: {exc}", file=sys.stderr)
 
 
 def _lost(why: str) -> dict:

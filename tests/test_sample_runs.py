@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elastic_zero.checkpoint.sample_runs import decode_runs, encode_runs, manifest_rows
+from elastic_zero.checkpoint.sample_runs import decode_runs, encode_runs, manifest_rows, runs_of_logs
 
 
 def _steps_of_a_generation(generation, world, global_batch, steps):
@@ -53,3 +53,24 @@ def test_a_manifest_written_before_runs_still_gives_its_rows():
 def test_a_run_of_no_steps_is_refused():
     with pytest.raises(ValueError, match="sample run"):
         decode_runs([(0, 0, 1, 0, 8, 4, 8)])
+
+
+_row = st.tuples(st.integers(0, 30), st.integers(0, 4), st.integers(0, 500), st.integers(0, 9))
+
+
+@given(st.lists(st.lists(_row, max_size=40), max_size=6))
+def test_logs_as_runs_give_each_ranks_rows_from_the_first_log_that_has_them(logs):
+    """A generation_end event's samples (coordinator/job_record.py). Oracle: the rows, a rank's taken
+    from the first log that has it."""
+    owner = {}
+    for i, log in enumerate(logs):
+        for _, rank, _, _ in log:
+            owner.setdefault(rank, i)
+    want = sorted({(7, step, rank, start, count) for i, log in enumerate(logs) for step, rank, start, count in log
+                   if owner[rank] == i})
+    assert sorted(set(decode_runs(runs_of_logs(7, logs)))) == want
+
+
+def test_a_workers_log_in_step_order_is_one_run():
+    rows = [(step, 2, step * 16 + 11, 5) for step in range(45, 170)]
+    assert runs_of_logs(3, [rows, rows]) == [(3, 2, 45, 125, 11 + 45 * 16, 5, 16)]

@@ -35,6 +35,32 @@ def encode_runs(rows: Iterable[Row]) -> list[Run]:
     return [tuple(run) for run in runs]
 
 
+def runs_of_logs(generation: int, logs: Iterable[Iterable[tuple[int, int, int, int]]]) -> list[Run]:
+    """A generation's reports' logs, each of (step, rank, start, count) rows, as runs, in one pass and
+    no sort (encode_runs sorts: 0.5 s of a coordinator's CPU for 1,024 ranks' 100 steps, twice over).
+    A rank whose rows an earlier log gave is skipped in a later one (a buddy's copy of its ward's
+    rows: give the ranks' own logs first). Rows in step order, as a worker appends them, make one run
+    per rank; rows out of order only make more runs, each row still given once."""
+    runs: list[list[int]] = []
+    given: set[int] = set()  # ranks whose rows an earlier log gave
+    for log in logs:
+        open_run: dict[int, list[int]] = {}  # rank -> its run being extended in this log
+        for step, rank, start, count in log:
+            if rank in given:
+                continue
+            run = open_run.get(rank)
+            if run is not None and step == run[2] + run[3] and count == run[5] and \
+                    (run[3] == 1 or start == run[4] + run[3] * run[6]):
+                if run[3] == 1:
+                    run[6] = start - run[4]
+                run[3] += 1
+                continue
+            open_run[rank] = run = [generation, rank, step, 1, start, count, 0]
+            runs.append(run)
+        given.update(open_run)
+    return [tuple(run) for run in runs]
+
+
 def _extends(run: list[int], generation: int, rank: int, step: int, start: int, count: int) -> bool:
     gen, r, first_step, steps, first_start, run_count, stride = run
     if (gen, r) != (generation, rank) or step != first_step + steps or count != run_count:

@@ -14,7 +14,7 @@ import threading
 import time
 
 from elastic_zero.checkpoint.catalog import step_of_directory
-from elastic_zero.checkpoint.sample_runs import decode_runs, encode_runs
+from elastic_zero.checkpoint.sample_runs import decode_runs, runs_of_logs
 from elastic_zero.coordinator.books import Books
 from elastic_zero.coordinator.death_causes import is_memory_kill
 from elastic_zero.observe.event_log import EventLog
@@ -199,7 +199,7 @@ class JobRecord:
         self.log("generation_end", generation=plan.number, outcomes=kinds,
                  ended_at={a: round(r.ended_at, 4) for a, r in results.items()},
                  errors={o.actor_id: o.error for o in outcomes if o.error}, **_last_step(results.values()),
-                 samples=encode_runs((plan.number, *row) for r in booked for row in (*r.log, *r.ward_log)))
+                 samples=runs_of_logs(plan.number, [r.log for r in booked] + [r.ward_log for r in booked]))
         return outcomes
 
     def _count_metrics(self, reports, before: tuple[int, int]) -> None:
