@@ -60,8 +60,10 @@ def drive(job: JobSpec, tables: dict, job_id: str, run_dir: str, run_config, sta
             return _follow(followed, view, lambda: _start_coordinator(tables, job_id, run_dir, started_at, detached,
                                                                       restarted=True))
         finally:  # collected, or this driver was stopped: either way the coordinator goes, and its workers
-            ray.kill(followed[0], no_restart=True)
-            _end_workers(job_id)
+            try:
+                ray.kill(followed[0], no_restart=True)
+            finally:
+                _end_workers(job_id)
     finally:
         restore()
         if view is not None:

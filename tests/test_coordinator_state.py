@@ -544,7 +544,7 @@ def test_a_taken_over_generation_fails_everywhere_without_a_loss_and_recovers_fr
                          error="DistNetworkError: the store closed") for m in plan.generation.members)
     assert isinstance(_cmd(decide(s, GenerationEnded(outs), 10.0)[1], Fail), Fail)
     fresh = CoordinatorState(min_workers=1, max_workers=4, target=2, first_generation=1)  # a replacement's
-    t = taken_over(fresh, plan, target=3, committed=False)
+    t = taken_over(fresh, plan, 3, False, False, committed=False)
     assert t.members() == ("w0", "w1", "w2") and t.running and t.target == 3 and t.first_generation == 1
     t, cmds, reason = decide(t, GenerationEnded(outs, coordinator_lost=True), 10.0)
     new = _cmd(cmds, StartGeneration).plan
@@ -555,9 +555,28 @@ def test_a_taken_over_generation_stopped_at_a_safe_point_goes_on_from_live_shard
     from elastic_zero.coordinator.transitions import taken_over
 
     s, plan = _started(2)
-    t = taken_over(CoordinatorState(min_workers=1, max_workers=4, target=2), plan, target=2, committed=False)
+    # the lost coordinator was asked to scale to 3: the generation goes on at its 2, and the third is
+    # asked for as it ends (the workers it had beside the generation are not taken over)
+    t = taken_over(CoordinatorState(min_workers=1, max_workers=4, target=2), plan, 3, False, False, committed=False)
     outs = tuple(Outcome(m.actor_id, "safe_point", step=16) for m in plan.generation.members)
     t, cmds, reason = decide(t, GenerationEnded(outs, coordinator_lost=True), 10.0)
     new = _cmd(cmds, StartGeneration).plan
     assert new.source == "live" and new.step == 16 and new.cause == "coordinator" and "coordinator's loss" in reason
-    assert [m.actor_id for m in new.generation.members] == ["w0", "w1"]
+    assert [m.actor_id for m in new.generation.members] == ["w0", "w1"] and _cmd(cmds, Spawn) == Spawn(1)
+
+
+def test_a_stop_asked_of_the_lost_coordinator_is_carried_out_by_its_replacement():
+    from elastic_zero.coordinator.takeover import carried_over, spawned_ids
+    from elastic_zero.coordinator.transitions import taken_over
+
+    events = [{"event": "spawn", "actor_ids": ["w0", "w1"]}, {"event": "scale_requested", "workers": 3},
+              {"event": "spawn", "actor_ids": ["w2"]}, {"event": "stop_requested", "checkpoint": True}]
+    assert carried_over(events, 2) == (3, True, True) and spawned_ids(events) == ["w0", "w1", "w2"]
+    assert carried_over(events + [{"event": "job_stopped", "step": 9}], 2)[1:] == (False, True)
+    assert carried_over([], 2) == (2, False, False)
+    s, plan = _started(2)
+    t = taken_over(CoordinatorState(min_workers=1, max_workers=4, target=2), plan, *carried_over(events, 2),
+                   committed=False)
+    outs = tuple(Outcome(m.actor_id, "safe_point", step=16) for m in plan.generation.members)
+    t, cmds, reason = decide(t, GenerationEnded(outs, coordinator_lost=True), 10.0)
+    assert _cmd(cmds, Stop) == Stop(16, True) and _cmd(cmds, StartGeneration) is None and t.done

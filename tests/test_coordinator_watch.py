@@ -59,7 +59,9 @@ def test_a_lost_store_is_noticed_at_once_and_the_worker_gives_up_after_its_wait(
     noticed = time.monotonic() - killed
     assert not given_up.is_set()
     assert given_up.wait(10) and time.monotonic() - killed >= 1.0
-    assert noticed < 1.0, noticed  # a closed connection, not a poll
+    # the closed connection, not the wait's end (a day): at most REACH_TRIES answers tried, a second apart
+    # (a connection made while the relay's process ends is reset, not refused: seen here under load)
+    assert noticed < 5.0, noticed
 
 
 def test_a_worker_taken_over_in_time_follows_the_new_store_and_does_not_give_up():
@@ -72,3 +74,12 @@ def test_a_worker_taken_over_in_time_follows_the_new_store_and_does_not_give_up(
     assert not given_up.wait(4.0) and not watch.lost  # past the first wait: the new store lives
     second.kill()
     assert lost.wait(10) and given_up.wait(10)  # the new store's loss is noticed too
+
+
+def test_a_worker_being_taken_over_does_not_give_up_while_it_is():
+    first = _Coordinator()
+    watch, lost, given_up = _watch(first, wait_s=1.0)
+    first.kill()
+    assert lost.wait(10)
+    watch.hold()  # take_over() began: its generation may take longer than the wait to end
+    assert not given_up.wait(2.5)

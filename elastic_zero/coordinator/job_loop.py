@@ -32,7 +32,7 @@ from elastic_zero.coordinator.commit_reads import commits_since
 from elastic_zero.coordinator.resume import result_of_ended_job, writable_resume_point
 from elastic_zero.coordinator.worker_pool import WorkerPool
 from elastic_zero.coordinator.workforce import RayWorkforce
-from elastic_zero.coordinator.takeover import find_generation, take_over, target_after
+from elastic_zero.coordinator.takeover import carried_over, find_generation, spawned_ids, take_over
 from elastic_zero.coordinator.transitions import taken_over
 from elastic_zero.coordinator.state import (
     CheckpointNow, CoordinatorState, Fail, FinalWeightsWritten, Finish, GenerationEnded, MemorySeen, RequestSafePoint,
@@ -102,7 +102,8 @@ class JobLoop:
         if self.restarted and ended_before is None and self._take_over():
             self._loop()  # the lost coordinator's generation goes on, from its workers' memory
             return
-        self._retire(tuple(self.pool.adopt()), "a worker of an earlier coordinator of this job")
+        self._retire(tuple(self.pool.adopt(None, spawned_ids(self.record.events.records))),
+                     "a worker of an earlier coordinator of this job")
         if self.restarted:
             if ended_before is not None:  # it died while lingering: the job is over, and stays so
                 self.log("coordinator_restarted", restarts=self.restarts, resume=None)
@@ -161,18 +162,17 @@ class JobLoop:
     # ---- a lost coordinator's workers ---------------------------------------------------------------
 
     def _take_over(self) -> bool:
-        """The workers a lost coordinator left, taken over with the generation they were in (takeover.py);
-        False where none trained."""
+        """A lost coordinator's workers taken over with their generation (takeover.py); False: none trained."""
         found = find_generation(self.pool.workforce)
         if found is None or found.plan is None:
             return False
-        e, plan = self.spec.elastic, found.plan
+        e, plan, events = self.spec.elastic, found.plan, self.record.events.records
         self.log("coordinator_restarted", restarts=self.restarts, resume="workers' memory")
-        take_over(found, self.pool, self.watch, self.generations, self._worker_args, e.collective_timeout_s + 30.0)
+        take_over(found, self.pool, self.watch, self.generations, self._worker_args, e.collective_timeout_s + 30, events)
         self._retire(tuple(found.others), "a worker of the lost coordinator outside its last generation")
         with self.lock:
-            self.state = taken_over(self.state, plan, target_after(self.record.events.records, e.workers),
-                                    bool(self.record.committed_directories()))
+            self.state = taken_over(self.state, plan, *carried_over(events, e.workers),
+                                    committed=bool(self.record.committed_directories()))
         self.log("generation_taken_over", generation=plan.number, step=plan.step, workers=sorted(found.participants))
         return True
 

@@ -60,17 +60,27 @@ def take_over_calls(participants: dict, worker_args: dict, wait_s: float) -> dic
                                     wait_s): actor_id for actor_id, handle in participants.items()}
 
 
-def take_over(found: Found, pool, watch, generations, worker_args: dict, wait_s: float) -> None:
+def take_over(found: Found, pool, watch, generations, worker_args: dict, wait_s: float, events: list[dict]) -> None:
     """`found`'s survivors taken into `pool` (the caller retires those outside its generation), and its
-    generation into `generations`, its reports to come from its participants."""
-    pool.adopt({**found.participants, **found.others})
+    generation into `generations`, its reports to come from its participants. `events`: the job's log,
+    whose spawns name the ids not to give again."""
+    pool.adopt({**found.participants, **found.others}, spawned_ids(events))
     for m in found.plan.generation.members:
         if m.actor_id in found.participants:
             watch.worker_at(m.actor_id, m.node)
     generations.take_over(found.plan, take_over_calls(found.participants, worker_args, wait_s))
 
 
-def target_after(events: list[dict], workers: int) -> int:
-    """The workers the lost coordinator was to keep: the last scale asked of it, else the spec's."""
+def carried_over(events: list[dict], workers: int) -> tuple[int, bool, bool]:
+    """What the lost coordinator was asked and had not done, from the job's log: (the workers it was
+    to keep: the last scale asked of it, else the spec's `workers`; a stop asked and not done; with a
+    checkpoint)."""
     asked = [r["workers"] for r in events if r.get("event") == "scale_requested"]
-    return asked[-1] if asked else workers
+    stops = [r for r in events if r.get("event") == "stop_requested"]
+    stopped = any(r.get("event") == "job_stopped" for r in events)
+    return (asked[-1] if asked else workers), bool(stops) and not stopped, any(r.get("checkpoint") for r in stops)
+
+
+def spawned_ids(events: list[dict]) -> list[str]:
+    """Every worker id the job's log says was spawned (a dead worker's name may not be free yet)."""
+    return [a for r in events if r.get("event") == "spawn" for a in r.get("actor_ids", ())]

@@ -38,11 +38,13 @@ def remember(state, members) -> dict:
     return known
 
 
-def taken_over(state, plan: GenerationPlan, target: int, committed: bool):
+def taken_over(state, plan: GenerationPlan, target: int, stop: bool, stop_checkpoint: bool, committed: bool):
     """The state of a coordinator that took over the generation `plan` started, from a lost coordinator
     whose workers outlived it: its members and leavers known, numbering on after it, `target` the
-    workers the job was to have, `committed` whether a checkpoint is there to fall back to."""
+    workers the job was to have, `stop` asked of it and not done (`stop_checkpoint`: with a checkpoint),
+    `committed` whether a checkpoint is there to fall back to. Workers it had beside the generation
+    (starting, ready, standing by) are not taken over: they are asked for again as it ends."""
     known = {m.actor_id: m for g in (plan.previous, plan.generation) if g is not None for m in g.members}
-    state = replace(state, target=target, committed=committed, members_by_id=known,
-                    first_generation=max(state.first_generation, plan.number + 1))
-    return begin(state, plan, 0)
+    state = replace(state, target=target, committed=committed, members_by_id=known, stop_requested=stop,
+                    stop_checkpoint=stop_checkpoint, first_generation=max(state.first_generation, plan.number + 1))
+    return replace(begin(state, plan, 0), top_up_after=plan.number)

@@ -89,14 +89,14 @@ class WorkerPool:
             self._completions.watch(ref)
         return asked
 
-    def adopt(self, handles: dict[str, object] | None = None) -> set[str]:
+    def adopt(self, handles: dict[str, object] | None = None, taken_ids=()) -> set[str]:
         """Workers an earlier coordinator of the job spawned, taken into this pool (actor id -> handle;
         None: those the workforce finds alive): their ids. Those spawned from now on are numbered after
-        them, so no two workers share a name."""
+        them and after `taken_ids` (every id the job gave), so no two workers share a name."""
         if handles is None:
             handles = self.workforce.survivors() if hasattr(self.workforce, "survivors") else {}
         self._handles.update(handles)
-        numbers = [int(a[1:]) for a in handles if a[:1] == "w" and a[1:].isdigit()]
+        numbers = [int(a[1:]) for a in [*handles, *taken_ids] if a[:1] == "w" and a[1:].isdigit()]
         self._spawned = max([self._spawned, *(n + 1 for n in numbers)])
         return set(handles)
 

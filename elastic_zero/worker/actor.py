@@ -26,7 +26,7 @@ class TrainingWorker:
         self._trainer = Trainer(spec, actor_id, store_host, store_port, store_secret, coordinator, namespace, joiner,
                                 heartbeat_port)
         # the plan of the generation trained last and its report, kept for a coordinator that replaces
-        # a lost one (which never heard the report): given to it once, by take_over()
+        # a lost one (which never heard the report): given to it by take_over()
         self._training = threading.Lock()
         self._last_plan: bytes | None = None
         self._unheard: Report | None = None
@@ -50,14 +50,15 @@ class TrainingWorker:
         """A coordinator that replaces a lost one takes this worker over: the generation in progress
         stops at its next safe point (or has ended), and its report, which the lost coordinator never
         heard, is the answer (None: it trained none). From then on the worker follows the new
-        coordinator's store and listener. A TimeoutError if the generation does not end within `wait_s`."""
-        self._trainer.coordinator_lost()
+        coordinator's store and listener. A TimeoutError if the generation does not end within `wait_s`.
+        The report stays until the next generation: should this coordinator too be lost before it
+        starts one, its replacement hears the same report again (the books keep one record a step)."""
+        self._trainer.coordinator_lost(taking_over=True)
         if not self._training.acquire(timeout=wait_s):
             raise TimeoutError(f"the generation in progress did not end within {wait_s:g} s")
         try:
             self._trainer.follow(store_host, store_port, store_secret, heartbeat_port)
-            report, self._unheard = self._unheard, None
-            return report
+            return self._unheard
         finally:
             self._training.release()
 

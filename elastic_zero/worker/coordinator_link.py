@@ -41,6 +41,12 @@ class CoordinatorLink:
         if self._ends is not None:
             self._ends.watch(number)
 
+    def taking_over(self) -> None:
+        """A replacement coordinator is taking this worker over: its wait for one is over."""
+        if self._watch is not None:
+            self._watch.hold()
+        coordinator_handle.cache_clear()  # the lost coordinator's handle, cached, would reach nobody
+
     def follow(self, store_host: str, store_port: int, secret: bytes, heartbeat_port: int | None) -> None:
         """A coordinator that replaced a lost one took this worker over: its store, its end keys and
         its heartbeat listener from now on, and its actor for the notes (same name, new actor)."""

@@ -38,6 +38,13 @@ class CoordinatorWatch:
         with self._cond:
             return self._lost_at is not None
 
+    def hold(self) -> None:
+        """A replacement is taking the worker over: no giving up while it does (taken_over() follows)."""
+        with self._cond:
+            self._epoch += 1
+            self._lost_at = None
+            self._cond.notify_all()
+
     def taken_over(self, connect: Callable[[], object]) -> None:
         """A replacement coordinator took this worker over: watch its store (`connect`) from now on."""
         with self._cond:

@@ -161,11 +161,13 @@ class NodeDuties:
         clouds = p.clouds()
         if self._cloud_watcher is not None or not clouds:
             return
-        coordinator = coordinator_handle(self._coordinator, self._namespace)
+        def coordinator():  # looked up at each note: a replacement of a lost one has a new handle
+            return coordinator_handle(self._coordinator, self._namespace)
+
         self._cloud_watcher = CloudWatcher(
             clouds, p.endpoints(), p.poll_s,
-            tell=lambda n: coordinator.node_notice.remote(node, n.source, n.deadline_at, n.detail, n.ack),
-            log=lambda message, problem: coordinator.watcher_note.remote(node, message, problem))
+            tell=lambda n: coordinator().node_notice.remote(node, n.source, n.deadline_at, n.detail, n.ack),
+            log=lambda message, problem: coordinator().watcher_note.remote(node, message, problem))
         threading.Thread(target=self._cloud_watcher.run, daemon=True, name="cloud-watcher").start()
 
     def acknowledge_notice(self, ack: tuple) -> bool | str:

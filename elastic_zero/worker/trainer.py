@@ -159,10 +159,13 @@ class Trainer:
         (dropped): generation_gate.py."""
         self._gate.abort(number, self._interrupt_work)
 
-    def coordinator_lost(self) -> None:
+    def coordinator_lost(self, taking_over: bool = False) -> None:
         """The coordinator is gone: the generation in progress stops at its next safe point, its
-        shards and replicas in memory, for a replacement to take over (coordinator_link.py)."""
+        shards and replicas in memory, for a replacement to take over (coordinator_link.py), which
+        is `taking_over` now: this worker no longer gives up on its own."""
         self.request_safe_point(self._gate.number)
+        if taking_over:
+            self.link.taking_over()
 
     def follow(self, store_host: str, store_port: int, secret: bytes, heartbeat_port: int | None) -> None:
         """A replacement coordinator took this worker over, its generation over: follow it."""
