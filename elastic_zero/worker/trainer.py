@@ -160,9 +160,8 @@ class Trainer:
         self._gate.abort(number, self._interrupt_work)
 
     def coordinator_lost(self, taking_over: bool = False) -> None:
-        """The coordinator is gone: the generation in progress stops at its next safe point, its
-        shards and replicas in memory, for a replacement to take over (coordinator_link.py), which
-        is `taking_over` now: this worker no longer gives up on its own."""
+        """The coordinator is gone: the generation in progress stops at its next safe point, for a replacement
+        to take over (coordinator_link.py); `taking_over` now: this worker no longer gives up on its own."""
         self.request_safe_point(self._gate.number)
         if taking_over:
             self.link.taking_over()
