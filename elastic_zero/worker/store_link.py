@@ -18,11 +18,6 @@ class StoreLink:
         """From now on every call goes to `client` (a replacement coordinator's store)."""
         self._client = client
 
-    @property
-    def client(self):
-        """The client of the moment (what a torch call that takes a Store must be given)."""
-        return self._client
-
     def __getattr__(self, name: str):
         # set, get, add, check, wait, compare_set, clone...: the current client's
         return getattr(self._client, name)
