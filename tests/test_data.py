@@ -16,6 +16,9 @@ def test_every_position_of_a_step_goes_to_exactly_one_rank(batch, world, step):
     assert sum(shares) == batch and max(shares) - min(shares) <= 1
     seen = [p for r in range(world) for p in rank_positions(step, batch, world, r)]
     assert seen == list(range(step * batch, (step + 1) * batch))
+    assert [len(rank_positions(step, batch, world, r)) for r in range(world)] == list(shares)
+    with pytest.raises(ValueError, match=f"rank {world} is outside"):
+        rank_positions(step, batch, world, world)
     count = micro_batch_count(batch, world, 3)
     weights = sum(loss_weight(len(m), batch, world) for r in range(world)
                   for m in micro_batches(rank_positions(step, batch, world, r), count))

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_zero.plan.stuck import PHASE_ORDER, Where, stuck_bound_s, stuck_members
+from elastic_zero.plan.stuck import PHASE_ORDER, Where, judged_members, still_past, stuck_bound_s, stuck_members
 
 pytestmark = pytest.mark.unit
 
@@ -87,3 +87,17 @@ def test_a_straggler_that_moves_within_the_bound_is_never_stuck(period, ranks, l
     moved = {"w0": last_move, **{a: 0.0 for a in peers}}
     now = last_move + min(offset, period)
     assert stuck_members(where, moved, where, 4, -1, now=now, bound_s=2.0)[0] == ()
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(PHASE_ORDER), st.integers(0, 2), st.sampled_from([3, 4]),
+                          st.one_of(st.none(), st.floats(0, 10)), st.floats(0, 3)), min_size=2, max_size=8),
+       st.floats(0.5, 4.0), st.floats(5.0, 15.0))
+def test_only_members_still_past_the_bound_and_judged_can_be_stuck(members, bound_s, now):
+    """The coordinator asks still_past() and judged_members() first and skips the rule when they name
+    nobody in common: so every member the rule finds stuck must be among those both name."""
+    where = {f"w{i}": _at(steps, phase, collectives, generation)
+             for i, (steps, phase, collectives, generation, _, _) in enumerate(members)}
+    moved = {f"w{i}": m for i, (*_, m, _) in enumerate(members) if m is not None}
+    starved = {f"w{i}": s for i, (*_, s) in enumerate(members)}
+    stuck, _ = stuck_members(where, moved, where, 4, 0, now, bound_s, starved_s=starved)
+    assert set(stuck) <= set(still_past(moved, where, now, bound_s)) & set(judged_members(where, where, 4))

@@ -161,7 +161,11 @@ def _scenario(n: int, per_node: int, steady_s: float, hosts: list, host_pids: li
     gen0 = events.wait(launched, event="generation_start", workers=lambda w: w and len(w) == n)
     events.wait(gen0["t"], event="decision", on="GenerationStepped")
     pid = ray.get(coordinator.status.remote())["coordinator"]["pid"]
-    row["rendezvous_s"] = rendezvous_s(merged(_seen(hosts), "rendezvous").get(gen0["generation"], {}))
+    met = merged(_seen(hosts), "rendezvous").get(gen0["generation"], {})
+    row["rendezvous_s"] = rendezvous_s(met)
+    # of which: the plans' arrivals spread (the first rank waits for the last), and the store's part after the last
+    last_began = max((b for b, _ in met.values()), default=None)
+    row["rendezvous_after_last_s"] = rendezvous_s({a: (last_began, done) for a, (_, done) in met.items()})
     row["start_s"] = round(gen0["t"] - launched, 3)
 
     # the steady state: the coordinator's own CPU per wall second (and the simulated workers', all together)
@@ -346,13 +350,15 @@ def format_control_plane(report: dict) -> str:
             ("survivors_hold_plan_s", "(held wall s)"),
             ("joiners_coordinator_cpu_s", "64 in: coord s"), (_harness("scale_up_window"), "(harness s)"),
             ("joiners_admitted_s", "(admitted s)"),
-            ("rendezvous_s", "rendezvous s"), ("peak_rss_mb", "peak RSS MB"), ("events_bytes", "events B"),
+            ("rendezvous_s", "rendezvous s"), ("rendezvous_after_last_s", "(after last s)"), ("peak_rss_mb", "peak RSS MB"),
+            ("events_bytes", "events B"),
             ("status_s", "status s"), ("stop_s", "stop s")]
     lines = [f"control plane: simulated workers, {report['per_node']} a node, steady state {report['steady_s']:g} s, "
              f"step {report['step_s']:g} s. coord s: the coordinator's own CPU, beyond its steady state, from a "
              f"node's freeze until every survivor held its plan (loss), and from a scale request until the 64 "
              f"joiners held theirs (64 in); harness s: the simulated workers' CPU in the same window, on the same "
-             f"{os.cpu_count()} cores; the wall times of those windows count both",
+             f"{os.cpu_count()} cores; the wall times of those windows count both; rendezvous s: the first generation's, "
+             f"from the first rank's start to the last one done (after last s: from the last rank's start)",
              "  " + "  ".join(f"{title:>14}" for _, title in cols)]
     for r in report["rows"]:
         if "error" in r:

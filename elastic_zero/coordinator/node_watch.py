@@ -18,7 +18,7 @@ import ray
 
 from elastic_zero.coordinator.events import NodeNotice
 from elastic_zero.plan.liveness import next_look_at, next_silence_at, nodes_gone_silent, silent_members
-from elastic_zero.plan.stuck import Where, stuck_bound_s, stuck_members
+from elastic_zero.plan.stuck import Where, judged_members, still_past, stuck_bound_s, stuck_members
 from elastic_zero.preemption.notices import Notice
 from elastic_zero.preemption.ray_drain import RayDrains
 from elastic_zero.wire.heartbeats import HeartbeatListener
@@ -121,12 +121,16 @@ class NodeWatch:
             return None
         # stillness too is measured up to what the listener read (a listener behind would make all look still)
         now, beats, moved = self.heartbeats.read_until, self.heartbeats.progress, self.heartbeats.moved
-        where = {a: Where(p.generation, p.steps, p.phase, p.collectives) for a in training
-                 if (p := beats.get(a)) is not None}
         plan = run.plan
+        # only a member still past the bound and in the generation's training loop can be stuck: while
+        # none is (every step, and while a generation starts), the rule builds nothing for the others
+        candidates = {a: _where(p) for a in still_past(moved, training, now, bound_s) if (p := beats.get(a)) is not None}
+        if not judged_members(candidates, candidates, plan.number):
+            return None
+        where = {a: _where(p) for a in training if (p := beats.get(a)) is not None}
         before = {m.actor_id for m in plan.previous.members} if plan.previous is not None else set()
         joiners = {m.actor_id for m in plan.generation.members} - before
-        starved = {a: self.heartbeats.starved_s(a) for a in where if now - moved.get(a, now) > bound_s}  # candidates
+        starved = {a: self.heartbeats.starved_s(a) for a in still_past(moved, where, now, bound_s)}  # candidates
         stuck, reason = stuck_members(where, moved, training, plan.number, plan.step, now, bound_s, joiners, starved)
         if not stuck:
             return None
@@ -217,3 +221,7 @@ class NodeWatch:
             else:
                 self._log("watcher", node=node, message=f"the acknowledgement of {', '.join(ack)} failed: {done}",
                           problem=True)
+
+
+def _where(progress) -> Where:
+    return Where(progress.generation, progress.steps, progress.phase, progress.collectives)

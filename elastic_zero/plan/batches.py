@@ -19,10 +19,16 @@ def rank_shares(global_batch: int, world_size: int) -> tuple[int, ...]:
 
 
 def rank_positions(step: int, global_batch: int, world_size: int, rank: int) -> range:
-    """The global sample positions rank `rank` trains on at step `step`."""
-    shares = rank_shares(global_batch, world_size)
-    start = step * global_batch + sum(shares[:rank])
-    return range(start, start + shares[rank])
+    """The global sample positions rank `rank` trains on at step `step`. In constant time: every
+    rank of every step calls it (1,024 simulated ranks at 4 steps a second made the O(N) sum of
+    the shares before it the harness's largest cost)."""
+    if world_size < 1 or global_batch < world_size:
+        raise ValueError(f"a global batch of {global_batch} cannot be split over {world_size} ranks")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside a world of {world_size}")
+    base, extra = divmod(global_batch, world_size)
+    start = step * global_batch + rank * base + min(rank, extra)
+    return range(start, start + base + (1 if rank < extra else 0))
 
 
 def micro_batch_count(global_batch: int, world_size: int, micro_batch: int) -> int:

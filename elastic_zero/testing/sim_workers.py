@@ -63,6 +63,7 @@ class _Member:
         self.frozen = threading.Event()
         self.killed = threading.Event()
         self.aborted: dict[int, threading.Event] = {}
+        self.aborted_at: dict[int, float] = {}  # generation -> when its abort came (epoch)
         self.store = None  # the worker's own store connection
         self.generation_store = None  # the current generation's (a process group's clone)
         self.step = 0
@@ -77,6 +78,7 @@ class SimulatedHost:
         self._members: dict[str, _Member] = {}
         self._known: dict[str, threading.Event] = {}  # calls may run before the spawn that made the member
         self._lock = threading.Lock()
+        self._changed = threading.Condition()  # notified when what a training member waits on changes (_wake)
         self._starting = threading.Lock()
         self._relay = None
         self._ends = None  # the watch of the generations' ends, made with the relay
@@ -99,6 +101,7 @@ class SimulatedHost:
         """A member of `generation` is lost at epoch time `at`: the others finish no step that ends
         after it (real ranks wait in the step's all-reduce for the lost one) until they are aborted."""
         self._stalls[generation] = at
+        self._wake()
 
     def freeze_node(self, node: str) -> list[str]:
         """The node vanishes: its workers stop beating and answering."""
@@ -107,11 +110,13 @@ class SimulatedHost:
             for m in frozen:
                 m.frozen.set()
             self._beating()
+        self._wake()
         return [m.actor_id for m in frozen]
 
     def stop_at(self, generation: int, step: int) -> None:
         """The referee's word: `generation` ends at a safe point after `step`."""
         self._stop_at[generation] = step
+        self._wake()
 
     def seen(self) -> dict:
         """Copies (each dict copy is atomic under the GIL; the workers' threads write on meanwhile)."""
@@ -148,7 +153,7 @@ class SimulatedHost:
             self._beats_refused = context.Value("q", 0)
             self._beats, theirs = context.Pipe(duplex=False)[::-1]
             context.Process(target=_beat_process, daemon=True, args=(
-                theirs, args["store_host"], args["heartbeat_port"], args["store_secret"],
+                theirs, args["store_host"], args["heartbeat_port"], args["store_secret"], self.step_s,
                 self._longest_beat_gap, self._beats_refused)).start()
 
     def kill(self, actor_id: str) -> None:
@@ -159,6 +164,7 @@ class SimulatedHost:
         member.store = member.generation_store = None
         with self._lock:
             self._beating()
+        self._wake()
 
     def call(self, actor_id: str, method: str, *args):
         member = self._member(actor_id)
@@ -197,12 +203,16 @@ class SimulatedHost:
         import ray
 
         self._stop_at[number] = ray.get(self.referee.agree.remote(number, running + 2))  # (and stop_at() from it)
+        self._wake()
 
     def _request_checkpoint(self, m: _Member, number: int) -> None:
         pass  # simulated workers save nothing: a job with checkpoints is not what this bench measures
 
-    def _abort_generation(self, m: _Member, number: int) -> None:
+    def _abort_generation(self, m: _Member, number: int, wake: bool = True) -> None:
+        m.aborted_at.setdefault(number, time.time())
         m.aborted.setdefault(number, threading.Event()).set()  # it may come before train() entered the generation
+        if wake:
+            self._wake()
 
     def _abort_everywhere(self, number: int) -> None:
         """The coordinator aborted generation `number` (generation_ends.py): every member here hears
@@ -210,7 +220,8 @@ class SimulatedHost:
         with self._lock:
             members = [m for m in self._members.values() if not m.frozen.is_set()]
         for m in members:
-            self._abort_generation(m, number)
+            self._abort_generation(m, number, wake=False)
+        self._wake()
 
     def _watch_node(self, m: _Member, node: str) -> None:
         pass  # no cloud metadata server on a simulated node
@@ -249,41 +260,26 @@ class SimulatedHost:
             return Report(Outcome(m.actor_id, OutcomeKind.FAILED, plan.step, error=f"rendezvous: {exc}"[:300]),
                           ended_at=time.time(), generation=plan.number, entered_at=entered)
         m.step = max(plan.step, 0)
-        self._clocks[plan.number] = (m.step, started)
+        with self._lock:
+            if plan.number not in self._clocks:  # the first of this host's members through: its beats count steps now
+                here = [a for a in plan.participants if a in self._members]
+                self._beats.send(("clock", plan.number, m.step, started, here))
+            self._clocks[plan.number] = (m.step, started)
         if rank is None:  # a leaver: its shard went over in the handover
             return Report(Outcome(m.actor_id, OutcomeKind.LEFT, m.step), ended_at=time.time(), generation=plan.number,
                           entered_at=entered)
         every = spec["elastic"]["replicate_every"]
         every = 1 if every == "auto" else every  # (simulated steps have no copies to measure)
-        committed = m.step  # every handover commits the new layout at entry
         world, batch, steps = len(members), spec["train"]["global_batch"], spec["train"]["steps"]
-        log, step_times, step_ends = [], [], []
-        first_step_at, told_at = None, 0.0
-        kind = OutcomeKind.FINISHED
-        while m.step < steps:
-            begun = time.time()
-            first_step_at = first_step_at or begun
-            due = started + (len(step_times) + 1) * self.step_s
-            stalled = due > self._stalls.get(plan.number, due)
-            if aborted.wait(None if stalled else max(0.0, due - begun)) or m.killed.is_set():
-                kind = OutcomeKind.FAILED
-                break
-            if m.frozen.is_set():
-                m.killed.wait()
-                return Report(Outcome(m.actor_id, OutcomeKind.DEAD), ended_at=time.time())
-            positions = rank_positions(m.step, batch, world, rank)
-            log.append((m.step, rank, positions.start, len(positions)))
-            m.step += 1
-            step_ends.append(time.time())
-            step_times.append(step_ends[-1] - begun)
-            stopping = 0 <= self._stop_at.get(plan.number, -1) <= m.step  # (a member late to learn it stops at once)
-            if every and (m.step % every == 0 or stopping):
-                committed = m.step
-            if rank == 0:
-                told_at = self._tell_progress(m, plan, len(step_times), told_at)
-            if stopping:
-                kind = OutcomeKind.SAFE_POINT
-                break
+        kind, final = self._steps_until_the_end(m, plan, aborted, rank, started, steps)
+        if kind == OutcomeKind.DEAD:
+            return Report(Outcome(m.actor_id, OutcomeKind.DEAD), ended_at=time.time())
+        first, m.step = m.step, final
+        # every handover commits the new layout at entry; then every `every` steps, and at a safe point
+        committed = final if kind == OutcomeKind.SAFE_POINT else max(first, final - final % every if every else first)
+        log = tuple((s, rank, p.start, len(p)) for s in range(first, final)
+                    for p in (rank_positions(s, batch, world, rank),))
+        step_ends = tuple(started + (i + 1) * self.step_s for i in range(final - first))
         error = "simulated collective failed: the generation was aborted" if kind == "failed" else ""
         # as the real replicas: the step committed last and the one before it (a swap keeps both until it is
         # done), so that ranks stopped a step apart by an abort still share a step
@@ -291,9 +287,56 @@ class SimulatedHost:
         outcome = Outcome(m.actor_id, kind, m.step, own_steps=held, ward_steps=held, error=error,
                           snapshot_generation=plan.number)
         return Report(outcome, ended_at=time.time(), generation=plan.number, entered_at=entered, rank=rank,
-                      log=tuple(log), step_times=tuple(step_times), step_ends=tuple(step_ends),
-                      first_step_at=first_step_at, last_loss=1.0 if step_times else None,
+                      log=log, step_times=(self.step_s,) * len(log), step_ends=step_ends,
+                      first_step_at=started if log else None, last_loss=1.0 if log else None,
                       losses=tuple((s, 1.0) for s, *_ in log))
+
+    def _steps_until_the_end(self, m: _Member, plan: GenerationPlan, aborted: threading.Event, rank: int,
+                             started: float, steps: int) -> tuple[str, int]:
+        """How the member's part of the generation ends and at which step, on the generation's clock
+        (step k done at `started` + k * step_s; none done past a stall): aborted or killed (failed),
+        its node frozen (dead), a safe point (the agreed step), or the job's last step. The member sleeps until one of those can have happened, woken by
+        any change (_wake), so that 1,024 of them cost nothing per step; rank 0 wakes to tell the
+        coordinator its progress, as a real rank 0 does."""
+        first = m.step
+
+        def done_by(t: float) -> int:
+            until = min(t, self._stalls.get(plan.number, t))
+            return min(steps, first + max(0, int((until - started) / self.step_s)))
+
+        told_at = None  # when rank 0 last told the coordinator its progress (None: not yet this generation)
+        while True:
+            with self._changed:
+                now = time.time()
+                done, stop = done_by(now), self._stop_at.get(plan.number, -1)
+                if aborted.is_set() or m.killed.is_set():  # its steps end where the abort found them, not where it woke
+                    return OutcomeKind.FAILED, done_by(m.aborted_at.get(plan.number, now))
+                if m.frozen.is_set():
+                    break
+                target = min(steps, max(stop, first + 1)) if stop >= 0 else steps
+                if done >= target:  # every member ends at the agreed step, however late its thread woke
+                    return (OutcomeKind.SAFE_POINT if target < steps else OutcomeKind.FINISHED), target
+                due = started + (target - first) * self.step_s
+                if due > self._stalls.get(plan.number, due):  # never, on this clock: only a change ends the wait
+                    due = float("inf")
+                if rank == 0:
+                    tell_at = started + self.step_s if told_at is None else told_at + PROGRESS_EVERY_S
+                    if done > first and now >= tell_at:
+                        self._changed.release()  # (Ray calls are not made holding what the others wait on)
+                        try:
+                            told_at = self._tell_progress(m, plan, done, told_at is None)
+                        finally:
+                            self._changed.acquire()
+                        continue
+                    due = min(due, tell_at)
+                self._changed.wait(None if due == float("inf") else max(0.0, due - now))
+        m.killed.wait()  # a vanished machine answers nothing
+        return OutcomeKind.DEAD, m.step
+
+    def _wake(self) -> None:
+        """Something a training member waits on changed: an abort, a kill, a freeze, a safe point."""
+        with self._changed:
+            self._changed.notify_all()
 
     def _rendezvous(self, m: _Member, plan: GenerationPlan, aborted: threading.Event, timeout_s: float) -> float:
         """A store connection for the generation, the NCCL group's rendezvous on it, and the barrier its
@@ -314,16 +357,14 @@ class SimulatedHost:
         self.rendezvous.setdefault(plan.number, {})[m.actor_id] = (began, time.time())
         return clock
 
-    def _tell_progress(self, m: _Member, plan: GenerationPlan, steps_run: int, told_at: float) -> float:
+    def _tell_progress(self, m: _Member, plan: GenerationPlan, done: int, first_time: bool) -> float:
         from elastic_zero.worker.node_duties import coordinator_handle
 
         coordinator = coordinator_handle(m.args["coordinator"], m.args["namespace"])
-        if steps_run == 1:
+        if first_time:
             coordinator.generation_stepped.remote(plan.number)
         now = time.time()
-        if now - told_at < PROGRESS_EVERY_S:
-            return told_at
-        coordinator.progress_note.remote(plan.number, m.step, 1.0, self.step_s, now, None)
+        coordinator.progress_note.remote(plan.number, done, 1.0, self.step_s, now, None)
         return now
 
     # ---- liveness ------------------------------------------------------------------------------
@@ -334,24 +375,41 @@ class SimulatedHost:
             self._beats.send([a for a, m in self._members.items() if not (m.frozen.is_set() or m.killed.is_set())])
 
 
-def _beat_process(conn, host: str, port: int, secret: bytes, longest_gap, refused) -> None:
+def _beat_process(conn, host: str, port: int, secret: bytes, step_s: float, longest_gap, refused) -> None:
     """Each live simulated worker's heartbeat, one datagram each, as worker/node_duties.py sends it:
     from a process of its own, so that the host's threads (hundreds of simulated workers) never delay
-    it, as a real worker's training never delays its own beats (heartbeats.start_beat_process). Ends when the host goes."""
-    from elastic_zero.wire.heartbeats import HeartbeatSender, beat_token
+    it, as a real worker's training never delays its own beats (heartbeats.start_beat_process). Ends
+    when the host goes. A beat carries its worker's progress as a real one's does: the step its
+    generation's clock is at, in the "compute" phase, so that the coordinator's listener and its
+    stuck rule see beats that move (a progress that never moved cost the rule its whole scan)."""
+    from elastic_zero.wire.heartbeats import NO_PROGRESS, PHASES, HeartbeatSender, beat_token
     from elastic_zero.job.spec import HEARTBEAT_EVERY_S
 
     sender, beating, last = HeartbeatSender(host, port, beat_token(secret)), [], time.monotonic()
+    clocks: dict[str, tuple[int, int, float]] = {}  # actor id -> (its generation, the first step, when it began)
+    compute = PHASES.index("compute")
     while True:
         try:
             while conn.poll(HEARTBEAT_EVERY_S if not beating else 0):
-                beating = conn.recv()
+                told = conn.recv()
+                if isinstance(told, tuple):  # ("clock", generation, first step, began, its members here)
+                    clocks.update(dict.fromkeys(told[4], told[1:4]))
+                else:
+                    beating = told
         except (EOFError, OSError):  # the host is gone
             return
         now = time.monotonic()
         longest_gap.value = max(longest_gap.value, now - last)
         last = now
-        failed = sum(not sender.beat(actor_id) for actor_id in beating)
+        epoch = time.time()
+
+        def progress(actor_id: str) -> tuple:
+            if actor_id not in clocks:
+                return NO_PROGRESS
+            generation, first, began = clocks[actor_id]
+            return generation, first + max(0, int((epoch - began) / step_s)), 0, compute, 0
+
+        failed = sum(not sender.beat(actor_id, progress(actor_id)) for actor_id in beating)
         if failed:  # said, not swallowed: a beat lost here looks like a silent worker there
             refused.value += failed
         time.sleep(max(0.0, last + HEARTBEAT_EVERY_S - time.monotonic()))

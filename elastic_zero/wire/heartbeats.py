@@ -110,6 +110,7 @@ class HeartbeatListener:
         self.progress: dict[str, Progress] = {}
         # actor id -> when its progress last moved (a beat whose position differed from its previous one's)
         self.moved: dict[str, float] = {}
+        self._bodies: dict[str, bytes] = {}  # actor id -> its latest beat's progress, as sent
         # the longest a drain came later than planned: a long one means this thread was starved
         self.longest_pause_s = 0.0
         self.dropped = 0  # beats the kernel dropped, its buffer full (socket_drops)
@@ -120,7 +121,7 @@ class HeartbeatListener:
 
     def _listen(self) -> None:
         token, n, clock, recv = self._token, TOKEN_BYTES, time.monotonic, self._sock.recv
-        head, unpack = n + PROGRESS.size, PROGRESS.unpack_from
+        head = n + PROGRESS.size
         wait, previous = DRAIN_EVERY_S, clock()
         while not self._closed.wait(wait):
             started = clock()
@@ -136,19 +137,34 @@ class HeartbeatListener:
                 beats += 1
                 if datagram[:n] == token and len(datagram) > head:
                     said[datagram[head:]] = datagram  # the latest of a drain is the one kept
-            # one update each (atomic under the GIL): readers see all of this drain or none of it
-            told = {i.decode(errors="replace"): Progress(*unpack(d, n)) for i, d in said.items()}
-            dropped = socket_drops(self._sock)
-            if dropped > self.dropped:  # whose beats were lost is unknown: nobody's silence counts across it
-                self.dropped, self.overflows = dropped, self.overflows + 1
-                self.heard.update(dict.fromkeys(self.heard, started))
-            self.heard.update({a: started for a, p in told.items() if not p.last_word})  # a last word is no sign of life
-            previous_progress = self.progress
-            self.moved.update({a: started for a, p in told.items()
-                               if a not in previous_progress or previous_progress[a].position != p.position})
-            self.progress.update(told)
-            self.read_until = started  # after heard: a reader never sees it ahead of what was read
+            self._take(said, started)
             wait, previous = drain_wait_s(beats, started - previous, self.capacity), started
+
+    def _take(self, said: dict, started: float) -> None:
+        """One drain's latest beat of each worker. Its progress is unpacked only where its bytes
+        changed since that worker's previous beat: at 1,024 workers a Progress made for every beat was
+        most of the listener's CPU (8% of a core here, for 10,240 beats a second)."""
+        n, head, bodies, unpack = TOKEN_BYTES, TOKEN_BYTES + PROGRESS.size, self._bodies, PROGRESS.unpack_from
+        alive, told = [], {}
+        for ident, datagram in said.items():
+            actor_id = ident.decode(errors="replace")
+            if not datagram[head - 1] & LAST_WORD:  # a last word is no sign of life
+                alive.append(actor_id)
+            body = datagram[n:head]
+            if bodies.get(actor_id) != body:
+                bodies[actor_id] = body
+                told[actor_id] = Progress(*unpack(body))
+        dropped = socket_drops(self._sock)
+        # one update each (atomic under the GIL): readers see all of this drain or none of it
+        if dropped > self.dropped:  # whose beats were lost is unknown: nobody's silence counts across it
+            self.dropped, self.overflows = dropped, self.overflows + 1
+            self.heard.update(dict.fromkeys(self.heard, started))
+        self.heard.update(dict.fromkeys(alive, started))
+        previous_progress = self.progress
+        self.moved.update({a: started for a, p in told.items()
+                           if a not in previous_progress or previous_progress[a].position != p.position})
+        self.progress.update(told)
+        self.read_until = started  # after heard: a reader never sees it ahead of what was read
 
     def starved_s(self, actor_id: str) -> float:
         """How long `actor_id`'s process waited for a CPU since its training last moved, as its latest
