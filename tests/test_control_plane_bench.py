@@ -33,6 +33,7 @@ def test_the_coordinator_carries_64_simulated_workers_through_every_scenario(tmp
     # a 10 ms clock tick in a recovery) and the simulated workers worked
     for window in (row["recovery_window"], row["scale_up_window"]):
         assert window["wall_s"] > 0 and window["relay_processes"] == 1 and window["relay_cpu_s"] >= 0, window
+        assert window["listener_processes"] == 1 and window["listener_cpu_s"] >= 0, window  # wire/beat_drain.py
         assert window["simulated_workers_cpu_s"] > 0, window
     # what beats were lost and where: at least the frozen node's 8 to silence; the machine's drop
     # counters read around the run (this machine's, every process's: not negative, that is all)
@@ -40,14 +41,15 @@ def test_the_coordinator_carries_64_simulated_workers_through_every_scenario(tmp
     assert isinstance(row["sim_beats_refused"], int) and all(v >= 0 for v in row["kernel_drops"].values())
     # the headline is the coordinator's own CPU in each window, the harness's beside it
     assert row["recovery_coordinator_cpu_s"] == row["recovery_window"]["coordinator_cpu_s"]
+    assert row["steady_control_cpu"] == pytest.approx(row["steady_cpu"] + row["steady_listener_cpu"], abs=2e-4)
     assert row["joiners_coordinator_cpu_s"] == row["scale_up_window"]["coordinator_cpu_s"]
-    from elastic_zero.bench.control_plane import format_control_plane
+    from elastic_zero.bench.control_plane_report import format_control_plane
 
     table = format_control_plane(json.loads(done.stdout.strip().splitlines()[-1])).splitlines()
     assert "loss: coord s" in table[1] and "(harness s)" in table[1]
     cells = table[2].split()
-    assert cells[0] == "64" and cells[3] == f"{row['recovery_coordinator_cpu_s']:g}"
-    assert cells[4] == f"{row['recovery_window']['simulated_workers_cpu_s']:g}"
+    assert cells[0] == "64" and cells[4] == f"{row['recovery_coordinator_cpu_s']:g}"
+    assert cells[5] == f"{row['recovery_window']['simulated_workers_cpu_s']:g}"
     assert any(line.startswith("  goal at 64: recovery_coordinator_cpu_s") for line in table)
     assert any(line.startswith(f"  beats at 64: {row['lost_to_silence']} workers lost to silence") for line in table)
 

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from elastic_zero.cpu_waits import StillnessMeter, run_queue_wait_ms
-from elastic_zero.wire.heartbeats import (DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, PHASES, PROGRESS, HeartbeatListener,
-                                          HeartbeatSender, Progress, ProgressBoard, beat_token, beating_started,
-                                          drain_wait_s, socket_drops, start_beat_process)
+from elastic_zero.wire.beat_drain import DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, drain_wait_s, socket_drops
+from elastic_zero.wire.heartbeats import (PHASES, PROGRESS, HeartbeatListener, HeartbeatSender, Progress, ProgressBoard,
+                                          beat_token, beating_started, start_beat_process)
 
 pytestmark = pytest.mark.unit
 
@@ -117,14 +117,13 @@ def test_beats_the_kernel_dropped_make_nobody_look_silent():
         listener.close()
 
 
-def test_a_listener_that_fell_behind_makes_nobody_look_silent_whoever_was_registered_since(monkeypatch):
-    """The mass silence seen at 1,024 simulated workers: the coordinator's loop starved the listener's
-    thread, and members registered at a generation's start (heard "now", coordinator/node_watch.py
-    _listen_to) stood as witnesses that the listener was well, so every member it had not read lately
-    looked silent. Measured up to `read_until` (the latest drain done), nobody is; measured up to the
-    clock's now (the oracle: how it was), the beating members are. The listener falls behind for real:
-    its waits between drains made 3 s long."""
-    import elastic_zero.wire.heartbeats as heartbeats
+def test_a_listener_that_fell_behind_makes_nobody_look_silent_whoever_was_registered_since():
+    """The mass silence seen at 1,024 simulated workers: the listener fell behind, and members
+    registered at a generation's start (heard "now", coordinator/node_watch.py listen_to) stood as
+    witnesses that the listener was well, so every member it had not read lately looked silent.
+    Measured up to `read_until` (the latest drain applied), nobody is; measured up to the clock's now
+    (the oracle: how it was), the beating members are. The listener falls behind for real: its drain
+    process is stopped (SIGSTOP) for 1.2 s."""
     from elastic_zero.plan.liveness import silent_members
 
     listener = HeartbeatListener("127.0.0.1", b"s" * 32)
@@ -133,23 +132,53 @@ def test_a_listener_that_fell_behind_makes_nobody_look_silent_whoever_was_regist
         for w in ("w0", "w1"):
             sender.beat(w)
         assert _until(lambda: len(listener.heard) == 2)
-        monkeypatch.setattr(heartbeats, "drain_wait_s", lambda *_: 3.0)  # from the next wait on: behind
-        time.sleep(2 * DRAIN_EVERY_S)
-        read_until = listener.read_until
-        stop_at = time.monotonic() + 1.2
-        while time.monotonic() < stop_at:  # w0 and w1 beat all along; the listener reads none of it yet
-            for w in ("w0", "w1"):
-                sender.beat(w)
-            time.sleep(0.1)
-        now = time.monotonic()
-        heard = {**listener.heard, "w2": now}  # w2 joins a generation now: watched from now on
-        if listener.read_until != read_until:
-            pytest.skip("the listener drained within its 3 s wait (a slow machine): nothing to compare")
-        assert silent_members(heard, ["w0", "w1", "w2"], now, 1.0)[0] == ("w0", "w1")
-        assert silent_members(heard, ["w0", "w1", "w2"], listener.read_until, 1.0)[0] == ()
+        os.kill(listener.drain_pid, signal.SIGSTOP)
+        try:
+            time.sleep(2 * DRAIN_EVERY_S)  # whatever was on its way is applied
+            read_until = listener.read_until
+            stop_at = time.monotonic() + 1.2
+            while time.monotonic() < stop_at:  # w0 and w1 beat all along; the listener reads none of it yet
+                for w in ("w0", "w1"):
+                    sender.beat(w)
+                time.sleep(0.1)
+            now = time.monotonic()
+            heard = {**listener.heard, "w2": now}  # w2 joins a generation now: watched from now on
+            assert listener.read_until == read_until
+            assert silent_members(heard, ["w0", "w1", "w2"], now, 1.0)[0] == ("w0", "w1")
+            assert silent_members(heard, ["w0", "w1", "w2"], listener.read_until, 1.0)[0] == ()
+        finally:
+            os.kill(listener.drain_pid, signal.SIGCONT)
         assert _until(lambda: listener.read_until > now)  # caught up: what came meanwhile was read
         assert min(listener.heard["w0"], listener.heard["w1"]) > now - 1.0
     finally:
+        listener.close()
+
+
+def test_a_coordinator_that_holds_its_gil_loses_no_beats():
+    """The drain is a process of its own: while the coordinator's threads cannot run (here a pure
+    Python loop holds the GIL for 1.5 s, the switch interval made longer than that), beats keep being
+    read off a socket that holds two of them, none is dropped, and they are all applied after. The
+    oracle: the same socket read by a thread of this process would have overflowed at the third."""
+    listener = HeartbeatListener("127.0.0.1", b"s" * 32, buffer_bytes=4096)
+    beating = multiprocessing.get_context("spawn").Process(target=_beat_for, args=(listener.port, 4, 6.0), daemon=True)
+    beating.start()
+    interval = sys.getswitchinterval()
+    try:
+        assert _until(lambda: len(listener.heard) == 4, 20)
+        read_until = listener.read_until
+        sys.setswitchinterval(5.0)
+        held_from, spins = time.monotonic(), 0
+        while time.monotonic() - held_from < 1.5:  # no other thread of this process runs meanwhile
+            spins += 1
+        sys.setswitchinterval(interval)
+        held_until = time.monotonic()
+        assert listener.read_until <= read_until + DRAIN_EVERY_S * 2  # nothing was applied while the GIL was held
+        assert _until(lambda: listener.read_until >= held_until)  # then all of it
+        assert listener.dropped == 0 == socket_drops(listener._sock)
+        assert min(listener.heard.values()) > held_until - 1.0  # every worker heard within the last second
+    finally:
+        sys.setswitchinterval(interval)
+        beating.join()
         listener.close()
 
 

@@ -240,7 +240,8 @@ def run_bench(args) -> int:
         print(json.dumps(report) if args.json else format_state_size(report))
         return 0
     if args.bench == "control-plane":
-        from elastic_zero.bench.control_plane import check_arguments, format_control_plane, run_control_plane
+        from elastic_zero.bench.control_plane import check_arguments, run_control_plane
+        from elastic_zero.bench.control_plane_report import format_control_plane
 
         try:
             sizes = [int(n) for n in args.workers.split(",")]

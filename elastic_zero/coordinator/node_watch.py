@@ -68,10 +68,13 @@ class NodeWatch:
 
     def close(self) -> None:
         self._drain_stop.set()
+        self.heartbeats.close()  # its drain process ends with it (what it heard stays readable)
 
     def liveness(self) -> dict:
-        """What the heartbeat listener saw: how many workers it heard, its longest pause."""
+        """What the heartbeat listener saw: how many workers it heard, its drain's longest pause, the
+        longest a drain waited to be applied here (the coordinator busy)."""
         return {"heard": len(self._heard), "listener_longest_pause_s": round(self.heartbeats.longest_pause_s, 3),
+                "listener_longest_lag_s": round(self.heartbeats.longest_lag_s, 3),
                 "beats_dropped": self.heartbeats.dropped, "listener_overflows": self.heartbeats.overflows}
 
     def _watch_ray_drains(self) -> None:

@@ -26,6 +26,7 @@ import os
 import threading
 import time
 
+from elastic_zero.testing.sim_beats import beat_for_host
 from elastic_zero.wire.generation_ends import GenerationEndWatch
 from elastic_zero.plan.batches import rank_positions
 from elastic_zero.plan.membership import Member
@@ -88,7 +89,7 @@ class SimulatedHost:
         self._clocks: dict[int, tuple[int, float]] = {}  # generation -> (its first step, when that step began)
         self.plan_arrivals: dict[int, dict[str, float]] = {}  # generation -> actor -> when train(plan) came
         self.rendezvous: dict[int, dict[str, tuple[float, float]]] = {}  # generation -> actor -> (began, done)
-        self._beats = None  # the pipe to the process that beats for this host's workers (_beat_process)
+        self._beats = None  # the pipe to the process that beats for this host's workers (beat_for_host)
         self._longest_beat_gap = None  # between two rounds of its heartbeats: a starved one would fake a lost node
         self._beats_refused = None  # beats the kernel refused to send (sendto raised)
 
@@ -152,7 +153,7 @@ class SimulatedHost:
             self._longest_beat_gap = context.Value("d", 0.0)
             self._beats_refused = context.Value("q", 0)
             self._beats, theirs = context.Pipe(duplex=False)[::-1]
-            context.Process(target=_beat_process, daemon=True, args=(
+            context.Process(target=beat_for_host, daemon=True, args=(
                 theirs, args["store_host"], args["heartbeat_port"], args["store_secret"], self.step_s,
                 self._longest_beat_gap, self._beats_refused)).start()
 
@@ -373,46 +374,6 @@ class SimulatedHost:
         """Tell the beating process which workers beat now (after a spawn, a freeze, a kill)."""
         if self._beats is not None:
             self._beats.send([a for a, m in self._members.items() if not (m.frozen.is_set() or m.killed.is_set())])
-
-
-def _beat_process(conn, host: str, port: int, secret: bytes, step_s: float, longest_gap, refused) -> None:
-    """Each live simulated worker's heartbeat, one datagram each, as worker/node_duties.py sends it:
-    from a process of its own, so that the host's threads (hundreds of simulated workers) never delay
-    it, as a real worker's training never delays its own beats (heartbeats.start_beat_process). Ends
-    when the host goes. A beat carries its worker's progress as a real one's does: the step its
-    generation's clock is at, in the "compute" phase, so that the coordinator's listener and its
-    stuck rule see beats that move (a progress that never moved cost the rule its whole scan)."""
-    from elastic_zero.wire.heartbeats import NO_PROGRESS, PHASES, HeartbeatSender, beat_token
-    from elastic_zero.job.spec import HEARTBEAT_EVERY_S
-
-    sender, beating, last = HeartbeatSender(host, port, beat_token(secret)), [], time.monotonic()
-    clocks: dict[str, tuple[int, int, float]] = {}  # actor id -> (its generation, the first step, when it began)
-    compute = PHASES.index("compute")
-    while True:
-        try:
-            while conn.poll(HEARTBEAT_EVERY_S if not beating else 0):
-                told = conn.recv()
-                if isinstance(told, tuple):  # ("clock", generation, first step, began, its members here)
-                    clocks.update(dict.fromkeys(told[4], told[1:4]))
-                else:
-                    beating = told
-        except (EOFError, OSError):  # the host is gone
-            return
-        now = time.monotonic()
-        longest_gap.value = max(longest_gap.value, now - last)
-        last = now
-        epoch = time.time()
-
-        def progress(actor_id: str) -> tuple:
-            if actor_id not in clocks:
-                return NO_PROGRESS
-            generation, first, began = clocks[actor_id]
-            return generation, first + max(0, int((epoch - began) / step_s)), 0, compute, 0
-
-        failed = sum(not sender.beat(actor_id, progress(actor_id)) for actor_id in beating)
-        if failed:  # said, not swallowed: a beat lost here looks like a silent worker there
-            refused.value += failed
-        time.sleep(max(0.0, last + HEARTBEAT_EVERY_S - time.monotonic()))
 
 
 def _get(store, key: str, aborted: threading.Event, timeout_s: float) -> bytes:

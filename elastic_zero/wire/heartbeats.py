@@ -9,12 +9,14 @@ lost datagram is just a missed beat: the timeout is several beats long.
 Why drained rather than read as each arrives: a thread woken for each beat cost the coordinator
 about 20 us a beat (7 us in a process of its own; the rest is its other threads' GIL), 211 us per
 second per worker at ten beats a second. Drained every DRAIN_EVERY_S, a few workers cost no more
-than one, and each beat about 2 us. Many workers fill the socket's buffer sooner (a kernel's
+than one, and each beat a few us. Many workers fill the socket's buffer sooner (a kernel's
 default holds about 500 beats: 50 ms of 1,024 workers'), so the wait shrinks with the rate of
-beats (drain_wait_s). A drain is applied to `heard` at once, stamped with when it began: after a
-stall of the listener every beat it then reads looks fresh together, and no worker looks silent
-beside others only because its beat was read later in the same drain (seen at 1,024 simulated
-workers: 238 declared lost in one go).
+beats (drain_wait_s). The drains run in a process of the listener's own (beat_drain.py), not in a
+thread of the coordinator, whose GIL its loop holds for seconds when the world changes: a listener
+late by more than its buffer loses beats, and live workers look silent. A drain is applied to
+`heard` stamped with when it began: after a stall every beat it then reads looks fresh together,
+and no worker looks silent beside others only because its beat was read later in the same drain
+(seen at 1,024 simulated workers: 238 declared lost in one go).
 
 A beat is the job's beat token, the worker's progress and its actor id. The token is derived from
 the job's rendezvous secret (which never leaves Ray), so a datagram from outside the job is dropped;
@@ -49,8 +51,10 @@ import tempfile
 import threading
 import time
 
+from elastic_zero.wire import beat_drain
+from elastic_zero.wire.beat_drain import read_frame
+
 TOKEN_BYTES = 16
-MAX_DATAGRAM = 512  # a token, the progress and an actor id
 # after the token: generation, steps done, marks, the worker's RSS and its peak (VmHWM since its
 # last reset), its node's used memory, the collectives entered since the last mark, how long its
 # process waited for a CPU while its training stood still (ms: cpu_waits.StillnessMeter), phase, flags
@@ -63,10 +67,8 @@ PHASES = ("starting", "entering", "data", "compute", "agree", "update", "commit"
 _BOARD = struct.Struct("<Qqqqqq")
 _COUNT = struct.Struct("<q")
 NO_PROGRESS = (-1, -1, 0, 0, 0)  # (generation, steps, marks, phase index, collectives since the mark)
-DRAIN_EVERY_S = 0.05  # the longest wait between two drains of the listener's socket
-MIN_DRAIN_WAIT_S = 0.002
 NODE_MEMORY_EVERY_S = 0.5  # how often a beat process reads its node's used memory (its worker's at every beat)
-_SO_MEMINFO = getattr(socket, "SO_MEMINFO", 55)  # Linux: nine u32 counters, the drops the ninth
+DRAIN_START_TIMEOUT_S = 30.0  # a Python's start on a loaded machine
 BEAT_BUFFER_BYTES = 2048  # what a beat takes of the socket's buffer, generously (Linux: about 830)
 
 
@@ -74,28 +76,20 @@ def beat_token(secret: bytes) -> bytes:
     return hmac.new(secret, b"elastic-zero heartbeat", hashlib.sha256).digest()[:TOKEN_BYTES]
 
 
-def drain_wait_s(beats: int, over_s: float, capacity: int) -> float:
-    """How long to wait before the next drain, after `beats` came in `over_s`: DRAIN_EVERY_S, or less
-    where beats at that rate would fill half of the socket's `capacity` (in beats) before it."""
-    if beats <= 0 or over_s <= 0:
-        return DRAIN_EVERY_S
-    return min(DRAIN_EVERY_S, max(MIN_DRAIN_WAIT_S, capacity / 2 / (beats / over_s)))
-
-
 class HeartbeatListener:
-    """The coordinator's side: a UDP socket on the node's cluster address and a thread that drains it
-    every DRAIN_EVERY_S or sooner. `heard` maps actor id -> time.monotonic() at the start of the drain
-    that read its latest beat: at most a drain's wait after the beat came. `read_until` is the start
-    of the latest drain done: every beat sent before it has been read (or was dropped, and then
-    every member counts as heard), so a silence is measured up to it, not up to the clock's now: a
-    listener that fell behind (its thread starved by the coordinator's loop) has not yet read the
-    beats of the time since, and the members would look silent for that time."""
+    """The coordinator's side: a UDP socket on the node's cluster address, drained every DRAIN_EVERY_S
+    or sooner by a process of its own (beat_drain.py), and a thread that applies what each drain read.
+    `heard` maps actor id -> time.monotonic() at the start of the drain that read its latest beat: at
+    most a drain's wait after the beat came. `read_until` is the start of the latest drain applied:
+    every beat sent before it has been read (or was dropped, and then every member counts as heard),
+    so a silence is measured up to it, not up to the clock's now: a coordinator too busy to apply the
+    drains has not yet taken the beats of the time since, and the members would look silent for that
+    time. Nothing read is lost meanwhile: the drains wait in the pipe, folded together."""
 
     def __init__(self, host: str, secret: bytes, buffer_bytes: int = 8 << 20) -> None:
         """`buffer_bytes`: the socket's receive buffer (8 MiB: about 10,000 beats, a second of 1,024 workers')."""
-        self._token = beat_token(secret)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_DGRAM)
+        self._sock = socket.socket(family, socket.SOCK_DGRAM)  # kept here for its drop count; read there only
         want = buffer_bytes
         try:  # past the kernel's cap (net.core.rmem_max), where the process may
             self._sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", socket.SO_RCVBUF), want)
@@ -103,68 +97,52 @@ class HeartbeatListener:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, want)
         self.capacity = max(1, self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // BEAT_BUFFER_BYTES)
         self._sock.bind((host, 0))
-        self._sock.setblocking(False)
         self.port = self._sock.getsockname()[1]
         self.heard: dict[str, float] = {}
         # actor id -> Progress of its latest beat (the last word of an ended worker's beat process)
         self.progress: dict[str, Progress] = {}
         # actor id -> when its progress last moved (a beat whose position differed from its previous one's)
         self.moved: dict[str, float] = {}
-        self._bodies: dict[str, bytes] = {}  # actor id -> its latest beat's progress, as sent
-        # the longest a drain came later than planned: a long one means this thread was starved
-        self.longest_pause_s = 0.0
+        self.longest_pause_s = 0.0  # the longest a drain came later than planned (the drain process's)
+        self.longest_lag_s = 0.0  # the longest from a drain's start until it was applied here
         self.dropped = 0  # beats the kernel dropped, its buffer full (socket_drops)
         self.overflows = 0  # drains after which every member was presumed heard, beats having been dropped
         self.read_until = time.monotonic()
-        self._closed = threading.Event()
-        threading.Thread(target=self._listen, daemon=True, name="heartbeats").start()
+        # in a session of its own: where the kernel groups processes by session (autogroup), its share of
+        # the CPU is then not one thread's among the coordinator's busy ones, and it wakes on time
+        self._drain = subprocess.Popen([sys.executable, "-I", beat_drain.__file__, str(self._sock.fileno())],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._sock.fileno(),),
+                                       start_new_session=True)
+        self._drain.stdin.write(json.dumps({"token": beat_token(secret).hex(), "progress_bytes": PROGRESS.size,
+                                            "last_word": LAST_WORD, "capacity": self.capacity}).encode() + b"\n")
+        self._drain.stdin.flush()
+        # ready once its first (empty) drain is here: a beat sent after this returns is read on time
+        ready, _, _ = select.select([self._drain.stdout], [], [], DRAIN_START_TIMEOUT_S)
+        if not ready or read_frame(self._drain.stdout) is None:
+            self.close()
+            raise RuntimeError(f"the heartbeat listener's drain process did not start within {DRAIN_START_TIMEOUT_S:g} s")
+        threading.Thread(target=self._apply_drains, daemon=True, name="heartbeats").start()
 
-    def _listen(self) -> None:
-        token, n, clock, recv = self._token, TOKEN_BYTES, time.monotonic, self._sock.recv
-        head = n + PROGRESS.size
-        wait, previous = DRAIN_EVERY_S, clock()
-        while not self._closed.wait(wait):
-            started = clock()
-            self.longest_pause_s = max(self.longest_pause_s, started - previous - wait)
-            beats, said = 0, {}
-            while True:
-                try:
-                    datagram = recv(MAX_DATAGRAM)
-                except BlockingIOError:  # drained
-                    break
-                except OSError:  # closed: the job is over
-                    return
-                beats += 1
-                if datagram[:n] == token and len(datagram) > head:
-                    said[datagram[head:]] = datagram  # the latest of a drain is the one kept
-            self._take(said, started)
-            wait, previous = drain_wait_s(beats, started - previous, self.capacity), started
+    @property
+    def drain_pid(self) -> int:
+        return self._drain.pid
 
-    def _take(self, said: dict, started: float) -> None:
-        """One drain's latest beat of each worker. Its progress is unpacked only where its bytes
-        changed since that worker's previous beat: at 1,024 workers a Progress made for every beat was
-        most of the listener's CPU (8% of a core here, for 10,240 beats a second)."""
-        n, head, bodies, unpack = TOKEN_BYTES, TOKEN_BYTES + PROGRESS.size, self._bodies, PROGRESS.unpack_from
-        alive, told = [], {}
-        for ident, datagram in said.items():
-            actor_id = ident.decode(errors="replace")
-            if not datagram[head - 1] & LAST_WORD:  # a last word is no sign of life
-                alive.append(actor_id)
-            body = datagram[n:head]
-            if bodies.get(actor_id) != body:
-                bodies[actor_id] = body
-                told[actor_id] = Progress(*unpack(body))
-        dropped = socket_drops(self._sock)
-        # one update each (atomic under the GIL): readers see all of this drain or none of it
-        if dropped > self.dropped:  # whose beats were lost is unknown: nobody's silence counts across it
-            self.dropped, self.overflows = dropped, self.overflows + 1
-            self.heard.update(dict.fromkeys(self.heard, started))
-        self.heard.update(dict.fromkeys(alive, started))
-        previous_progress = self.progress
-        self.moved.update({a: started for a, p in told.items()
-                           if a not in previous_progress or previous_progress[a].position != p.position})
-        self.progress.update(told)
-        self.read_until = started  # after heard: a reader never sees it ahead of what was read
+    def _apply_drains(self) -> None:
+        unpack = PROGRESS.unpack
+        while (frame := read_frame(self._drain.stdout)) is not None:
+            latest, dropped, self.longest_pause_s, _, heard_by_drain, changed = frame
+            # one update each (atomic under the GIL): readers see all of a frame or none of it
+            if dropped > self.dropped:  # whose beats were lost is unknown: nobody's silence counts across it
+                self.dropped, self.overflows = dropped, self.overflows + 1
+                self.heard.update(dict.fromkeys(self.heard, latest))
+            for at in sorted(heard_by_drain):
+                self.heard.update(dict.fromkeys(heard_by_drain[at], at))
+            told = {a: Progress(*unpack(body)) for a, body in changed.items()}
+            before = self.progress
+            self.moved.update({a: latest for a, p in told.items() if a not in before or before[a].position != p.position})
+            self.progress.update(told)
+            self.read_until = latest  # after heard: a reader never sees it ahead of what was read
+            self.longest_lag_s = max(self.longest_lag_s, time.monotonic() - latest)
 
     def starved_s(self, actor_id: str) -> float:
         """How long `actor_id`'s process waited for a CPU since its training last moved, as its latest
@@ -173,20 +151,14 @@ class HeartbeatListener:
         return progress.waited_ms / 1000 if progress is not None else 0.0
 
     def close(self) -> None:
-        self._closed.set()
+        self._drain.stdin.close()  # its end: the drain process exits at once
+        try:
+            self._drain.wait(5)
+        except subprocess.TimeoutExpired:
+            self._drain.kill()
+            self._drain.wait()
+        self._drain.stdout.close()
         self._sock.close()
-
-
-def socket_drops(sock: socket.socket) -> int:
-    """How many datagrams the kernel dropped at `sock`, its receive buffer full (Linux's SO_MEMINFO;
-    0 where it cannot be read). When the listener falls behind, the beats that find the buffer full
-    are lost, a host's burst at a time: seen at 1,024 simulated workers, a listener 2 s late read the
-    buffered beats of some hosts and none of others', and 656 live workers looked silent for 1.9 s
-    beside 432 heard."""
-    try:
-        return struct.unpack_from("9I", sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 36))[8]
-    except (OSError, struct.error):
-        return 0
 
 
 class Progress(tuple):

@@ -1,0 +1,53 @@
+"""The heartbeats of one simulated host's workers (sim_workers.py): a process of their own, as each
+real worker's beats come from a process of its own (heartbeats.start_beat_process)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def beat_for_host(conn, host: str, port: int, secret: bytes, step_s: float, longest_gap, refused) -> None:
+    """Each live simulated worker's heartbeat, one datagram each, as worker/node_duties.py sends it:
+    from a process of its own, so that the host's threads (hundreds of simulated workers) never delay
+    it, as a real worker's training never delays its own beats (heartbeats.start_beat_process). Ends
+    when the host goes. A beat carries its worker's progress as a real one's does: the step its
+    generation's clock is at, in the "compute" phase, so that the coordinator's listener and its
+    stuck rule see beats that move (a progress that never moved cost the rule its whole scan)."""
+    from elastic_zero.job.spec import HEARTBEAT_EVERY_S
+    from elastic_zero.wire.heartbeats import NO_PROGRESS, PHASES, HeartbeatSender, beat_token
+
+    # in a session of its own, as a real worker's beat process (heartbeats.start_beat_process): where the
+    # kernel groups processes by session (autogroup), it no longer waits for a CPU behind its host's
+    # hundreds of threads (their longest gap between beats was 1.8 s at 1,024 workers, and live
+    # workers were declared silent by hundreds)
+    os.setsid()
+
+    sender, beating, last = HeartbeatSender(host, port, beat_token(secret)), [], time.monotonic()
+    clocks: dict[str, tuple[int, int, float]] = {}  # actor id -> (its generation, the first step, when it began)
+    compute = PHASES.index("compute")
+    while True:
+        try:
+            while conn.poll(HEARTBEAT_EVERY_S if not beating else 0):
+                told = conn.recv()
+                if isinstance(told, tuple):  # ("clock", generation, first step, began, its members here)
+                    clocks.update(dict.fromkeys(told[4], told[1:4]))
+                else:
+                    beating = told
+        except (EOFError, OSError):  # the host is gone
+            return
+        now = time.monotonic()
+        longest_gap.value = max(longest_gap.value, now - last)
+        last = now
+        epoch = time.time()
+
+        def progress(actor_id: str) -> tuple:
+            if actor_id not in clocks:
+                return NO_PROGRESS
+            generation, first, began = clocks[actor_id]
+            return generation, first + max(0, int((epoch - began) / step_s)), 0, compute, 0
+
+        failed = sum(not sender.beat(actor_id, progress(actor_id)) for actor_id in beating)
+        if failed:  # said, not swallowed: a beat lost here looks like a silent worker there
+            refused.value += failed
+        time.sleep(max(0.0, last + HEARTBEAT_EVERY_S - time.monotonic()))
