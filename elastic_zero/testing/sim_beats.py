@@ -18,9 +18,9 @@ def beat_for_host(conn, host: str, port: int, secret: bytes, step_s: float, long
     from elastic_zero.wire.heartbeats import NO_PROGRESS, PHASES, HeartbeatSender, beat_token
 
     # in a session of its own, as a real worker's beat process (heartbeats.start_beat_process): where the
-    # kernel groups processes by session (autogroup), it no longer waits for a CPU behind its host's
-    # hundreds of threads (their longest gap between beats was 1.8 s at 1,024 workers, and live
-    # workers were declared silent by hundreds)
+    # kernel groups processes by session (autogroup), it is not one among its host's hundreds of threads
+    # (on two cores at 1,024 workers its longest gap between beats still reached 1.4-2.3 s, and live
+    # workers were declared silent: the machine, not the coordinator; docs/benchmarks.md)
     os.setsid()
 
     sender, beating, last = HeartbeatSender(host, port, beat_token(secret)), [], time.monotonic()

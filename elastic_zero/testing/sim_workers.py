@@ -296,9 +296,10 @@ class SimulatedHost:
                              started: float, steps: int) -> tuple[str, int]:
         """How the member's part of the generation ends and at which step, on the generation's clock
         (step k done at `started` + k * step_s; none done past a stall): aborted or killed (failed),
-        its node frozen (dead), a safe point (the agreed step), or the job's last step. The member sleeps until one of those can have happened, woken by
-        any change (_wake), so that 1,024 of them cost nothing per step; rank 0 wakes to tell the
-        coordinator its progress, as a real rank 0 does."""
+        its node frozen (dead), a safe point (the agreed step), or the job's last step. The member
+        sleeps until one of those can have happened, woken by any change (_wake), so that 1,024 of
+        them cost nothing per step; rank 0 wakes to tell the coordinator its progress, as a real
+        rank 0 does."""
         first = m.step
 
         def done_by(t: float) -> int:

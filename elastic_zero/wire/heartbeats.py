@@ -108,8 +108,8 @@ class HeartbeatListener:
         self.dropped = 0  # beats the kernel dropped, its buffer full (socket_drops)
         self.overflows = 0  # drains after which every member was presumed heard, beats having been dropped
         self.read_until = time.monotonic()
-        # in a session of its own: where the kernel groups processes by session (autogroup), its share of
-        # the CPU is then not one thread's among the coordinator's busy ones, and it wakes on time
+        # in a session of its own, as a worker's beat process: where the kernel groups processes by session
+        # (autogroup), its share of the CPU is its own, not one thread's among the coordinator's
         self._drain = subprocess.Popen([sys.executable, "-I", beat_drain.__file__, str(self._sock.fileno())],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._sock.fileno(),),
                                        start_new_session=True)
