@@ -182,6 +182,19 @@ def test_a_coordinator_that_holds_its_gil_loses_no_beats():
         listener.close()
 
 
+def test_a_drain_process_that_dies_is_known_and_a_closed_listener_is_not_taken_for_one():
+    listener = HeartbeatListener("127.0.0.1", b"s" * 32)
+    try:
+        os.kill(listener.drain_pid, signal.SIGKILL)
+        assert _until(lambda: listener.ended)
+    finally:
+        listener.close()
+    closed = HeartbeatListener("127.0.0.1", b"s" * 32)
+    closed.close()
+    time.sleep(0.2)
+    assert not closed.ended
+
+
 def test_a_beat_without_the_jobs_token_is_dropped():
     listener = HeartbeatListener("127.0.0.1", b"s" * 32)
     try:

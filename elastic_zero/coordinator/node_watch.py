@@ -59,6 +59,7 @@ class NodeWatch:
         self._worker_nodes: dict[str, str] = {}  # actor id -> its node
         self._watchers: dict[str, str] = {}  # node -> the worker that watches its metadata server
         self._noticed: dict[str, Notice] = {}  # node -> the first notice for it
+        self._said_listener_ended = False
         self._lost_nodes: dict[str, float] = {}  # node whose workers went silent -> avoided until (monotonic)
         self.heartbeats = HeartbeatListener(host, secret)
         self._heard: dict[str, float] = self.heartbeats.heard  # actor id -> its last beat (monotonic), by the listener
@@ -101,6 +102,10 @@ class NodeWatch:
         would pass the timeout, so that a silence is found when it begins and the loop does not scan
         every member many times a second. Silences are measured up to what the listener read."""
         timeout_s = self._spec.elastic.heartbeat_timeout_s
+        if self.heartbeats.ended and not self._said_listener_ended:
+            self._said_listener_ended = True  # then nobody is heard and nobody declared silent: said once
+            self._log("warning", message="the heartbeat listener's drain process ended: a vanished node is found "
+                                         "only by Ray's death notices and the collective timeout from now on")
         watched = list(watched)
         if not timeout_s or not watched:
             return None, now + SILENCE_POLL_S

@@ -108,6 +108,8 @@ class HeartbeatListener:
         self.dropped = 0  # beats the kernel dropped, its buffer full (socket_drops)
         self.overflows = 0  # drains after which every member was presumed heard, beats having been dropped
         self.read_until = time.monotonic()
+        self.ended = False  # the drain process ended while the listener was open: nothing is heard any more
+        self._closing = False
         # in a session of its own, as a worker's beat process: where the kernel groups processes by session
         # (autogroup), its share of the CPU is its own, not one thread's among the coordinator's
         self._drain = subprocess.Popen([sys.executable, "-I", beat_drain.__file__, str(self._sock.fileno())],
@@ -117,8 +119,9 @@ class HeartbeatListener:
                                             "last_word": LAST_WORD, "capacity": self.capacity}).encode() + b"\n")
         self._drain.stdin.flush()
         # ready once its first (empty) drain is here: a beat sent after this returns is read on time
-        ready, _, _ = select.select([self._drain.stdout], [], [], DRAIN_START_TIMEOUT_S)
-        if not ready or read_frame(self._drain.stdout) is None:
+        started = select.poll()  # (not select(): a coordinator may hold descriptors past its limit of 1,024)
+        started.register(self._drain.stdout, select.POLLIN)
+        if not started.poll(DRAIN_START_TIMEOUT_S * 1000) or read_frame(self._drain.stdout) is None:
             self.close()
             raise RuntimeError(f"the heartbeat listener's drain process did not start within {DRAIN_START_TIMEOUT_S:g} s")
         threading.Thread(target=self._apply_drains, daemon=True, name="heartbeats").start()
@@ -143,6 +146,7 @@ class HeartbeatListener:
             self.progress.update(told)
             self.read_until = latest  # after heard: a reader never sees it ahead of what was read
             self.longest_lag_s = max(self.longest_lag_s, time.monotonic() - latest)
+        self.ended = not self._closing
 
     def starved_s(self, actor_id: str) -> float:
         """How long `actor_id`'s process waited for a CPU since its training last moved, as its latest
@@ -151,6 +155,7 @@ class HeartbeatListener:
         return progress.waited_ms / 1000 if progress is not None else 0.0
 
     def close(self) -> None:
+        self._closing = True
         self._drain.stdin.close()  # its end: the drain process exits at once
         try:
             self._drain.wait(5)
