@@ -138,7 +138,7 @@ class NodeWatch:
         where = {a: _where(p) for a in training if (p := beats.get(a)) is not None}
         before = {m.actor_id for m in plan.previous.members} if plan.previous is not None else set()
         joiners = {m.actor_id for m in plan.generation.members} - before
-        starved = {a: self.heartbeats.starved_s(a) for a in still_past(moved, where, now, bound_s)}  # candidates
+        starved = {a: self.heartbeats.starved_s(a) for a in candidates}
         stuck, reason = stuck_members(where, moved, training, plan.number, plan.step, now, bound_s, joiners, starved)
         if not stuck:
             return None

@@ -7,8 +7,8 @@ made, a garbage collection), and on a busy machine that loop's process waits for
 A listener that drains late loses beats once the socket's buffer is full, and then live workers
 look silent: at 1,024 simulated workers on two cores the listener thread's longest pause reached
 7-11.7 s, the kernel dropped 56,861 beats in one run, and live workers were declared lost by the
-hundreds (the job started over from step 0). This process sleeps between drains and is woken by the kernel whatever the
-coordinator's GIL does; what it read waits in a pipe until the coordinator takes it (a drain's
+hundreds (the job started over from step 0). This process sleeps between drains and is woken by
+the kernel whatever the coordinator's GIL does; what it read waits in a pipe until the coordinator takes it (a drain's
 updates are applied in order, so nothing read is lost, only told late). It cannot help a machine
 that gives it no CPU: on two cores at 1,024 simulated workers it still paused 1.5-3.7 s.
 
@@ -17,8 +17,8 @@ one line of JSON on its stdin (the beat token, the size of a beat's progress, th
 the socket's capacity in beats). It ends when its stdin ends (the coordinator is gone).
 
 On its stdout, one frame per drain it could write (4 bytes of length, then a pickle): (the start of
-the latest drain it folds in, monotonic; the socket's drops so far; its longest pause so far; the
-beats read; {drain start: [actor ids heard then]}; {actor id: progress bytes that changed}). Frames
+the latest drain it folds in, monotonic; the socket's drops so far; its longest pause so far;
+{drain start: [actor ids heard then]}; {actor id: progress bytes that changed}). Frames
 that could not be written at once (the coordinator not reading) are folded into the next: each id
 keeps the latest drain it was heard in, and its latest progress.
 """
@@ -69,20 +69,20 @@ class _Pending:
         self.heard: dict[str, float] = {}  # actor id -> the latest drain it was heard in
         self.changed: dict[str, bytes] = {}  # actor id -> its latest progress that differed from the one before
         self.latest = None  # the latest drain's start
-        self.beats = 0
 
     def frame(self, drops: int, longest_pause_s: float) -> bytes:
         by_drain: dict[float, list[str]] = {}
         for actor_id, at in self.heard.items():
             by_drain.setdefault(at, []).append(actor_id)
-        body = pickle.dumps((self.latest, drops, longest_pause_s, self.beats, by_drain, self.changed),
+        body = pickle.dumps((self.latest, drops, longest_pause_s, by_drain, self.changed),
                             protocol=pickle.HIGHEST_PROTOCOL)
         return FRAME_HEAD.pack(len(body)) + body
 
 
 def drain_forever(sock: socket.socket, config: dict, stdin_fd: int, stdout_fd: int) -> None:
-    token, head = bytes.fromhex(config["token"]), len(bytes.fromhex(config["token"])) + config["progress_bytes"]
+    token = bytes.fromhex(config["token"])
     n, last_word, capacity = len(token), config["last_word"], config["capacity"]
+    head = n + config["progress_bytes"]
     clock, recv = time.monotonic, sock.recv
     bodies: dict[bytes, bytes] = {}  # actor id (as sent) -> its latest progress bytes
     names: dict[bytes, str] = {}  # actor id as sent -> as a str (decoded once)
@@ -123,7 +123,7 @@ def drain_forever(sock: socket.socket, config: dict, stdin_fd: int, stdout_fd: i
             body = datagram[n:head]
             if bodies.get(ident) != body:
                 bodies[ident] = pending.changed[actor_id] = body
-        pending.latest, pending.beats = started, pending.beats + beats
+        pending.latest = started
         if not unsent:  # else folded into the next frame, once the pipe took this one
             unsent, pending = _write(stdout_fd, pending.frame(socket_drops(sock), longest_pause)), _Pending()
         wait, previous = drain_wait_s(beats, started - previous, capacity), started

@@ -133,7 +133,7 @@ class HeartbeatListener:
     def _apply_drains(self) -> None:
         unpack = PROGRESS.unpack
         while (frame := read_frame(self._drain.stdout)) is not None:
-            latest, dropped, self.longest_pause_s, _, heard_by_drain, changed = frame
+            latest, dropped, self.longest_pause_s, heard_by_drain, changed = frame
             # one update each (atomic under the GIL): readers see all of a frame or none of it
             if dropped > self.dropped:  # whose beats were lost is unknown: nobody's silence counts across it
                 self.dropped, self.overflows = dropped, self.overflows + 1
