@@ -39,6 +39,8 @@ def test_the_coordinator_carries_64_simulated_workers_through_every_scenario(tmp
     # counters read around the run (this machine's, every process's: not negative, that is all)
     assert row["lost_to_silence"] >= 8 and row["silence_decisions"] >= 1
     assert isinstance(row["sim_beats_refused"], int) and all(v >= 0 for v in row["kernel_drops"].values())
+    # whether a silence was the harness's: its beats' longest gap; the drain's niceness (beat_drain.run_ahead)
+    assert row["sim_longest_beat_gap_s"] > 0 and isinstance(row["listener_nice"], int)
     # the headline is the coordinator's own CPU in each window, the harness's beside it
     assert row["recovery_coordinator_cpu_s"] == row["recovery_window"]["coordinator_cpu_s"]
     assert row["steady_control_cpu"] == pytest.approx(row["steady_cpu"] + row["steady_listener_cpu"], abs=2e-4)
@@ -51,7 +53,8 @@ def test_the_coordinator_carries_64_simulated_workers_through_every_scenario(tmp
     assert cells[0] == "64" and cells[4] == f"{row['recovery_coordinator_cpu_s']:g}"
     assert cells[5] == f"{row['recovery_window']['simulated_workers_cpu_s']:g}"
     assert any(line.startswith("  goal at 64: recovery_coordinator_cpu_s") for line in table)
-    assert any(line.startswith(f"  beats at 64: {row['lost_to_silence']} workers lost to silence") for line in table)
+    beats = [line for line in table if line.startswith(f"  beats at 64: {row['lost_to_silence']} workers lost to silence")]
+    assert len(beats) == 1 and f"the simulated beats' longest gap {row['sim_longest_beat_gap_s']:g} s" in beats[0]
 
 
 def test_bad_arguments_are_one_line_each_before_anything_starts(tmp_path):

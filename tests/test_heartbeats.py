@@ -8,11 +8,14 @@ import sys
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from elastic_zero.cpu_waits import StillnessMeter, run_queue_wait_ms
 from elastic_zero.wire.beat_drain import DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, drain_wait_s, socket_drops
-from elastic_zero.wire.heartbeats import (PHASES, PROGRESS, HeartbeatListener, HeartbeatSender, Progress, ProgressBoard,
-                                          beat_token, beating_started, start_beat_process)
+from elastic_zero.wire.beat_listener import HeartbeatListener
+from elastic_zero.wire.heartbeats import (PHASES, POSITION_FIELDS, PROGRESS, HeartbeatSender, Progress, ProgressBoard,
+                                          beat_token, beating_started, field_bytes, start_beat_process)
 
 pytestmark = pytest.mark.unit
 
@@ -180,6 +183,93 @@ def test_a_coordinator_that_holds_its_gil_loses_no_beats():
         sys.setswitchinterval(interval)
         beating.join()
         listener.close()
+
+
+# a coordinator's listener in a process of its own (the test stops and resumes it): it tells its port and
+# its drain's pid, then, until told to report, looks for silent members as the coordinator does
+_WATCHING_COORDINATOR = """
+import fcntl, sys, threading, time
+from elastic_zero.plan.liveness import silent_members
+from elastic_zero.wire.beat_listener import HeartbeatListener
+listener = HeartbeatListener("127.0.0.1", b"s" * 32, buffer_bytes=131072)
+fcntl.fcntl(listener._drain.stdout.fileno(), 1031, 4096)  # F_SETPIPE_SZ: a frame or two fill its pipe
+print(listener.port, listener.drain_pid, flush=True)
+most = [0]
+def watch():
+    while len(listener.heard) < int(sys.argv[1]):
+        time.sleep(0.005)
+    print("all heard", flush=True)
+    while True:
+        read_until = listener.read_until  # first, as the coordinator: what was heard is then at least as new
+        most[0] = max(most[0], len(silent_members(listener.heard, list(listener.heard), read_until, 1.0)[0]))
+        time.sleep(0.005)
+threading.Thread(target=watch, daemon=True).start()
+sys.stdin.readline()
+print(most[0], len(listener.heard), listener.dropped, listener.overflows, flush=True)
+listener.close()
+"""
+
+
+def test_beats_dropped_while_the_drain_waited_for_the_coordinator_make_nobody_look_silent():
+    """Seen at 1,024 simulated workers: the coordinator stalled (its pipe from the drain full, drains
+    folded), then the drain process paused while the socket overflowed, filled by some hosts' beats
+    and dropping the others'. The folded frame, written when the coordinator read again, carried the
+    drops counted by then but the time of a drain before them: every member counted heard at that
+    older drain, and the next drain, which held only the first hosts' beats, told of no drops; 616
+    live workers were declared silent. Here host a fills the socket while the drain pauses, host b
+    beats into the full socket after it, and nobody beats once the drain resumes. Oracle: the silence
+    rule, looked at every 5 ms, finds nobody (before the fix: host b's 100 workers)."""
+    coordinator = subprocess.Popen([sys.executable, "-c", _WATCHING_COORDINATOR, "200"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+    port, drain_pid = map(int, coordinator.stdout.readline().split())
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    hosts = [context.Process(target=_beat_until, args=(port, [f"{h}{i}" for i in range(100)], stop), daemon=True)
+             for h in "ab"]
+    for host in hosts:
+        host.start()
+    stopped = [coordinator.pid, drain_pid, hosts[1].pid]
+    try:
+        assert coordinator.stdout.readline() == "all heard\n"
+        time.sleep(0.3)
+        os.kill(coordinator.pid, signal.SIGSTOP)  # the coordinator stalls: the drains fold, its pipe full
+        time.sleep(0.5)
+        os.kill(drain_pid, signal.SIGSTOP)  # then the drain pauses, and only host a beats: the socket fills
+        os.kill(hosts[1].pid, signal.SIGSTOP)
+        time.sleep(0.8)
+        os.kill(hosts[1].pid, signal.SIGCONT)  # host b's beats find it full: dropped
+        time.sleep(0.3)
+        stop.set()  # nobody beats after the pause: the first drain after it is the last to hear anyone
+        time.sleep(0.1)
+        os.kill(coordinator.pid, signal.SIGCONT)  # the coordinator reads again, the drain still paused
+        time.sleep(0.3)
+        os.kill(drain_pid, signal.SIGCONT)
+        time.sleep(1.0)
+        coordinator.stdin.write("report\n")
+        coordinator.stdin.flush()
+        most_silent, heard, dropped, overflows = map(int, coordinator.stdout.readline().split())
+        assert heard == 200 and dropped > 0 and overflows > 0  # the scenario happened: beats were lost
+        assert most_silent == 0, f"{most_silent} live members looked silent"
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        coordinator.kill()
+        coordinator.wait()
+        stop.set()
+        for host in hosts:
+            host.join()
+
+
+def _beat_until(port: int, ids: list, stop) -> None:
+    sender = HeartbeatSender("127.0.0.1", port, beat_token(b"s" * 32))
+    while not stop.is_set():
+        began = time.monotonic()
+        for actor_id in ids:
+            sender.beat(actor_id)
+        stop.wait(max(0.0, 0.1 - (time.monotonic() - began)))
 
 
 def test_a_drain_process_that_dies_is_known_and_a_closed_listener_is_not_taken_for_one():
@@ -446,6 +536,22 @@ def test_the_listener_notes_when_each_members_position_last_changed():
         listener.close()
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.tuples(*[st.integers(-2**63, 2**63 - 1)] * 8, st.integers(0, 255), st.integers(0, 255)),
+       st.lists(st.integers(0, 9), max_size=3), st.integers(-2**63, 2**63 - 1))
+def test_the_drain_tells_a_move_by_the_position_bytes_exactly_when_the_position_changed(fields, changed, value):
+    """The drain compares a beat's position as bytes (beat_drain.py); the coordinator's Progress says
+    what a position is. Oracle: two beats' bytes at POSITION_FIELDS' ranges are equal iff their
+    Progress positions are."""
+    other = list(fields)
+    for i in changed:  # some fields changed, a byte's worth where the field is one
+        other[i] = (value & 0xFF) if i >= 8 else value
+    a, b = PROGRESS.pack(*fields), PROGRESS.pack(*other)
+    spans = field_bytes(PROGRESS.format, POSITION_FIELDS)
+    same_bytes = all(a[start:end] == b[start:end] for start, end in spans)
+    assert same_bytes == (Progress(*PROGRESS.unpack(a)).position == Progress(*PROGRESS.unpack(b)).position)
+
+
 def test_the_listener_tells_how_long_a_member_waited_for_a_cpu_while_it_stood_still():
     listener = HeartbeatListener("127.0.0.1", b"s" * 32)
     sender = HeartbeatSender("127.0.0.1", listener.port, beat_token(b"s" * 32))
@@ -528,3 +634,26 @@ def test_a_tick_moves_the_marks_and_keeps_the_phases_count_of_collectives():
     board.collective()
     board.tick()  # a micro batch: a move, and still one collective into the phase
     assert reader.read() == (1, 3, 3, PHASES.index("compute"), 1)  # marks: created, compute, the tick
+
+
+def test_the_drain_and_the_beats_run_ahead_of_their_node_where_the_kernel_allows_it():
+    """A drain or a beat that comes late looks like a vanished node. Where this process may raise a
+    priority (root, CAP_SYS_NICE), the listener's drain runs at AHEAD_NICE and so does its session's
+    autogroup (the kernel weighs sessions first); where it may not, both run as any other process."""
+    from elastic_zero.wire.beat_drain import AHEAD_NICE
+
+    allowed = subprocess.run([sys.executable, "-c", "import os; os.setpriority(os.PRIO_PROCESS, 0, -1)"]).returncode == 0
+    listener = HeartbeatListener("127.0.0.1", b"s" * 32)
+    try:
+        assert listener.drain_nice == (AHEAD_NICE if allowed else os.getpriority(os.PRIO_PROCESS, 0))
+        if allowed and os.path.exists(f"/proc/{listener.drain_pid}/autogroup"):
+            assert open(f"/proc/{listener.drain_pid}/autogroup").read().split()[-1] == str(AHEAD_NICE)
+    finally:
+        listener.close()
+    beats = start_beat_process("127.0.0.1", 9, beat_token(b"s" * 32), "w0", 0.1)
+    try:
+        assert beating_started(beats, 10.0)
+        assert os.getpriority(os.PRIO_PROCESS, beats.pid) == (AHEAD_NICE if allowed else os.getpriority(os.PRIO_PROCESS, 0))
+    finally:
+        beats.stdin.close()
+        beats.wait(10)

@@ -230,6 +230,7 @@ def _scenario(n: int, per_node: int, steady_s: float, hosts: list, host_pids: li
     row["listener_longest_pause_s"] = liveness["listener_longest_pause_s"]
     row["listener_longest_lag_s"] = liveness["listener_longest_lag_s"]
     row["beats_dropped"], row["listener_overflows"] = liveness["beats_dropped"], liveness["listener_overflows"]
+    row["listener_nice"] = liveness["listener_nice"]
 
     # a stop
     stop_at = time.time()

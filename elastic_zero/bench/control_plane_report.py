@@ -60,7 +60,9 @@ def format_control_plane(report: dict) -> str:
                          f"{r['silence_decisions']} decisions (the scenario freezes one node); the listener counted "
                          f"{r['beats_dropped']} dropped; the machine's drops: input queues {drops.get('backlog')}, "
                          f"UDP receive buffers {drops.get('rcvbuf_errors')}; sends refused "
-                         f"{r['sim_beats_refused']}")
+                         f"{r['sim_beats_refused']}; the simulated beats' longest gap {_cell(r.get('sim_longest_beat_gap_s'))} s "
+                         f"(past the timeout, a silence is the harness's), the listener's drain's longest pause "
+                         f"{_cell(r.get('listener_longest_pause_s'))} s at niceness {_cell(r.get('listener_nice'))}")
     real = report.get("real_jobs")
     if real:
         cpu = ", ".join(f"{n} workers {v:g}" for n, v in real["coordinator_cpu"].items())

@@ -3,10 +3,10 @@ its cloud's metadata server (no extra process); Ray's drains are read here for t
 a notice for a node names the job's workers there (the coordinator has them hand their shards over
 at the next safe point), keeps new workers off that node, and, once the node's workers are gone,
 is acknowledged where the cloud wants it (Azure). The heartbeats (wire/heartbeats.py) are heard
-here: a participant whose beats stopped (its node vanished) is found silent, and its node is kept
-out of new placements for a while; one whose beats say its training stopped behind its peers'
-(plan/stuck.py) is found stuck, its node kept. What is found is returned (Silence, Stuck); the
-coordinator counts the lost and recovers."""
+here (wire/beat_listener.py): a participant whose beats stopped (its node vanished) is found
+silent, and its node is kept out of new placements for a while; one whose beats say its training
+stopped behind its peers' (plan/stuck.py) is found stuck, its node kept. What is found is returned
+(Silence, Stuck); the coordinator counts the lost and recovers."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from elastic_zero.plan.liveness import next_look_at, next_silence_at, nodes_gone
 from elastic_zero.plan.stuck import Where, judged_members, still_past, stuck_bound_s, stuck_members
 from elastic_zero.preemption.notices import Notice
 from elastic_zero.preemption.ray_drain import RayDrains
-from elastic_zero.wire.heartbeats import HeartbeatListener
+from elastic_zero.wire.beat_listener import HeartbeatListener
 
 NODE_ID_LABEL = "ray.io/node-id"
 ACK_TIMEOUT_S = 5.0
@@ -76,7 +76,8 @@ class NodeWatch:
         longest a drain waited to be applied here (the coordinator busy)."""
         return {"heard": len(self._heard), "listener_longest_pause_s": round(self.heartbeats.longest_pause_s, 3),
                 "listener_longest_lag_s": round(self.heartbeats.longest_lag_s, 3),
-                "beats_dropped": self.heartbeats.dropped, "listener_overflows": self.heartbeats.overflows}
+                "beats_dropped": self.heartbeats.dropped, "listener_overflows": self.heartbeats.overflows,
+                "listener_nice": self.heartbeats.drain_nice}
 
     def _watch_ray_drains(self) -> None:
         drains = RayDrains()

@@ -19,9 +19,9 @@ from elastic_zero.coordinator.memory_rules import min_workers
 def ask_for_safe_point_if_needed(state, reason: str, now: float):
     """(state, commands, reason) once members must leave or ready workers could join: a safe point
     asked for, a checkpoint instead when leaving now would lose shards, or a wait."""
-    wants = state.leaving or (state.ready and len(state.staying()) < state.target)
+    wants = state.leaving or (state.ready and state.staying_count() < state.target)
     least = min_workers(state)
-    if wants and len(state.staying()) + len(state.ready) < least:
+    if wants and state.staying_count() + len(state.ready) < least:
         reason = f"{reason}: leavers wait for replacements (min_workers {state.min_workers}" + \
             (f"; memory needs {least})" if least > state.min_workers else ")")
         number = state.generation.number if state.generation is not None else None
@@ -31,7 +31,7 @@ def ask_for_safe_point_if_needed(state, reason: str, now: float):
                 f"{reason}; a shard has no replica outside the leavers: checkpoint now"
         return state, (), reason
     if state.running and wants and not state.safe_point_requested:
-        if not state.leaving and state.spawning > 0 and len(state.staying()) + len(state.ready) < state.target:
+        if not state.leaving and state.spawning > 0 and state.staying_count() + len(state.ready) < state.target:
             # joiners only (nobody has to go): those still starting may join at the same safe point,
             # one stall instead of one each, if they are ready within the window (not when the ready
             # ones fill the target: those starting would be standby workers, who join nothing)

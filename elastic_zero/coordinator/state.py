@@ -110,6 +110,13 @@ class CoordinatorState:
         leaving = set(self.leaving)  # (a set: at 1,024 members, `in` a tuple of leavers made this quadratic)
         return tuple(a for a in self.members() if a not in leaving)
 
+    def staying_count(self) -> int:
+        """len(staying()), in O(1) while nobody leaves: the rules ask for it at every hello, and 64
+        hellos at 1,024 members built 64 x 3 tuples of 1,024 (a fifth of the loop's GIL time then)."""
+        if not self.leaving:
+            return len(self.generation.members) if self.generation else 0
+        return len(self.staying())
+
 
 def decide(state: CoordinatorState, event: Event, now: float) -> Decision:
     """The next state, the commands to carry out, and why."""
@@ -231,7 +238,7 @@ def _on_start_failure(state, event: WorkerStartFailed):
     MAX_START_LOSSES times in a row."""
     state = replace(state, spawning=max(0, state.spawning - 1))
     message = f"worker {event.actor_id} failed to start: {event.error}"
-    have = len(state.staying()) + len(state.ready) + state.spawning
+    have = state.staying_count() + len(state.ready) + state.spawning
     if state.generation is not None and state.standby and have >= state.target and not event.lost:
         # it was to stand by: the job trains on without it, and without standby workers from now on
         return replace(state, standby=max(0, have - state.target), errors_seen=state.errors_seen | {event.error}), \
@@ -260,7 +267,7 @@ def _on_scale(state, workers, now):
     if workers < len(staying):  # the highest ranks leave
         leavers = tuple(staying[workers:])
         state = replace(state, leaving=state.leaving + leavers)
-    surplus = len(state.staying()) + len(state.ready) - workers - state.standby  # the standby stay
+    surplus = state.staying_count() + len(state.ready) - workers - state.standby  # the standby stay
     if surplus > 0 and state.ready:
         drop = state.ready[len(state.ready) - min(surplus, len(state.ready)) :]
         state = replace(state, ready=state.ready[: len(state.ready) - len(drop)])

@@ -26,7 +26,7 @@ def fitted(state, plan: GenerationPlan) -> tuple[GenerationPlan, tuple]:
 
 def top_up(state):
     """Spawn workers up to the target (which never exceeds max_workers) and the standby beside it."""
-    missing = state.target + state.standby - (len(state.staying()) + len(state.ready) + state.spawning)
+    missing = state.target + state.standby - (state.staying_count() + len(state.ready) + state.spawning)
     if missing <= 0:
         return state, ()
     return replace(state, spawning=state.spawning + missing), (Spawn(missing),)

@@ -13,14 +13,18 @@ updates are applied in order, so nothing read is lost, only told late). It canno
 that gives it no CPU: on two cores at 1,024 simulated workers it still paused 1.5-3.7 s.
 
 Standard library only: heartbeats.py starts it by path (`python -I beat_drain.py <socket fd>`) with
-one line of JSON on its stdin (the beat token, the size of a beat's progress, the last-word flag,
-the socket's capacity in beats). It ends when its stdin ends (the coordinator is gone).
+one line of JSON on its stdin (the beat token, the size of a beat's progress and the byte ranges of
+its position, the last-word flag, the socket's capacity in beats). It ends when its stdin ends (the
+coordinator is gone).
 
 On its stdout, one frame per drain it could write (4 bytes of length, then a pickle): (the start of
-the latest drain it folds in, monotonic; the socket's drops so far; its longest pause so far;
-{drain start: [actor ids heard then]}; {actor id: progress bytes that changed}). Frames
-that could not be written at once (the coordinator not reading) are folded into the next: each id
-keeps the latest drain it was heard in, and its latest progress.
+the latest drain it folds in, monotonic; the socket's drops as that drain ended; its longest pause
+so far; {drain start: [actor ids heard then]}; {actor id: progress bytes that changed}; {actor id:
+the drain that read its position change}). The positions are compared here, bytes against bytes:
+at 1,024 workers whose steps move four times a second, the coordinator compared 4,096 pairs of
+tuples a second, on the GIL its loop needs. Frames that could
+not be written at once (the coordinator not reading) are folded into the next: each id keeps the
+latest drain it was heard in, its latest progress, and the latest drain it moved in.
 """
 
 from __future__ import annotations
@@ -40,6 +44,26 @@ MIN_DRAIN_WAIT_S = 0.002
 MAX_DATAGRAM = 512  # a token, the progress and an actor id
 _SO_MEMINFO = getattr(socket, "SO_MEMINFO", 55)  # Linux: nine u32 counters, the drops the ninth
 FRAME_HEAD = struct.Struct("<I")
+AHEAD_NICE = -5  # the niceness of the processes that must run on time (this drain, each worker's beats)
+
+
+def run_ahead(nice: int = AHEAD_NICE) -> bool:
+    """Have this process run ahead of its node's busy ones, where the kernel allows it (root or
+    CAP_SYS_NICE; a container without it runs it as any other): its niceness, and that of its session's
+    autogroup, since it runs in a session of its own and the kernel (sched_autogroup) weighs sessions
+    against each other before processes. A drain or a beat that comes late looks, at the coordinator,
+    like a node that vanished. Light work (a few us a beat) and mostly asleep, so it takes little from
+    the rest. Whether the kernel allowed it."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError:
+        return False
+    try:
+        with open("/proc/self/autogroup", "w") as fh:
+            fh.write(str(nice))
+    except OSError:  # no autogroups (a kernel without them, or turned off): the niceness is all
+        pass
+    return True
 
 
 def drain_wait_s(beats: int, over_s: float, capacity: int) -> float:
@@ -65,16 +89,26 @@ def socket_drops(sock: socket.socket) -> int:
 class _Pending:
     """What was read and not yet written to the coordinator: folded drain by drain."""
 
-    def __init__(self) -> None:
+    def __init__(self, drops: int = 0) -> None:
         self.heard: dict[str, float] = {}  # actor id -> the latest drain it was heard in
         self.changed: dict[str, bytes] = {}  # actor id -> its latest progress that differed from the one before
+        self.moved: dict[str, float] = {}  # actor id -> the latest drain that read its position changed
         self.latest = None  # the latest drain's start
+        self.drops = drops  # the socket's drops as the latest drain ended
 
-    def frame(self, drops: int, longest_pause_s: float) -> bytes:
+    def drained(self, started: float, drops: int) -> None:
+        """A drain that began at `started` is folded in; the socket had dropped `drops` when it ended.
+        The drops are read here, not when the frame is written: a frame that waited for the pipe would
+        carry the drops of the time since, and the coordinator would count every member heard at a
+        drain that ended before they happened, while the next drain, which lacks the lost beats, told
+        of no drops (seen at 1,024 simulated workers: 616 live workers declared silent)."""
+        self.latest, self.drops = started, drops
+
+    def frame(self, longest_pause_s: float) -> bytes:
         by_drain: dict[float, list[str]] = {}
         for actor_id, at in self.heard.items():
             by_drain.setdefault(at, []).append(actor_id)
-        body = pickle.dumps((self.latest, drops, longest_pause_s, by_drain, self.changed),
+        body = pickle.dumps((self.latest, self.drops, longest_pause_s, by_drain, self.changed, self.moved),
                             protocol=pickle.HIGHEST_PROTOCOL)
         return FRAME_HEAD.pack(len(body)) + body
 
@@ -83,13 +117,15 @@ def drain_forever(sock: socket.socket, config: dict, stdin_fd: int, stdout_fd: i
     token = bytes.fromhex(config["token"])
     n, last_word, capacity = len(token), config["last_word"], config["capacity"]
     head = n + config["progress_bytes"]
+    spans = [slice(start, end) for start, end in config["position_bytes"]]
     clock, recv = time.monotonic, sock.recv
     bodies: dict[bytes, bytes] = {}  # actor id (as sent) -> its latest progress bytes
+    positions: dict[bytes, bytes] = {}  # actor id (as sent) -> the position bytes of its latest progress
     names: dict[bytes, str] = {}  # actor id as sent -> as a str (decoded once)
     pending, unsent = _Pending(), b""
     wait, previous, longest_pause = DRAIN_EVERY_S, clock(), 0.0
-    pending.latest = clock()
-    os.write(stdout_fd, pending.frame(0, 0.0))  # ready: the coordinator waits for this first, empty drain
+    pending.drained(clock(), 0)
+    os.write(stdout_fd, pending.frame(0.0))  # ready: the coordinator waits for this first, empty drain
     pending = _Pending()
     os.set_blocking(stdout_fd, False)
     while True:
@@ -100,7 +136,7 @@ def drain_forever(sock: socket.socket, config: dict, stdin_fd: int, stdout_fd: i
         if can_write:
             unsent = _write(stdout_fd, unsent)
             if not unsent and pending.latest is not None:  # what was folded while the pipe was full
-                unsent, pending = _write(stdout_fd, pending.frame(socket_drops(sock), longest_pause)), _Pending()
+                unsent, pending = _write(stdout_fd, pending.frame(longest_pause)), _Pending(pending.drops)
         if clock() < previous + wait:
             continue
         started = clock()
@@ -123,9 +159,12 @@ def drain_forever(sock: socket.socket, config: dict, stdin_fd: int, stdout_fd: i
             body = datagram[n:head]
             if bodies.get(ident) != body:
                 bodies[ident] = pending.changed[actor_id] = body
-        pending.latest = started
+                position = b"".join([body[span] for span in spans])
+                if positions.get(ident) != position:  # its training moved (or is first heard of)
+                    positions[ident], pending.moved[actor_id] = position, started
+        pending.drained(started, socket_drops(sock))
         if not unsent:  # else folded into the next frame, once the pipe took this one
-            unsent, pending = _write(stdout_fd, pending.frame(socket_drops(sock), longest_pause)), _Pending()
+            unsent, pending = _write(stdout_fd, pending.frame(longest_pause)), _Pending(pending.drops)
         wait, previous = drain_wait_s(beats, started - previous, capacity), started
 
 
@@ -152,6 +191,7 @@ def read_frame(stream) -> tuple | None:
 
 
 if __name__ == "__main__":
+    run_ahead()
     config = json.loads(sys.stdin.buffer.readline())
     listener = socket.socket(fileno=int(sys.argv[1]))
     listener.setblocking(False)

@@ -6,17 +6,7 @@ CPU per call received, so 1,024 workers beating ten times a second would need th
 coordinator alone. A datagram costs the coordinator one recv and a dict write (about 2 us), and a
 lost datagram is just a missed beat: the timeout is several beats long.
 
-Why drained rather than read as each arrives: a thread woken for each beat cost the coordinator
-about 20 us a beat (7 us in a process of its own; the rest is its other threads' GIL), 211 us per
-second per worker at ten beats a second. Drained every DRAIN_EVERY_S, a few workers cost no more
-than one, and each beat a few us. Many workers fill the socket's buffer sooner (a kernel's
-default holds about 500 beats: 50 ms of 1,024 workers'), so the wait shrinks with the rate of
-beats (drain_wait_s). The drains run in a process of the listener's own (beat_drain.py), not in a
-thread of the coordinator, whose GIL its loop holds for seconds when the world changes: a listener
-late by more than its buffer loses beats, and live workers look silent. A drain is applied to
-`heard` stamped with when it began: after a stall every beat it then reads looks fresh together,
-and no worker looks silent beside others only because its beat was read later in the same drain
-(seen at 1,024 simulated workers: 238 declared lost in one go).
+The coordinator's side, the listener, is beat_listener.py.
 
 A beat is the job's beat token, the worker's progress and its actor id. The token is derived from
 the job's rendezvous secret (which never leaves Ray), so a datagram from outside the job is dropped;
@@ -48,17 +38,16 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 from elastic_zero.wire import beat_drain
-from elastic_zero.wire.beat_drain import read_frame
 
 TOKEN_BYTES = 16
 # after the token: generation, steps done, marks, the worker's RSS and its peak (VmHWM since its
 # last reset), its node's used memory, the collectives entered since the last mark, how long its
 # process waited for a CPU while its training stood still (ms: cpu_waits.StillnessMeter), phase, flags
 PROGRESS = struct.Struct("<qqqqqqqqBB")
+POSITION_FIELDS = (0, 1, 2, 6, 8)  # where training is: the generation, steps, marks, collectives, phase
 LAST_WORD = 1  # flag: the worker's process has ended; this is the board as it left it
 # what a worker's training thread does now (the board's phase, by index)
 PHASES = ("starting", "entering", "data", "compute", "agree", "update", "commit", "save", "eval", "idle")
@@ -68,102 +57,16 @@ _BOARD = struct.Struct("<Qqqqqq")
 _COUNT = struct.Struct("<q")
 NO_PROGRESS = (-1, -1, 0, 0, 0)  # (generation, steps, marks, phase index, collectives since the mark)
 NODE_MEMORY_EVERY_S = 0.5  # how often a beat process reads its node's used memory (its worker's at every beat)
-DRAIN_START_TIMEOUT_S = 30.0  # a Python's start on a loaded machine
-BEAT_BUFFER_BYTES = 2048  # what a beat takes of the socket's buffer, generously (Linux: about 830)
+
+
+def field_bytes(layout: str, fields) -> list[list[int]]:
+    """The byte ranges [start, end) of the `fields` (indices) of a struct `layout` such as PROGRESS's."""
+    order, codes = layout[0], layout[1:]
+    return [[struct.calcsize(order + codes[:i]), struct.calcsize(order + codes[:i + 1])] for i in fields]
 
 
 def beat_token(secret: bytes) -> bytes:
     return hmac.new(secret, b"elastic-zero heartbeat", hashlib.sha256).digest()[:TOKEN_BYTES]
-
-
-class HeartbeatListener:
-    """The coordinator's side: a UDP socket on the node's cluster address, drained every DRAIN_EVERY_S
-    or sooner by a process of its own (beat_drain.py), and a thread that applies what each drain read.
-    `heard` maps actor id -> time.monotonic() at the start of the drain that read its latest beat: at
-    most a drain's wait after the beat came. `read_until` is the start of the latest drain applied:
-    every beat sent before it has been read (or was dropped, and then every member counts as heard),
-    so a silence is measured up to it, not up to the clock's now: a coordinator too busy to apply the
-    drains has not yet taken the beats of the time since, and the members would look silent for that
-    time. Nothing read is lost meanwhile: the drains wait in the pipe, folded together."""
-
-    def __init__(self, host: str, secret: bytes, buffer_bytes: int = 8 << 20) -> None:
-        """`buffer_bytes`: the socket's receive buffer (8 MiB: about 10,000 beats, a second of 1,024 workers')."""
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_DGRAM)  # kept here for its drop count; read there only
-        want = buffer_bytes
-        try:  # past the kernel's cap (net.core.rmem_max), where the process may
-            self._sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", socket.SO_RCVBUF), want)
-        except OSError:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, want)
-        self.capacity = max(1, self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // BEAT_BUFFER_BYTES)
-        self._sock.bind((host, 0))
-        self.port = self._sock.getsockname()[1]
-        self.heard: dict[str, float] = {}
-        # actor id -> Progress of its latest beat (the last word of an ended worker's beat process)
-        self.progress: dict[str, Progress] = {}
-        # actor id -> when its progress last moved (a beat whose position differed from its previous one's)
-        self.moved: dict[str, float] = {}
-        self.longest_pause_s = 0.0  # the longest a drain came later than planned (the drain process's)
-        self.longest_lag_s = 0.0  # the longest from a drain's start until it was applied here
-        self.dropped = 0  # beats the kernel dropped, its buffer full (socket_drops)
-        self.overflows = 0  # drains after which every member was presumed heard, beats having been dropped
-        self.read_until = time.monotonic()
-        self.ended = False  # the drain process ended while the listener was open: nothing is heard any more
-        self._closing = False
-        # in a session of its own, as a worker's beat process: where the kernel groups processes by session
-        # (autogroup), its share of the CPU is its own, not one thread's among the coordinator's
-        self._drain = subprocess.Popen([sys.executable, "-I", beat_drain.__file__, str(self._sock.fileno())],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._sock.fileno(),),
-                                       start_new_session=True)
-        self._drain.stdin.write(json.dumps({"token": beat_token(secret).hex(), "progress_bytes": PROGRESS.size,
-                                            "last_word": LAST_WORD, "capacity": self.capacity}).encode() + b"\n")
-        self._drain.stdin.flush()
-        # ready once its first (empty) drain is here: a beat sent after this returns is read on time
-        started = select.poll()  # (not select(): a coordinator may hold descriptors past its limit of 1,024)
-        started.register(self._drain.stdout, select.POLLIN)
-        if not started.poll(DRAIN_START_TIMEOUT_S * 1000) or read_frame(self._drain.stdout) is None:
-            self.close()
-            raise RuntimeError(f"the heartbeat listener's drain process did not start within {DRAIN_START_TIMEOUT_S:g} s")
-        threading.Thread(target=self._apply_drains, daemon=True, name="heartbeats").start()
-
-    @property
-    def drain_pid(self) -> int:
-        return self._drain.pid
-
-    def _apply_drains(self) -> None:
-        unpack = PROGRESS.unpack
-        while (frame := read_frame(self._drain.stdout)) is not None:
-            latest, dropped, self.longest_pause_s, heard_by_drain, changed = frame
-            # one update each (atomic under the GIL): readers see all of a frame or none of it
-            if dropped > self.dropped:  # whose beats were lost is unknown: nobody's silence counts across it
-                self.dropped, self.overflows = dropped, self.overflows + 1
-                self.heard.update(dict.fromkeys(self.heard, latest))
-            for at in sorted(heard_by_drain):
-                self.heard.update(dict.fromkeys(heard_by_drain[at], at))
-            told = {a: Progress(*unpack(body)) for a, body in changed.items()}
-            before = self.progress
-            self.moved.update({a: latest for a, p in told.items() if a not in before or before[a].position != p.position})
-            self.progress.update(told)
-            self.read_until = latest  # after heard: a reader never sees it ahead of what was read
-            self.longest_lag_s = max(self.longest_lag_s, time.monotonic() - latest)
-        self.ended = not self._closing
-
-    def starved_s(self, actor_id: str) -> float:
-        """How long `actor_id`'s process waited for a CPU since its training last moved, as its latest
-        beat said (cpu_waits.StillnessMeter; 0: not known)."""
-        progress = self.progress.get(actor_id)
-        return progress.waited_ms / 1000 if progress is not None else 0.0
-
-    def close(self) -> None:
-        self._closing = True
-        self._drain.stdin.close()  # its end: the drain process exits at once
-        try:
-            self._drain.wait(5)
-        except subprocess.TimeoutExpired:
-            self._drain.kill()
-            self._drain.wait()
-        self._drain.stdout.close()
-        self._sock.close()
 
 
 class Progress(tuple):
@@ -188,7 +91,7 @@ class Progress(tuple):
     phase = property(lambda self: PHASES[self[8]] if self[8] < len(PHASES) else "?")
     last_word = property(lambda self: bool(self[9] & LAST_WORD))
     # where its training is: any change of it is a move (the memory figures and the waits are not)
-    position = property(lambda self: (self[0], self[1], self[2], self[6], self[8]))
+    position = property(lambda self: tuple(self[i] for i in POSITION_FIELDS))
 
 
 class ProgressBoard:
@@ -305,7 +208,8 @@ def start_beat_process(host: str, port: int, token: bytes, actor_id: str, every_
     is found by the progress its beats carry (plan/stuck.py).
 
     It ignores SIGTERM and SIGINT, in a session of its own: a worker told to go by SIGTERM keeps
-    beating through its grace period, while it hands its shard over.
+    beating through its grace period, while it hands its shard over. It runs ahead of its worker where
+    the kernel allows it (beat_drain.run_ahead).
 
     Its first beat is sent before it says so on its stdout (beating_started): a worker's hello waits
     for that, because the coordinator counts a member's silence from the generation it joins. A
@@ -334,6 +238,7 @@ def _beat_process() -> None:
     """start_beat_process's side: a beat every `every_s` until its stdin ends (the worker is gone)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    beat_drain.run_ahead()  # a beat late looks like a vanished node: ahead of its worker where allowed
     config = json.loads(sys.stdin.buffer.readline() or b"null")
     if not config:  # the worker went before it said where to beat
         return
