@@ -51,9 +51,10 @@ def run_ahead(nice: int = AHEAD_NICE) -> bool:
     """Have this process run ahead of its node's busy ones, where the kernel allows it (root or
     CAP_SYS_NICE; a container without it runs it as any other): its niceness, and that of its session's
     autogroup, since it runs in a session of its own and the kernel (sched_autogroup) weighs sessions
-    against each other before processes. A drain or a beat that comes late looks, at the coordinator,
-    like a node that vanished. Light work (a few us a beat) and mostly asleep, so it takes little from
-    the rest. Whether the kernel allowed it."""
+    against each other before processes. Otherwise it keeps its parent's: Ray starts its workers, the
+    coordinator among them, at niceness 15 (worker_niceness). A drain or a beat that comes late looks,
+    at the coordinator, like a node that vanished. Light work (a few us a beat) and mostly asleep, so
+    it takes little from the rest. Whether the kernel allowed it."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     except OSError:
