@@ -154,7 +154,7 @@ class NodeWatch:
                 if p.last_word and p.generation == generation}
 
     def beats(self) -> dict:
-        """actor id -> heartbeats.Progress of its latest beat."""
+        """actor id -> heartbeats.Progress of its latest beat (a beat_listener.ProgressBook: a read-only mapping)."""
         return self.heartbeats.progress
 
     # ---- nodes -------------------------------------------------------------------------------------

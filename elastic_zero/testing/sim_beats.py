@@ -31,7 +31,6 @@ def beat_for_host(conn, host: str, port: int, secret: bytes, step_s: float, long
     run_ahead(BEAT_NICE)
 
     sender, beating, last = HeartbeatSender(host, port, beat_token(secret)), [], time.monotonic()
-    last_done = last  # when the previous round's last beat went
     clocks: dict[str, tuple[int, int, float]] = {}  # actor id -> (its generation, the first step, when it began)
     compute = PHASES.index("compute")
     while True:
@@ -57,10 +56,8 @@ def beat_for_host(conn, host: str, port: int, secret: bytes, step_s: float, long
 
         failed = sum(not sender.beat(actor_id, progress(actor_id)) for actor_id in beating)
         # a worker's gap between two beats: from its place in one round to its place in the next, at
-        # most the longer of the rounds' starts' and ends' distances (a starved round takes long to send)
-        done = time.monotonic()
-        longest_gap.value = max(longest_gap.value, now - previous_start, done - last_done)
-        last_done = done
+        # most from the previous round's start to this one's end (a starved round takes long to send)
+        longest_gap.value = max(longest_gap.value, time.monotonic() - previous_start)
         if failed:  # said, not swallowed: a beat lost here looks like a silent worker there
             refused.value += failed
         time.sleep(max(0.0, last + HEARTBEAT_EVERY_S - time.monotonic()))

@@ -12,13 +12,13 @@ the kernel whatever the coordinator's GIL does; what it read waits in a pipe unt
 updates are applied in order, so nothing read is lost, only told late). It cannot help a machine
 that gives it no CPU: on two cores at 1,024 simulated workers it still paused 1.5-3.7 s.
 
-Standard library only: heartbeats.py starts it by path (`python -I beat_drain.py <socket fd>`) with
+Standard library only: beat_listener.py starts it by path (`python -I beat_drain.py <socket fd>`) with
 one line of JSON on its stdin (the beat token, the size of a beat's progress and the byte ranges of
 its position, the last-word flag, the socket's capacity in beats). It ends when its stdin ends (the
 coordinator is gone).
 
 On its stdout, one frame per drain it could write (4 bytes of length, then a pickle): (the start of
-the latest drain it folds in, monotonic; the socket's drops as that drain ended; its longest pause
+the latest drain it folds in, monotonic; the socket's drops as that drain began; its longest pause
 so far; {drain start: [actor ids heard then]}; {actor id: progress bytes that changed}; {actor id:
 the drain that read its position change}). The positions are compared here, bytes against bytes:
 at 1,024 workers whose steps move four times a second, the coordinator compared 4,096 pairs of
@@ -45,25 +45,31 @@ MAX_DATAGRAM = 512  # a token, the progress and an actor id
 _SO_MEMINFO = getattr(socket, "SO_MEMINFO", 55)  # Linux: nine u32 counters, the drops the ninth
 FRAME_HEAD = struct.Struct("<I")
 AHEAD_NICE = -5  # the niceness of the processes that must run on time (this drain, each worker's beats)
+AUTOGROUP_TRIES = 5
 
 
 def run_ahead(nice: int = AHEAD_NICE) -> bool:
-    """Have this process run ahead of its node's busy ones, where the kernel allows it (root or
-    CAP_SYS_NICE; a container without it runs it as any other): its niceness, and that of its session's
-    autogroup, since it runs in a session of its own and the kernel (sched_autogroup) weighs sessions
-    against each other before processes. Otherwise it keeps its parent's: Ray starts its workers, the
-    coordinator among them, at niceness 15 (worker_niceness). A drain or a beat that comes late looks,
-    at the coordinator, like a node that vanished. Light work (a few us a beat) and mostly asleep, so
-    it takes little from the rest. Whether the kernel allowed it."""
+    """Have this process run ahead of its node's busy ones, where the kernel allows it (root, or
+    CAP_SYS_NICE; a container without it runs it as any other): its niceness, and that of its
+    session's autogroup, since it runs in a session of its own and the kernel (sched_autogroup, for
+    processes in the root cpu cgroup) weighs sessions against each other before processes. Otherwise
+    it keeps its parent's: Ray starts its workers, the coordinator among them, at niceness 15
+    (worker_niceness). A drain or a beat that comes late looks, at the coordinator, like a node that
+    vanished. Light work (a few us a beat) and mostly asleep, so it takes little from the rest.
+    Whether the kernel allowed the niceness."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     except OSError:
         return False
-    try:
-        with open("/proc/self/autogroup", "w") as fh:
-            fh.write(str(nice))
-    except OSError:  # no autogroups (a kernel without them, or turned off): the niceness is all
-        pass
+    for _ in range(AUTOGROUP_TRIES):
+        try:
+            with open("/proc/self/autogroup", "w") as fh:
+                fh.write(str(nice))
+            break
+        except BlockingIOError:  # one such write per 100 ms on the machine without CAP_SYS_ADMIN
+            time.sleep(0.11)
+        except OSError:  # no autogroups (a kernel without them, or turned off): the niceness is all
+            break
     return True
 
 
@@ -95,11 +101,11 @@ class _Pending:
         self.changed: dict[str, bytes] = {}  # actor id -> its latest progress that differed from the one before
         self.moved: dict[str, float] = {}  # actor id -> the latest drain that read its position changed
         self.latest = None  # the latest drain's start
-        self.drops = drops  # the socket's drops as the latest drain ended
+        self.drops = drops  # the socket's drops as the latest drain began
 
     def drained(self, started: float, drops: int) -> None:
-        """A drain that began at `started` is folded in; the socket had dropped `drops` when it ended.
-        The drops are read here, not when the frame is written: a frame that waited for the pipe would
+        """A drain that began at `started` is folded in; the socket had dropped `drops` when it began.
+        The drops are taken here, not when the frame is written: a frame that waited for the pipe would
         carry the drops of the time since, and the coordinator would count every member heard at a
         drain that ended before they happened, while the next drain, which lacks the lost beats, told
         of no drops (seen at 1,024 simulated workers: 616 live workers declared silent)."""
@@ -140,6 +146,10 @@ def drain_forever(sock: socket.socket, config: dict, stdin_fd: int, stdout_fd: i
                 unsent, pending = _write(stdout_fd, pending.frame(longest_pause)), _Pending(pending.drops)
         if clock() < previous + wait:
             continue
+        # the drops before the drain's start, read first: each is told with a drain that began after it,
+        # so that none makes members heard at a moment before their beats were lost (a drop counted
+        # after the reads, the process paused meanwhile, stamped the drain's start ahead of it)
+        drops = socket_drops(sock)
         started = clock()
         longest_pause = max(longest_pause, started - previous - wait)
         beats, said = 0, {}
@@ -163,7 +173,7 @@ def drain_forever(sock: socket.socket, config: dict, stdin_fd: int, stdout_fd: i
                 position = b"".join([body[span] for span in spans])
                 if positions.get(ident) != position:  # its training moved (or is first heard of)
                     positions[ident], pending.moved[actor_id] = position, started
-        pending.drained(started, socket_drops(sock))
+        pending.drained(started, drops)
         if not unsent:  # else folded into the next frame, once the pipe took this one
             unsent, pending = _write(stdout_fd, pending.frame(longest_pause)), _Pending(pending.drops)
         wait, previous = drain_wait_s(beats, started - previous, capacity), started

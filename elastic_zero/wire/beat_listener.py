@@ -106,7 +106,7 @@ class HeartbeatListener:
             # one update each (atomic under the GIL): readers see all of a frame or none of it
             for at in sorted(heard_by_drain):
                 self.heard.update(dict.fromkeys(heard_by_drain[at], at))
-            if dropped > self.dropped:  # beats were lost by the time the latest drain ended, whose is unknown:
+            if dropped > self.dropped:  # beats were lost before the latest drain began, whose is unknown:
                 self.dropped, self.overflows = dropped, self.overflows + 1  # nobody's silence counts across it
                 self.heard.update(dict.fromkeys(self.heard, latest))  # (after the drains: none left earlier)
             self.progress.raw.update(changed)  # unpacked when read
