@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import ray
@@ -153,8 +154,8 @@ class NodeWatch:
         return {a: p.steps for a, p in list(self.heartbeats.progress.items())
                 if p.last_word and p.generation == generation}
 
-    def beats(self) -> dict:
-        """actor id -> heartbeats.Progress of its latest beat (a beat_listener.ProgressBook: a read-only mapping)."""
+    def beats(self) -> Mapping:
+        """actor id -> heartbeats.Progress of its latest beat (a beat_listener.ProgressBook, read-only)."""
         return self.heartbeats.progress
 
     # ---- nodes -------------------------------------------------------------------------------------

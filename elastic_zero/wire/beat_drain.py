@@ -10,21 +10,22 @@ look silent: at 1,024 simulated workers on two cores the listener thread's longe
 hundreds (the job started over from step 0). This process sleeps between drains and is woken by
 the kernel whatever the coordinator's GIL does; what it read waits in a pipe until the coordinator takes it (a drain's
 updates are applied in order, so nothing read is lost, only told late). It cannot help a machine
-that gives it no CPU: on two cores at 1,024 simulated workers it still paused 1.5-3.7 s.
+that gives it no CPU: on two cores at 1,024 simulated workers it still paused 1.5-3.7 s at the
+niceness it inherits (Ray's 15), and 0.1-0.4 s run ahead (run_ahead).
 
-Standard library only: beat_listener.py starts it by path (`python -I beat_drain.py <socket fd>`) with
-one line of JSON on its stdin (the beat token, the size of a beat's progress and the byte ranges of
-its position, the last-word flag, the socket's capacity in beats). It ends when its stdin ends (the
-coordinator is gone).
+Standard library only: beat_listener.py starts it by path (`python -I beat_drain.py <socket fd>`)
+with one line of JSON on its stdin (the beat token, the size of a beat's progress and the byte
+ranges of its position, the last-word flag, the socket's capacity in beats). It ends when its stdin
+ends (the coordinator is gone).
 
 On its stdout, one frame per drain it could write (4 bytes of length, then a pickle): (the start of
 the latest drain it folds in, monotonic; the socket's drops as that drain began; its longest pause
 so far; {drain start: [actor ids heard then]}; {actor id: progress bytes that changed}; {actor id:
 the drain that read its position change}). The positions are compared here, bytes against bytes:
 at 1,024 workers whose steps move four times a second, the coordinator compared 4,096 pairs of
-tuples a second, on the GIL its loop needs. Frames that could
-not be written at once (the coordinator not reading) are folded into the next: each id keeps the
-latest drain it was heard in, its latest progress, and the latest drain it moved in.
+tuples a second, on the GIL its loop needs. Frames that could not be written at once (the
+coordinator not reading) are folded into the next: each id keeps the latest drain it was heard in,
+its latest progress, and the latest drain it moved in.
 """
 
 from __future__ import annotations
