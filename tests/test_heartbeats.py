@@ -73,10 +73,18 @@ def test_a_thousand_workers_beating_ten_times_a_second_are_never_silent():
 
 
 def _beat_for(port: int, workers: int, seconds: float) -> None:
-    sender = HeartbeatSender("127.0.0.1", port, beat_token(b"s" * 32))
-    ids = [f"w{i}" for i in range(workers)]
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    _beat_rounds(port, [f"w{i}" for i in range(workers)], lambda: time.monotonic() < end)
+
+
+def _beat_until(port: int, ids: list, stop) -> None:
+    _beat_rounds(port, ids, lambda: not stop.value)
+
+
+def _beat_rounds(port: int, ids: list, going) -> None:
+    """A round of beats for `ids` every 0.1 s while `going()`, as a host's beat process sends them."""
+    sender = HeartbeatSender("127.0.0.1", port, beat_token(b"s" * 32))
+    while going():
         began = time.monotonic()
         for actor_id in ids:
             sender.beat(actor_id)
@@ -261,15 +269,6 @@ def test_beats_dropped_while_the_drain_waited_for_the_coordinator_make_nobody_lo
         stop.value = 1
         for host in hosts:
             host.join()
-
-
-def _beat_until(port: int, ids: list, stop) -> None:
-    sender = HeartbeatSender("127.0.0.1", port, beat_token(b"s" * 32))
-    while not stop.value:
-        began = time.monotonic()
-        for actor_id in ids:
-            sender.beat(actor_id)
-        time.sleep(max(0.0, 0.1 - (time.monotonic() - began)))
 
 
 def test_a_drain_process_that_dies_is_known_and_a_closed_listener_is_not_taken_for_one():

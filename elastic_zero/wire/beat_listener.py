@@ -54,7 +54,7 @@ class HeartbeatListener:
         want = buffer_bytes
         try:  # past the kernel's cap (net.core.rmem_max), where the process may
             self._sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", socket.SO_RCVBUF), want)
-        except OSError:
+        except OSError:  # not allowed to pass the cap: as large as the cap lets it be
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, want)
         self.capacity = max(1, self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // BEAT_BUFFER_BYTES)
         self._sock.bind((host, 0))
@@ -97,7 +97,7 @@ class HeartbeatListener:
         """The drain process's niceness (beat_drain.AHEAD_NICE where the kernel allowed it; None: it ended)."""
         try:
             return os.getpriority(os.PRIO_PROCESS, self._drain.pid)
-        except OSError:
+        except OSError:  # the drain process is gone: said as None (and `ended`)
             return None
 
     def _apply_drains(self) -> None:
