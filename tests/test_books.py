@@ -140,8 +140,7 @@ def test_a_checkpoints_records_of_the_run_this_job_resumed_from_are_not_this_job
     also holds the earlier run's steps (a generation's records reach back to its start): those are
     not counted; the restored generation's own are."""
     books = Books(global_batch=8, steps=130, started_at=0.0)
-    for step in range(100, 110):
-        books._record(3, step, 0, step * 8, 8)
+    books.samples.add(3, [[(step, 0, step * 8, 8) for step in range(100, 110)]])
     books.add_checkpoint_log([(2, step, 0, step * 8, 8) for step in range(90, 120)])
     summary = books.summary(None)
     assert summary["resumed_from_step"] == 100 and summary["samples_consumed"] == 20 * 8

@@ -74,3 +74,19 @@ def test_logs_as_runs_give_each_ranks_rows_from_the_first_log_that_has_them(logs
 def test_a_workers_log_in_step_order_is_one_run():
     rows = [(step, 2, step * 16 + 11, 5) for step in range(45, 170)]
     assert runs_of_logs(3, [rows, rows]) == [(3, 2, 45, 125, 11 + 45 * 16, 5, 16)]
+
+
+@given(st.integers(0, 4), st.integers(0, 50), st.integers(0, 12), st.integers(0, 500), st.integers(0, 9),
+       st.integers(-20, 20), st.one_of(st.none(), st.tuples(st.integers(0, 11), st.integers(-2, 2), st.integers(-1, 1))),
+       st.booleans())
+def test_a_log_that_is_one_run_is_taken_whole_as_the_row_walk_would_give_it(rank, first, n, start, count, stride, bent,
+                                                                           gap):
+    """runs_of_logs' shortcut (regular_run) for a worker's log; oracle: encode_runs' row-by-row walk
+    of the same rows, a row bent (its start or count moved) or the last step a step later, where
+    drawn so."""
+    log = [(first + i + (gap and i == n - 1), rank, start + i * stride, count) for i in range(n)]
+    if bent is not None and log:
+        i, start_by, count_by = bent
+        step, _, start_i, count_i = log[i % n]
+        log[i % n] = (step, rank, start_i + start_by, max(0, count_i + count_by))
+    assert runs_of_logs(7, [log]) == encode_runs([(7, *row) for row in log])

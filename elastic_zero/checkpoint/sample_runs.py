@@ -44,6 +44,12 @@ def runs_of_logs(generation: int, logs: Iterable[Iterable[tuple[int, int, int, i
     runs: list[list[int]] = []
     given: set[int] = set()  # ranks whose rows an earlier log gave
     for log in logs:
+        whole = regular_run(log)
+        if whole is not None:  # a worker's own log: its run at once
+            if whole[0] not in given:
+                runs.append([generation, *whole])
+                given.add(whole[0])
+            continue
         open_run: dict[int, list[int]] = {}  # rank -> its run being extended in this log
         for step, rank, start, count in log:
             if rank in given:
@@ -59,6 +65,23 @@ def runs_of_logs(generation: int, logs: Iterable[Iterable[tuple[int, int, int, i
             runs.append(run)
         given.update(open_run)
     return [tuple(run) for run in runs]
+
+
+def regular_run(log) -> tuple[int, int, int, int, int, int] | None:
+    """(rank, first step, steps, first start, count, stride) of a log of (step, rank, start, count) rows
+    that is one run (one rank, consecutive steps, the same count, starts a stride apart), as the
+    row-by-row walk would find it; None for any other log. Checked in C: a few microseconds for a
+    worker's log of 100 steps, where the walk takes 40."""
+    n = len(log)
+    if n < 2:
+        return None
+    steps, ranks, starts, counts = zip(*log)
+    step0, rank0, start0, count0 = log[0]
+    stride = starts[1] - starts[0]
+    if stride == 0 or ranks.count(rank0) != n or counts.count(count0) != n or \
+            steps != tuple(range(step0, step0 + n)) or starts != tuple(range(start0, start0 + n * stride, stride)):
+        return None
+    return rank0, step0, n, start0, count0, stride
 
 
 def _extends(run: list[int], generation: int, rank: int, step: int, start: int, count: int) -> bool:

@@ -218,7 +218,8 @@ class JobRecord:
             self.metrics.add("elastic_zero_checkpoints", len(r.checkpoints))
 
     def steps_done(self) -> int:
-        return max(self.books.step_log) + 1 if self.books.step_log else 0
+        last = self.books.samples.last_step()
+        return 0 if last is None else last + 1
 
     def write_summary(self, result: dict, **more) -> None:
         """summary.json, whole or not at all: the result's summary and `more`; the result gets the
