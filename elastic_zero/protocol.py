@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 
 from elastic_zero.plan.membership import Generation, Member
+from elastic_zero.report_columns import packed
 
 
 class _Named(str, Enum):
@@ -147,6 +148,10 @@ class Report:
     checkpoints: tuple = ()  # directories it committed (rank 0)
     restored_from: str | None = None  # the checkpoint it restored, if any
 
+    def __reduce__(self):
+        """Pickled (a train call's return) with its per-step columns packed (report_columns.py)."""
+        return _report_from, (packed({f.name: getattr(self, f.name) for f in fields(self)}),)
+
     @classmethod
     def made_from(cls, making: dict, outcome: Outcome, ended_at: float) -> "Report":
         """A worker's report in the making (a dict of lists, and keys of its own besides), frozen,
@@ -154,3 +159,8 @@ class Report:
         names = {f.name for f in fields(cls)}
         return cls(outcome=outcome, ended_at=ended_at,
                    **{k: tuple(v) if isinstance(v, list) else v for k, v in making.items() if k in names})
+
+
+def _report_from(values: dict) -> Report:
+    """A Report again from what its __reduce__ gave."""
+    return Report(**values)
