@@ -37,7 +37,7 @@ class _Column(Sequence):
         return self._row(index % n)
 
     def __eq__(self, other) -> bool:
-        if isinstance(other, (tuple, list, _Column)):
+        if isinstance(other, (tuple, _Column)):  # (a tuple is not equal to a list either)
             return len(self) == len(other) and tuple(self) == tuple(other)
         return NotImplemented
 
@@ -125,13 +125,13 @@ def packed(values: dict) -> dict:
             out[name] = StepRows(run)
     for name in FLOATS:
         column = values[name]
-        if column and not isinstance(column, Doubles) and all(type(v) is float for v in column):
+        if column and not isinstance(column, Doubles) and set(map(type, column)) == {float}:
             out[name] = Doubles(array("d", column).tobytes())
     for name in PAIRS:
         column = values[name]
         if len(column) > 1 and not isinstance(column, StepPairs):
             steps, numbers = zip(*column)
-            if type(steps[0]) is int and steps == tuple(range(steps[0], steps[0] + len(steps))) and \
-                    all(type(v) is float for v in numbers):
+            if set(map(type, steps)) == {int} and steps == tuple(range(steps[0], steps[0] + len(steps))) and \
+                    set(map(type, numbers)) == {float}:
                 out[name] = StepPairs(steps[0], array("d", numbers).tobytes())
     return out

@@ -69,3 +69,16 @@ def test_a_workers_columns_travel_in_their_forms_and_the_books_count_them_as_tup
     assert summaries[0] == summaries[1]
     assert (summaries[1]["samples_consumed"], summaries[1]["duplicate_samples"], summaries[1]["steps"]) == \
         (204800, 0, 100)
+
+
+def test_a_column_with_a_value_of_another_type_anywhere_travels_as_it_is():
+    """A float among a log's ints or a losses' steps (not what a worker sends, but a run would give
+    it back as an int): the column comes back as sent, types and all; a list is not the tuple."""
+    log = tuple((s, 0, s * 8, 8) for s in range(5)) + ((5, 0, 40, 8.0),)
+    losses = tuple((s, 1.0) for s in range(4)) + ((4.0, 1.0),)
+    back = pickle.loads(cloudpickle.dumps(Report(Outcome("w0", OutcomeKind.FINISHED, 6), ended_at=1.0, log=log,
+                                                 losses=losses)))
+    assert repr(back.log) == repr(log) and repr(back.losses) == repr(losses)
+    rows = pickle.loads(cloudpickle.dumps(Report(Outcome("w0", OutcomeKind.FINISHED, 6), ended_at=1.0,
+                                                 log=log[:5]))).log
+    assert isinstance(rows, StepRows) and rows == log[:5] and rows != list(log[:5])

@@ -80,8 +80,8 @@ def regular_run(log) -> tuple[int, int, int, int, int, int] | None:
         return None
     steps, ranks, starts, counts = zip(*log)
     step0, rank0, start0, count0 = log[0]
-    if type(step0) is not int or type(starts[0]) is not int or type(starts[1]) is not int:
-        return None  # (ranges of ints only)
+    if {*map(type, steps), *map(type, ranks), *map(type, starts), *map(type, counts)} != {int}:
+        return None  # ints only: a run gives its rows back as ints
     stride = starts[1] - starts[0]
     if stride == 0 or ranks.count(rank0) != n or counts.count(count0) != n or \
             steps != tuple(range(step0, step0 + n)) or starts != tuple(range(start0, start0 + n * stride, stride)):

@@ -7,8 +7,8 @@ every step's block of positions (plan/batches.py: step * global_batch onward). S
 generation and a pattern, (rank, start - step * global_batch, count) for each rank, shared by every
 step with the same one: the ledger grows with the steps and the distinct patterns, not with
 steps x ranks (1,024 ranks over 100,000 steps were 10^8 rows: tens of GB in a dict of dicts). The
-summary counts each pattern once, and falls back to counting every position only where a record
-lies outside its step's block (a bug the counts must still show)."""
+summary counts each pattern once; where any record lies outside its step's block (a bug the counts
+must still show) it counts the whole ledger position by position, as the books did before."""
 
 from __future__ import annotations
 
@@ -46,11 +46,13 @@ class SampleLedger:
 
     def add_rows(self, rows: Iterable[tuple[int, int, int, int, int]]) -> None:
         """(generation, step, rank, start, count) rows of any generations, as add() takes them."""
-        by_generation: dict[int, list] = {}  # in the order given: a rank's first record stands
-        for generation, *row in rows:
-            by_generation.setdefault(generation, []).append(row)
-        for generation, of_it in by_generation.items():
-            self.add(generation, [of_it])
+        # a log per generation and rank, each in the order given (a rank's first record stands): a rank's
+        # rows of consecutive steps are one run, as a report's are, not a segment a row
+        by_generation: dict[int, dict[int, list]] = {}
+        for generation, step, rank, start, count in rows:
+            by_generation.setdefault(generation, {}).setdefault(rank, []).append((step, rank, start, count))
+        for generation, by_rank in by_generation.items():
+            self.add(generation, list(by_rank.values()))
 
     def _shared(self, pattern: Pattern) -> Pattern:
         return self._patterns.setdefault(pattern, pattern)

@@ -289,6 +289,7 @@ class SimulatedHost:
                           snapshot_generation=plan.number)
         return Report(outcome, ended_at=time.time(), generation=plan.number, entered_at=entered, rank=rank,
                       log=log, step_times=(self.step_s,) * len(log), step_ends=step_ends,
+                      protect_times=(0.0,) * len(log),
                       first_step_at=started if log else None, last_loss=1.0 if log else None,
                       losses=tuple((s, 1.0) for s, *_ in log))
 
