@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -165,6 +166,41 @@ def test_a_listener_that_fell_behind_makes_nobody_look_silent_whoever_was_regist
         listener.close()
 
 
+def test_a_drain_process_that_dies_is_started_again_and_the_beats_are_heard_after_it():
+    """The drain is one process: killed (a bug, the OOM killer), the listener starts another on the
+    same socket, and nobody looks silent for the gap (read_until stays until it reads again). The
+    oracle: before, the listener ended there, heard nobody again, and the coordinator only warned.
+    Past MAX_DRAIN_RESTARTS, it ends as before."""
+    from elastic_zero.wire import beat_listener
+
+    listener = HeartbeatListener("127.0.0.1", b"s" * 32)
+    going = [True]
+    beating = threading.Thread(target=_beat_rounds, args=(listener.port, ["w0", "w1"], lambda: going[0]), daemon=True)
+    beating.start()
+    try:
+        assert _until(lambda: len(listener.heard) == 2)
+        first = listener.drain_pid
+        os.kill(first, signal.SIGSTOP)  # a pause first: the longest stays told across the restart
+        time.sleep(0.5)
+        os.kill(first, signal.SIGCONT)
+        assert _until(lambda: listener.longest_pause_s >= 0.3)
+        os.kill(first, signal.SIGKILL)
+        killed_at = time.monotonic()
+        assert _until(lambda: listener.drain_pid != first and listener.read_until > killed_at, 30)
+        assert listener.drain_restarts == 1 and not listener.ended and listener.longest_pause_s >= 0.3
+        assert _until(lambda: min(listener.heard.values()) > killed_at)  # both heard again
+        for _ in range(beat_listener.MAX_DRAIN_RESTARTS):  # each killed once it reads: the restarts run out
+            pid, at = listener.drain_pid, time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            assert _until(lambda: listener.ended or (listener.drain_pid != pid and listener.read_until > at), 30)
+        assert listener.ended
+        assert listener.drain_restarts == beat_listener.MAX_DRAIN_RESTARTS
+    finally:
+        going[0] = False
+        beating.join()
+        listener.close()
+
+
 def test_a_coordinator_that_holds_its_gil_loses_no_beats():
     """The drain is a process of its own: while the coordinator's threads cannot run (here a pure
     Python loop holds the GIL for 1.5 s, the switch interval made longer than that), beats keep being
@@ -271,17 +307,13 @@ def test_beats_dropped_while_the_drain_waited_for_the_coordinator_make_nobody_lo
             host.join()
 
 
-def test_a_drain_process_that_dies_is_known_and_a_closed_listener_is_not_taken_for_one():
-    listener = HeartbeatListener("127.0.0.1", b"s" * 32)
-    try:
-        os.kill(listener.drain_pid, signal.SIGKILL)
-        assert _until(lambda: listener.ended)
-    finally:
-        listener.close()
+def test_a_closed_listener_is_not_taken_for_one_whose_drain_died():
+    """Its drain process ends with it: not started again, not told as ended (the test above kills
+    one for real)."""
     closed = HeartbeatListener("127.0.0.1", b"s" * 32)
     closed.close()
     time.sleep(0.2)
-    assert not closed.ended
+    assert not closed.ended and closed.drain_restarts == 0
 
 
 def test_a_beat_without_the_jobs_token_is_dropped():

@@ -61,6 +61,7 @@ class NodeWatch:
         self._watchers: dict[str, str] = {}  # node -> the worker that watches its metadata server
         self._noticed: dict[str, Notice] = {}  # node -> the first notice for it
         self._said_listener_ended = False
+        self._said_drain_restarts = 0
         self._lost_nodes: dict[str, float] = {}  # node whose workers went silent -> avoided until (monotonic)
         self.heartbeats = HeartbeatListener(host, secret)
         self._heard: dict[str, float] = self.heartbeats.heard  # actor id -> its last beat (monotonic), by the listener
@@ -78,6 +79,7 @@ class NodeWatch:
         return {"heard": len(self._heard), "listener_longest_pause_s": round(self.heartbeats.longest_pause_s, 3),
                 "listener_longest_lag_s": round(self.heartbeats.longest_lag_s, 3),
                 "beats_dropped": self.heartbeats.dropped, "listener_overflows": self.heartbeats.overflows,
+                "drain_restarts": self.heartbeats.drain_restarts,
                 "listener_nice": self.heartbeats.drain_nice}
 
     def _watch_ray_drains(self) -> None:
@@ -108,6 +110,10 @@ class NodeWatch:
             self._said_listener_ended = True  # then nobody is heard and nobody declared silent: said once
             self._log("warning", message="the heartbeat listener's drain process ended: a vanished node is found "
                                          "only by Ray's death notices and the collective timeout from now on")
+        elif self.heartbeats.drain_restarts > self._said_drain_restarts:
+            self._said_drain_restarts = self.heartbeats.drain_restarts
+            self._log("warning", message=f"the heartbeat listener's drain process ended and was started again "
+                                         f"({self._said_drain_restarts} time(s) so far)")
         watched = list(watched)
         if not timeout_s or not watched:
             return None, now + SILENCE_POLL_S

@@ -33,6 +33,7 @@ from elastic_zero.wire.beat_drain import read_frame
 from elastic_zero.wire.heartbeats import LAST_WORD, POSITION_FIELDS, PROGRESS, Progress, beat_token, field_bytes
 
 DRAIN_START_TIMEOUT_S = 30.0  # a Python's start on a loaded machine
+MAX_DRAIN_RESTARTS = 5  # drain processes started again after one ended, in a listener's life
 BEAT_BUFFER_BYTES = 2048  # what a beat takes of the socket's buffer, generously (Linux: about 830)
 _progress = functools.partial(tuple.__new__, Progress)  # a Progress from its ten fields (0.6 us, its __new__ 1.0)
 
@@ -69,24 +70,41 @@ class HeartbeatListener:
         self.dropped = 0  # beats the kernel dropped, its buffer full (socket_drops)
         self.overflows = 0  # drains after which every member was presumed heard, beats having been dropped
         self.read_until = time.monotonic()
-        self.ended = False  # the drain process ended while the listener was open: nothing is heard any more
+        self.ended = False  # the drain process ended while the listener was open and could not be started again
+        self.drain_restarts = 0  # drain processes started again after one ended
         self._closing = False
+        self._config = json.dumps({"token": beat_token(secret).hex(), "progress_bytes": PROGRESS.size,
+                                   "position_bytes": field_bytes(PROGRESS.format, POSITION_FIELDS),
+                                   "last_word": LAST_WORD, "capacity": self.capacity}).encode() + b"\n"
+        self._drain = None
+        error = self._start_drain()
+        if error is not None:
+            self.close()
+            raise RuntimeError(error)
+        threading.Thread(target=self._apply_drains, daemon=True, name="heartbeats").start()
+
+    def _start_drain(self) -> str | None:
+        """A drain process on the socket, ready (its first, empty drain read): a beat sent after this
+        returns is read on time. None, or why it did not start."""
         # in a session of its own, as a worker's beat process: where the kernel groups processes by session
         # (autogroup), its share of the CPU is its own, not one thread's among the coordinator's
-        self._drain = subprocess.Popen([sys.executable, "-I", beat_drain.__file__, str(self._sock.fileno())],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._sock.fileno(),),
-                                       start_new_session=True)
-        self._drain.stdin.write(json.dumps({"token": beat_token(secret).hex(), "progress_bytes": PROGRESS.size,
-                                            "position_bytes": field_bytes(PROGRESS.format, POSITION_FIELDS),
-                                            "last_word": LAST_WORD, "capacity": self.capacity}).encode() + b"\n")
-        self._drain.stdin.flush()
-        # ready once its first (empty) drain is here: a beat sent after this returns is read on time
+        try:
+            drain = subprocess.Popen([sys.executable, "-I", beat_drain.__file__, str(self._sock.fileno())],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._sock.fileno(),),
+                                     start_new_session=True)
+        except OSError as exc:  # (the socket closed meanwhile: the listener is closing)
+            return f"the heartbeat listener's drain process could not start: {exc}"
+        self._drain = drain
+        try:
+            drain.stdin.write(self._config)
+            drain.stdin.flush()
+        except OSError as exc:  # it ended at once
+            return f"the heartbeat listener's drain process ended as it started: {exc}"
         started = select.poll()  # (not select(): a coordinator may hold descriptors past its limit of 1,024)
         started.register(self._drain.stdout, select.POLLIN)
         if not started.poll(DRAIN_START_TIMEOUT_S * 1000) or read_frame(self._drain.stdout) is None:
-            self.close()
-            raise RuntimeError(f"the heartbeat listener's drain process did not start within {DRAIN_START_TIMEOUT_S:g} s")
-        threading.Thread(target=self._apply_drains, daemon=True, name="heartbeats").start()
+            return f"the heartbeat listener's drain process did not start within {DRAIN_START_TIMEOUT_S:g} s"
+        return None
 
     @property
     def drain_pid(self) -> int:
@@ -101,8 +119,41 @@ class HeartbeatListener:
             return None
 
     def _apply_drains(self) -> None:
+        """Applies the drains as they come; a drain process that ended (killed, a bug) is started again,
+        up to MAX_DRAIN_RESTARTS times. Meanwhile nothing is applied, so `read_until` stays and nobody
+        looks silent for the gap; the beats wait in the socket (or are dropped, and then every member
+        counts as heard). The new process knows no member's progress: each counts as moved once."""
+        while True:
+            self._apply_frames()
+            if self._closing:
+                return
+            self._end_drain()
+            while True:  # another, until one starts or the restarts run out
+                if self.drain_restarts >= MAX_DRAIN_RESTARTS or self._closing:
+                    self.ended = not self._closing
+                    return
+                self.drain_restarts += 1
+                if self._start_drain() is None:
+                    break
+                self._end_drain()
+
+    def _end_drain(self) -> None:
+        """The drain process's end, waited for (it ended, or did not start in time: killed)."""
+        drain = self._drain
+        if drain is None:  # none started
+            return
+        for stream in (drain.stdin, drain.stdout):
+            try:
+                stream.close()
+            except OSError:  # its stdin's pipe broken: it is gone already
+                pass
+        drain.kill()
+        drain.wait()
+
+    def _apply_frames(self) -> None:
         while (frame := read_frame(self._drain.stdout)) is not None:
-            latest, dropped, self.longest_pause_s, heard_by_drain, changed, moved = frame
+            latest, dropped, longest_pause_s, heard_by_drain, changed, moved = frame
+            self.longest_pause_s = max(self.longest_pause_s, longest_pause_s)  # (a new process counts afresh)
             # one update each (atomic under the GIL): readers see all of a frame or none of it
             for at in sorted(heard_by_drain):
                 self.heard.update(dict.fromkeys(heard_by_drain[at], at))
@@ -113,7 +164,6 @@ class HeartbeatListener:
             self.moved.update(moved)  # (the drain compared the positions' bytes)
             self.read_until = latest  # after heard: a reader never sees it ahead of what was read
             self.longest_lag_s = max(self.longest_lag_s, time.monotonic() - latest)
-        self.ended = not self._closing
 
     def starved_s(self, actor_id: str) -> float:
         """How long `actor_id`'s process waited for a CPU since its training last moved, as its latest
@@ -123,13 +173,18 @@ class HeartbeatListener:
 
     def close(self) -> None:
         self._closing = True
-        self._drain.stdin.close()  # its end: the drain process exits at once
-        try:
-            self._drain.wait(5)
-        except subprocess.TimeoutExpired:
-            self._drain.kill()
-            self._drain.wait()
-        self._drain.stdout.close()
+        drain = self._drain
+        if drain is not None:
+            try:
+                drain.stdin.close()  # its end: the drain process exits at once
+            except OSError:  # (its pipe broken: it ended)
+                pass
+            try:
+                drain.wait(5)
+            except subprocess.TimeoutExpired:
+                drain.kill()
+                drain.wait()
+            drain.stdout.close()
         self._sock.close()
 
 
