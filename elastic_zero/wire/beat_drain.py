@@ -15,8 +15,9 @@ niceness it inherits (Ray's 15), and 0.1-0.4 s run ahead (run_ahead).
 
 Standard library only: beat_listener.py starts it by path (`python -I beat_drain.py <socket fd>`)
 with one line of JSON on its stdin (the beat token, the size of a beat's progress and the byte
-ranges of its position, the last-word flag, the socket's capacity in beats). It ends when its stdin
-ends (the coordinator is gone).
+ranges of its position, the last-word flag, the socket's capacity in beats; for a drain started again
+after one died, each member's latest progress, so that no member counts as moved for its restart). It
+ends when its stdin ends (the coordinator is gone).
 
 On its stdout, one frame per drain it could write (4 bytes of length, then a pickle): (the start of
 the latest drain it folds in, monotonic; the socket's drops as that drain began; its longest pause
@@ -130,6 +131,9 @@ def drain_forever(sock: socket.socket, config: dict, stdin_fd: int, stdout_fd: i
     bodies: dict[bytes, bytes] = {}  # actor id (as sent) -> its latest progress bytes
     positions: dict[bytes, bytes] = {}  # actor id (as sent) -> the position bytes of its latest progress
     names: dict[bytes, str] = {}  # actor id as sent -> as a str (decoded once)
+    for actor_id, body in config.get("known", {}).items():  # a drain started again: what the last one read
+        ident, body = actor_id.encode(), bytes.fromhex(body)
+        bodies[ident], positions[ident], names[ident] = body, b"".join([body[span] for span in spans]), actor_id
     pending, unsent = _Pending(), b""
     wait, previous, longest_pause = DRAIN_EVERY_S, clock(), 0.0
     pending.drained(clock(), 0)

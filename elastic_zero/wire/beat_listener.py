@@ -73,10 +73,12 @@ class HeartbeatListener:
         self.ended = False  # the drain process ended while the listener was open and could not be started again
         self.drain_restarts = 0  # drain processes started again after one ended
         self._closing = False
-        self._config = json.dumps({"token": beat_token(secret).hex(), "progress_bytes": PROGRESS.size,
-                                   "position_bytes": field_bytes(PROGRESS.format, POSITION_FIELDS),
-                                   "last_word": LAST_WORD, "capacity": self.capacity}).encode() + b"\n"
+        self._config = {"token": beat_token(secret).hex(), "progress_bytes": PROGRESS.size,
+                        "position_bytes": field_bytes(PROGRESS.format, POSITION_FIELDS),
+                        "last_word": LAST_WORD, "capacity": self.capacity}
         self._drain = None
+        self._lock = threading.Lock()  # a drain started and close(), which ends the current one
+        self._restarted = False  # the drain died and another started: its first frame presumes everyone heard
         error = self._start_drain()
         if error is not None:
             self.close()
@@ -88,23 +90,27 @@ class HeartbeatListener:
         returns is read on time. None, or why it did not start."""
         # in a session of its own, as a worker's beat process: where the kernel groups processes by session
         # (autogroup), its share of the CPU is its own, not one thread's among the coordinator's
-        try:
-            drain = subprocess.Popen([sys.executable, "-I", beat_drain.__file__, str(self._sock.fileno())],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._sock.fileno(),),
-                                     start_new_session=True)
-        except OSError as exc:  # (the socket closed meanwhile: the listener is closing)
-            return f"the heartbeat listener's drain process could not start: {exc}"
-        self._drain = drain
-        try:
-            drain.stdin.write(self._config)
+        known = {a: body.hex() for a, body in list(self.progress.raw.items())}  # (none at the first start)
+        with self._lock:
+            if self._closing:
+                return "the heartbeat listener is closing"
+            try:
+                drain = subprocess.Popen([sys.executable, "-I", beat_drain.__file__, str(self._sock.fileno())],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         pass_fds=(self._sock.fileno(),), start_new_session=True)
+            except OSError as exc:
+                return f"the heartbeat listener's drain process could not start: {exc}"
+            self._drain = drain
+        try:  # (close() may end it meanwhile: its pipes closed under us)
+            drain.stdin.write(json.dumps({**self._config, "known": known}).encode() + b"\n")
             drain.stdin.flush()
-        except OSError as exc:  # it ended at once
+            started = select.poll()  # (not select(): a coordinator may hold descriptors past its limit of 1,024)
+            started.register(drain.stdout, select.POLLIN)
+            if started.poll(DRAIN_START_TIMEOUT_S * 1000) and read_frame(drain.stdout) is not None:
+                return None
+        except (OSError, ValueError) as exc:
             return f"the heartbeat listener's drain process ended as it started: {exc}"
-        started = select.poll()  # (not select(): a coordinator may hold descriptors past its limit of 1,024)
-        started.register(self._drain.stdout, select.POLLIN)
-        if not started.poll(DRAIN_START_TIMEOUT_S * 1000) or read_frame(self._drain.stdout) is None:
-            return f"the heartbeat listener's drain process did not start within {DRAIN_START_TIMEOUT_S:g} s"
-        return None
+        return f"the heartbeat listener's drain process did not start within {DRAIN_START_TIMEOUT_S:g} s"
 
     @property
     def drain_pid(self) -> int:
@@ -113,16 +119,21 @@ class HeartbeatListener:
     @property
     def drain_nice(self) -> int | None:
         """The drain process's niceness (beat_drain.AHEAD_NICE where the kernel allowed it; None: it ended)."""
+        drain = self._drain
+        if drain is None or drain.poll() is not None:  # (its pid may be another process's by now)
+            return None
         try:
-            return os.getpriority(os.PRIO_PROCESS, self._drain.pid)
+            return os.getpriority(os.PRIO_PROCESS, drain.pid)
         except OSError:  # the drain process is gone: said as None (and `ended`)
             return None
 
     def _apply_drains(self) -> None:
         """Applies the drains as they come; a drain process that ended (killed, a bug) is started again,
-        up to MAX_DRAIN_RESTARTS times. Meanwhile nothing is applied, so `read_until` stays and nobody
-        looks silent for the gap; the beats wait in the socket (or are dropped, and then every member
-        counts as heard). The new process knows no member's progress: each counts as moved once."""
+        up to MAX_DRAIN_RESTARTS times, at once (a slow start leaves the listener blind for up to
+        DRAIN_START_TIMEOUT_S). Meanwhile nothing is applied, so `read_until` stays and nobody looks
+        silent for the gap; the beats wait in the socket. The new process starts from each member's
+        latest progress, so nobody counts as moved for it; what the dead one had read and not yet
+        written is lost uncounted, so its first frame presumes everyone heard, as after drops."""
         while True:
             self._apply_frames()
             if self._closing:
@@ -134,6 +145,7 @@ class HeartbeatListener:
                     return
                 self.drain_restarts += 1
                 if self._start_drain() is None:
+                    self._restarted = True
                     break
                 self._end_drain()
 
@@ -151,7 +163,13 @@ class HeartbeatListener:
         drain.wait()
 
     def _apply_frames(self) -> None:
-        while (frame := read_frame(self._drain.stdout)) is not None:
+        while True:
+            try:
+                frame = read_frame(self._drain.stdout)
+            except (OSError, ValueError):  # its pipe closed under the read by close()
+                frame = None
+            if frame is None:
+                return
             latest, dropped, longest_pause_s, heard_by_drain, changed, moved = frame
             self.longest_pause_s = max(self.longest_pause_s, longest_pause_s)  # (a new process counts afresh)
             # one update each (atomic under the GIL): readers see all of a frame or none of it
@@ -160,6 +178,9 @@ class HeartbeatListener:
             if dropped > self.dropped:  # beats were lost before the latest drain began, whose is unknown:
                 self.dropped, self.overflows = dropped, self.overflows + 1  # nobody's silence counts across it
                 self.heard.update(dict.fromkeys(self.heard, latest))  # (after the drains: none left earlier)
+            elif self._restarted:  # so were the beats a dead drain read and never wrote
+                self.heard.update(dict.fromkeys(self.heard, latest))
+            self._restarted = False
             self.progress.raw.update(changed)  # unpacked when read
             self.moved.update(moved)  # (the drain compared the positions' bytes)
             self.read_until = latest  # after heard: a reader never sees it ahead of what was read
@@ -172,8 +193,9 @@ class HeartbeatListener:
         return progress.waited_ms / 1000 if progress is not None else 0.0
 
     def close(self) -> None:
-        self._closing = True
-        drain = self._drain
+        with self._lock:  # no drain starts after this
+            self._closing = True
+            drain = self._drain
         if drain is not None:
             try:
                 drain.stdin.close()  # its end: the drain process exits at once
