@@ -73,13 +73,12 @@ class StepRows(_Column):
 
 
 class Doubles(_Column):
-    """Floats, as the bytes of an array of doubles."""
+    """Floats, as an array of doubles (made from the floats, or from its bytes when unpickled)."""
 
     __slots__ = ("values",)
 
-    def __init__(self, data: bytes) -> None:
-        self.values = array("d")
-        self.values.frombytes(data)
+    def __init__(self, data) -> None:
+        self.values = array("d", data)  # (bytes go through frombytes)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -95,13 +94,13 @@ class Doubles(_Column):
 
 
 class StepPairs(_Column):
-    """(step, value) of consecutive steps from `first`, the values as the bytes of doubles."""
+    """(step, value) of consecutive steps from `first`, the values as an array of doubles (made from
+    the floats, or from its bytes when unpickled)."""
 
     __slots__ = ("first", "values")
 
-    def __init__(self, first: int, data: bytes) -> None:
-        self.first, self.values = first, array("d")
-        self.values.frombytes(data)
+    def __init__(self, first: int, data) -> None:
+        self.first, self.values = first, array("d", data)  # (bytes go through frombytes)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -126,12 +125,12 @@ def packed(values: dict) -> dict:
     for name in FLOATS:
         column = values[name]
         if column and not isinstance(column, Doubles) and set(map(type, column)) == {float}:
-            out[name] = Doubles(array("d", column).tobytes())
+            out[name] = Doubles(column)
     for name in PAIRS:
         column = values[name]
         if len(column) > 1 and not isinstance(column, StepPairs):
             steps, numbers = zip(*column)
             if set(map(type, steps)) == {int} and steps == tuple(range(steps[0], steps[0] + len(steps))) and \
                     set(map(type, numbers)) == {float}:
-                out[name] = StepPairs(steps[0], array("d", numbers).tobytes())
+                out[name] = StepPairs(steps[0], numbers)
     return out

@@ -175,11 +175,11 @@ class HeartbeatListener:
             # one update each (atomic under the GIL): readers see all of a frame or none of it
             for at in sorted(heard_by_drain):
                 self.heard.update(dict.fromkeys(heard_by_drain[at], at))
-            if dropped > self.dropped:  # beats were lost before the latest drain began, whose is unknown:
-                self.dropped, self.overflows = dropped, self.overflows + 1  # nobody's silence counts across it
-                self.heard.update(dict.fromkeys(self.heard, latest))  # (after the drains: none left earlier)
-            elif self._restarted:  # so were the beats a dead drain read and never wrote
-                self.heard.update(dict.fromkeys(self.heard, latest))
+            lost = dropped > self.dropped  # beats were lost before the latest drain began, whose is unknown
+            if lost:
+                self.dropped, self.overflows = dropped, self.overflows + 1
+            if lost or self._restarted:  # (a dead drain's unwritten beats are lost alike): nobody's silence
+                self.heard.update(dict.fromkeys(self.heard, latest))  # counts across it (after the drains)
             self._restarted = False
             self.progress.raw.update(changed)  # unpacked when read
             self.moved.update(moved)  # (the drain compared the positions' bytes)
