@@ -1,10 +1,12 @@
 """What passes between the coordinator and its workers: frozen plain data, imported by both sides
 (neither imports the other).
 
-coordinator -> worker: a GenerationPlan (train(plan), packed: pack_plan()), a safe-point request for
-one generation number, and its end or abort (a store key: generation_ends.py).
+coordinator -> worker: a GenerationPlan (packed: pack_plan(); a train(plan) call for a worker's first
+generation, then through the store while its call stands: standing_calls.py), a safe-point request
+for one generation number, and its end or abort (a store key: generation_ends.py).
 worker -> coordinator: a Hello when it has started (or the one-line reason it could not), an
-Outcome with its report when its part of a generation ends, and one "stepped" note per generation.
+Outcome with its report when its part of a generation ends (handed in through the store, or the
+call's answer), and one "stepped" note per generation.
 """
 
 from __future__ import annotations

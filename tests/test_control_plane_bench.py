@@ -29,6 +29,9 @@ def test_the_coordinator_carries_64_simulated_workers_through_every_scenario(tmp
     assert row["generations"] >= 5
     # a safe point is asked of one member (the step's all-reduce tells the others), not of all 64-128
     assert 1 <= row["safe_point_requests"] < row["generations"]
+    # a worker's train call stands from generation to generation: one call for each worker spawned (at
+    # the start, replacements, joiners), not one per worker per generation
+    assert row["train_calls"] <= row["workers_spawned"] and row["plans_trained"] > 2 * row["train_calls"], row
     # where the CPU went: the relay (a process of the coordinator's own; at 64 it may spend less than
     # a 10 ms clock tick in a recovery) and the simulated workers worked
     for window in (row["recovery_window"], row["scale_up_window"]):

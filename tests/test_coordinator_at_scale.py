@@ -127,7 +127,7 @@ def test_a_failed_generation_is_aborted_once_for_all_whatever_the_number_of_fail
 
     _, plan = _start(per_node=8)
     sent = []  # the plan each participant was sent: no other call on a worker may be made
-    handle = SimpleNamespace(train=SimpleNamespace(remote=lambda shared: sent.append(shared) or object()))
+    handle = SimpleNamespace(train=SimpleNamespace(remote=lambda shared, stand: sent.append(shared) or object()))
     pool = SimpleNamespace(handle=lambda actor_id: handle)
     completions = SimpleNamespace(watch=lambda ref: None)
     store = _CountingStore(loopback_store(10))

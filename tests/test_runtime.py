@@ -25,6 +25,9 @@ def test_a_killed_worker_leaves_the_survivors_running(tmp_path):
     _exactly_once(summary)
     starts = [e for e in events if e["event"] == "generation_start"]
     assert starts[0]["workers"] == ["w0", "w1", "w2"] and starts[1]["workers"][:2] == ["w0", "w2"]
+    # the survivors' train calls stood: the recovery's plan reached them through the store, and each
+    # later generation needed a call only for a worker new to the job (the replacement)
+    assert starts[0]["calls"] == 3 and starts[1]["calls"] == 0 and all(s["calls"] <= 1 for s in starts[2:])
     spawns = [e["count"] for e in events if e["event"] == "spawn"]
     assert spawns[0] == 3 and sum(spawns[1:]) <= 1  # only a replacement: the survivors were never restarted
     # the replacement is asked for once the survivors have stepped, so it does not slow their recovery

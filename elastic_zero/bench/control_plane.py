@@ -112,7 +112,8 @@ def _real_job_cpu(workers: int, sample_s: float) -> float:
 def _one_size(n: int, per_node: int, steady_s: float, step_s: float) -> dict:
     import ray
 
-    from elastic_zero.testing.sim_workers import SimulatedHost, StepReferee
+    from elastic_zero.testing.sim_referee import StepReferee
+    from elastic_zero.testing.sim_workers import SimulatedHost
     from elastic_zero.coordinator.actor import NAMESPACE
     from elastic_zero.job.spec import spec_from_dict
 
@@ -248,6 +249,10 @@ def _scenario(n: int, per_node: int, steady_s: float, hosts: list, host_pids: li
     row["silence_decisions"] = len([e for e in events.read() if e["event"] == "decision" and e.get("on") == "Silence"])
     row["lost_to_silence"] = len(lost)
     row["safe_point_requests"] = sum(s["safe_point_requests"] for s in seen)
+    # Ray calls that carried plans, beside the plans the workers trained (the rest came through the store)
+    row["train_calls"] = sum(s["train_calls"] for s in seen)
+    row["plans_trained"] = sum(len(arrived) for s in seen for arrived in s["plan_arrivals"].values())
+    row["workers_spawned"] = sum(len(e["actor_ids"]) for e in events.read() if e["event"] == "spawn")
     return row
 
 

@@ -14,6 +14,7 @@ from elastic_zero.coordinator.drill_kills import DrillKills
 from elastic_zero.coordinator.generation_run import GenerationRun
 from elastic_zero.protocol import Outcome, OutcomeKind, Report, Source
 from elastic_zero.wire.generation_ends import announce_end
+from elastic_zero.wire.standing_calls import HANDED_IN_POLL_S, hand_out
 
 
 class Generations:
@@ -22,6 +23,11 @@ class Generations:
         self._store, self._completions = store, completions
         self._drill_kills = DrillKills(store, spec.faults)
         self.running: GenerationRun | None = None
+        # the train calls standing after the generation that ended last (wire/standing_calls.py): call ->
+        # actor id; `_standing_after`: that generation's number
+        self._standing: dict = {}
+        self._standing_after: int | None = None
+        self._next_look = 0.0  # when the store is next looked at for reports handed in (monotonic)
         self.last_plan = None
         self.last_end: dict[str, Report] = {}  # actor id -> its report of the generation that ended last
 
@@ -47,10 +53,35 @@ class Generations:
             failed_at = min(self._drill_kills.new_times() + [r.ended_at for r in last.values()] or [time.time()])
             reached = steps_reached(last.values(), self._watch.last_words(self.last_plan.number))
         resume = self._spec.checkpoint.resume if plan.source == Source.INIT else None
-        self._record.generation_starts(plan, last, failed_at, reached, resume)
+        standing = {actor_id: ref for ref, actor_id in self._standing.items()}
+        calls = sum(1 for a in plan.participants if a not in standing)
+        self._record.generation_starts(plan, last, failed_at, reached, resume, calls)
         self.last_plan = plan
         self._watch.listen_to(plan.participants)
-        self.running = GenerationRun(plan, self._pool, self._completions)
+        self.running = GenerationRun(plan, self._pool, self._completions, standing=standing)
+        if self._standing:  # those it leaves out read it too, and their calls end
+            hand_out(self._store, self._standing_after, self.running.packed)
+        self._standing = {}
+
+    def take_handed_in(self, now: float) -> list:
+        """The running generation's reports handed in through the store since the last look: (actor id,
+        report) each. Looked for every HANDED_IN_POLL_S (`now`: monotonic), one exchange a look."""
+        run = self.running
+        if run is None or run.taken_over or run.over() or now < self._next_look:
+            return []
+        self._next_look = now + HANDED_IN_POLL_S
+        return run.take_handed_in(self._store)
+
+    def collect(self, ref) -> tuple | None:
+        """What the train call `ref`, ended, brought: (actor id, report, death) where the running
+        generation awaited it (generation_run.py), else None. A call no running generation awaits (its
+        worker left the plan, died or was killed, or lost the store; or was given up on) no longer
+        stands."""
+        run = self.running
+        if run is None or not run.owns(ref):
+            self._standing.pop(ref, None)
+            return None
+        return run.collect(ref)  # (None: it ended after its report came through the store)
 
     def take_over(self, plan, calls: dict) -> None:
         """The generation a lost coordinator started goes on under this one: `calls` (its participants'
@@ -103,6 +134,7 @@ class Generations:
         """The running generation, over (no call out): its workers are told it ended."""
         run, self.running = self.running, None
         announce_end(self._store, run.number, aborted=False)  # (an abort, said first, stays)
+        self._standing, self._standing_after = run.standing_after(), run.number
         return run
 
     def close(self, run: GenerationRun) -> tuple:

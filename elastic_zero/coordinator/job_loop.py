@@ -34,10 +34,9 @@ from elastic_zero.coordinator.worker_pool import WorkerPool
 from elastic_zero.coordinator.workforce import RayWorkforce
 from elastic_zero.coordinator.takeover import carried_over, find_generation, spawned_ids, take_over
 from elastic_zero.coordinator.transitions import taken_over
-from elastic_zero.coordinator.state import (
-    CheckpointNow, CoordinatorState, Fail, FinalWeightsWritten, Finish, GenerationEnded, MemorySeen, RequestSafePoint,
-    Retire, Spawn, Start, StartGeneration, Stop, Tick, Warn, decide,
-)
+from elastic_zero.coordinator.state import (CheckpointNow, CoordinatorState, Fail, FinalWeightsWritten, Finish,
+                                            GenerationEnded, MemorySeen, RequestSafePoint, Retire, Spawn, Start,
+                                            StartGeneration, Stop, Tick, Warn, decide)
 from elastic_zero.job.spec import spec_from_dict
 from elastic_zero.protocol import OutcomeKind, Source
 from elastic_zero.wire.rendezvous import RendezvousServer, new_secret
@@ -145,6 +144,8 @@ class JobLoop:
                 self._collect(ref)
                 if time.monotonic() >= next_listen:  # a thousand reports take a while: silence is not put off
                     next_listen = self._notice_silent_workers()
+            for came in self.generations.take_handed_in(time.monotonic()):  # standing calls' reports
+                self._report_came(*came)
             self.generations.kill_unresponsive()
             if time.monotonic() >= next_stuck_look:
                 next_stuck_look = time.monotonic() + STUCK_POLL_S
@@ -181,11 +182,11 @@ class JobLoop:
     def _collect(self, ref) -> None:
         if self.pool.is_hello(ref):
             self._hello_arrived(ref)
-            return
-        run = self.generations.running
-        if run is None or not run.owns(ref):
-            return  # given up on already (its worker was silent)
-        actor_id, report, death = run.collect(ref)
+        elif (came := self.generations.collect(ref)) is not None:
+            self._report_came(*came)
+
+    def _report_came(self, actor_id: str, report, death: dict | None = None) -> None:
+        """A participant's report, its call's answer or handed in through the store (generation_run.py)."""
         if death is not None:
             self.log("worker_lost", actor_id=actor_id, **death)
         if report.outcome.kind in (OutcomeKind.DEAD, OutcomeKind.FAILED):
@@ -381,8 +382,7 @@ class JobLoop:
             self.apply(WorkerStartFailed(actor_id, reason, bad_input=True))
 
     def _on_node_notice(self, item: NodeNotice) -> None:
-        here = self.watch.notice(item)
-        if here:  # members leave at a safe point; ready ones that have not joined just go: decided together
+        if here := self.watch.notice(item):  # members leave at a safe point; ready ones that have not joined just go: decided together
             self.apply(PreemptionNotice(here[0], tuple(here[1:])))
 
     def _refresh_memory(self) -> None:

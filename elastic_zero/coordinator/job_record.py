@@ -156,10 +156,13 @@ class JobRecord:
 
     # ---- a generation's start and end, the job's end -----------------------------------------------
 
-    def generation_starts(self, plan, last_end: dict, failed_at: float, reached: int | None, resume: str | None) -> None:
+    def generation_starts(self, plan, last_end: dict, failed_at: float, reached: int | None, resume: str | None,
+                          calls: int | None = None) -> None:
         """`plan` starts after a generation that ended as `last_end` (actor id -> report) says: a
         recovery (from the failure at `failed_at`, epoch seconds, when the lost had `reached` steps)
-        or a reconfiguration begins in the books; `resume`: what the job resumes (a first generation)."""
+        or a reconfiguration begins in the books; `resume`: what the job resumes (a first generation);
+        `calls`: the train calls made for it (its other participants' calls stand: they read it from
+        the store)."""
         if plan.source in (Source.SNAPSHOT, Source.CHECKPOINT, Source.RESTART):
             lost = sorted(a + (f" ({r.outcome.error})" if is_memory_kill(r.outcome.error) else "")
                           for a, r in last_end.items() if r.outcome.kind == OutcomeKind.DEAD)
@@ -175,7 +178,8 @@ class JobRecord:
         resumed = {"resume": resume} if plan.source == Source.INIT and resume else {}
         self.log("generation_start", generation=plan.number, step=plan.step, source=plan.source, **resumed,
                  checkpoint=plan.checkpoints[0] if plan.checkpoints else None,
-                 workers=[m.actor_id for m in plan.generation.members], leaving=list(plan.leaving))
+                 workers=[m.actor_id for m in plan.generation.members], leaving=list(plan.leaving),
+                 calls=len(plan.participants) if calls is None else calls)
         if plan.source != Source.INIT:  # counted as they start, as status counts them
             self.metrics.add("elastic_zero_reconfigurations" if plan.source == Source.LIVE else "elastic_zero_recoveries")
 

@@ -35,8 +35,9 @@ KINDS: dict[str, EventKind] = {k.name: k for k in (
           "heartbeat listener was)"),
     _kind("warning", "message actor_id", "something the job could not do as asked, told once"),
     # generations
-    _kind("generation_start", "generation step source checkpoint workers leaving resume",
-          "a generation began: from which state (init, live, snapshot, checkpoint, restart), with whom"),
+    _kind("generation_start", "generation step source checkpoint workers leaving resume calls",
+          "a generation began: from which state (init, live, snapshot, checkpoint, restart), with whom, and "
+          "how many train calls it took (the other participants' calls stood: wire/standing_calls.py)"),
     _kind("generation_taken_over", "generation step workers",
           "a coordinator that replaced a lost one took over the generation it had started, from its workers"),
     _kind("generation_end", "generation outcomes ended_at errors steps_done loss metrics samples",

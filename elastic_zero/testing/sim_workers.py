@@ -10,9 +10,10 @@ What they do as real workers do, through the same channels:
   group's prefix, every other rank gets it), then the barrier of its first collective; then steps of
   `step_s` each, on one clock for the generation (real ranks keep step through their all-reduces);
   rank 0 tells the coordinator the generation stepped and its progress every PROGRESS_EVERY_S; a report at the end
-  with one sample record per step and the replicas it would hold;
+  with one sample record per step and the replicas it would hold; the call stands, as a real one
+  does, handing its report in through the store and training the plan set next (sim_plans_after.py);
 - safe points end every member at the same step, as the step's closing all-reduce makes real ranks
-  do: the host of the member asked agrees the step with a StepReferee, which tells every host;
+  do: the host of the member asked agrees the step with a StepReferee (sim_referee.py), which tells every host;
 - an abort (the generation's end key in the store, generation_ends.py: one watch per host) ends
   the generation at once ("failed"); leavers hand over and go ("left").
 
@@ -28,6 +29,8 @@ import time
 
 from elastic_zero.testing.sim_beats import beat_for_host
 from elastic_zero.wire.generation_ends import GenerationEndWatch
+from elastic_zero.testing.sim_plans_after import PlansAfter
+from elastic_zero.wire.standing_calls import hand_in
 from elastic_zero.plan.batches import rank_positions
 from elastic_zero.plan.membership import Member
 from elastic_zero.protocol import GenerationPlan, Hello, Outcome, OutcomeKind, Report, unpack_plan
@@ -36,26 +39,6 @@ SIM_NODE_FORMAT = "sim-node-{:04d}"
 UNIQUE_ID_BYTES = 128  # an NCCL unique id
 PROGRESS_EVERY_S = 0.5  # as a real rank 0 (worker/coordinator_notes.py)
 PLAN_METHODS = ("train", "checkpoint_now")  # their first argument is a packed plan (protocol.pack_plan)
-
-
-class StepReferee:
-    """The step every member of a generation stops at for its safe point: the first proposal wins,
-    and every host hears it. A Ray actor; it stands in for the step's all-reduce, which spans the
-    hosts and carries one rank's request to all (the coordinator asks one member)."""
-
-    def __init__(self) -> None:
-        self._agreed: dict[int, int] = {}
-        self._hosts: list = []
-
-    def know_hosts(self, hosts: list) -> None:
-        self._hosts = list(hosts)
-
-    def agree(self, generation: int, proposed: int) -> int:
-        if generation not in self._agreed:
-            self._agreed[generation] = proposed
-            for host in self._hosts:
-                host.stop_at.remote(generation, proposed)
-        return self._agreed[generation]
 
 
 class _Member:
@@ -92,6 +75,8 @@ class SimulatedHost:
         self._beats = None  # the pipe to the process that beats for this host's workers (beat_for_host)
         self._longest_beat_gap = None  # between two rounds of its heartbeats: a starved one would fake a lost node
         self._beats_refused = None  # beats the kernel refused to send (sendto raised)
+        self.train_calls = 0  # train() calls taken (standing ones take several generations each)
+        self._plans_after = None  # where its members' standing calls wait for the next plan, made with the relay
 
     # ---- the bench's side --------------------------------------------------------------------
 
@@ -125,7 +110,7 @@ class SimulatedHost:
                 "rendezvous": {g: dict(v) for g, v in list(self.rendezvous.items())},
                 "longest_beat_gap_s": self._longest_beat_gap.value if self._longest_beat_gap else 0.0,
                 "beats_refused": self._beats_refused.value if self._beats_refused else 0,
-                "safe_point_requests": self.safe_point_requests}
+                "safe_point_requests": self.safe_point_requests, "train_calls": self.train_calls}
 
     # ---- the workforce's side ----------------------------------------------------------------
 
@@ -147,8 +132,9 @@ class SimulatedHost:
 
             self._relay = LocalRelay(args["store_host"], args["store_port"], args["store_secret"])
             # one watch of the generations' ends for the host's members, as each real worker has its own
-            self._ends = GenerationEndWatch(self._relay.client(args["spec"]["elastic"]["collective_timeout_s"]),
-                                            self._abort_everywhere)
+            timeout_s = args["spec"]["elastic"]["collective_timeout_s"]
+            self._ends = GenerationEndWatch(self._relay.client(timeout_s), self._abort_everywhere)
+            self._plans_after = PlansAfter(lambda: self._relay.client(timeout_s))
             context = multiprocessing.get_context("spawn")  # not a fork of a process with threads
             self._longest_beat_gap = context.Value("d", 0.0)
             self._beats_refused = context.Value("q", 0)
@@ -246,7 +232,25 @@ class SimulatedHost:
             fh.write("written by a simulated worker of bench control-plane: no weights\n")
         return {"checkpoints": [root], "checkpoint_errors": []}
 
-    def _train(self, m: _Member, plan: GenerationPlan) -> Report:
+    def _train(self, m: _Member, plan: GenerationPlan, stand: bool = False) -> Report:
+        """As a real worker's call (worker/actor.py): one generation, or, standing, each that follows
+        while the member takes part, the reports handed in through the store."""
+        with self._lock:
+            self.train_calls += 1
+        while True:
+            report = self._train_one(m, plan)
+            if not stand or report.outcome.kind in (OutcomeKind.LEFT, OutcomeKind.DEAD):
+                return report
+            hand_in(m.store, plan.number, report)
+            packed = self._plans_after.wait(plan.number, lambda: m.killed.is_set() or m.frozen.is_set())
+            if packed is None:  # killed; a member of a frozen node answers nothing until it is
+                m.killed.wait()
+                raise RuntimeError(f"simulated worker {m.actor_id} was killed")
+            plan = unpack_plan(packed)  # each unpacks its own copy, as each real worker does
+            if m.actor_id not in plan.participants:
+                return report
+
+    def _train_one(self, m: _Member, plan: GenerationPlan) -> Report:
         entered = time.time()
         self.plan_arrivals.setdefault(plan.number, {})[m.actor_id] = entered
         self._ends.watch(plan.number)
@@ -340,6 +344,8 @@ class SimulatedHost:
         """Something a training member waits on changed: an abort, a kill, a freeze, a safe point."""
         with self._changed:
             self._changed.notify_all()
+        if self._plans_after is not None:  # (a member standing between generations is killed or frozen)
+            self._plans_after.wake()
 
     def _rendezvous(self, m: _Member, plan: GenerationPlan, aborted: threading.Event, timeout_s: float) -> float:
         """A store connection for the generation, the NCCL group's rendezvous on it, and the barrier its

@@ -7,8 +7,9 @@ import socket
 import struct
 import threading
 
-from elastic_zero.wire.store_server import (CHECK, COMPARE_SET, GET, PING, READY, SET, STOP_WAITING, U8, U32, U64,
-                                            VALIDATE, VALIDATION_MAGIC, WAIT, read_exactly, vector)
+from elastic_zero.wire.store_server import (CHECK, COMPARE_SET, GET, I64, PING, QUEUE_LEN, QUEUE_POP, READY, SET,
+                                            STOP_WAITING, U8, U32, U64, VALIDATE, VALIDATION_MAGIC, WAIT,
+                                            read_exactly, vector)
 
 
 class StoreClient:
@@ -47,6 +48,21 @@ class StoreClient:
             if self._value(U8) != STOP_WAITING:
                 raise ConnectionError(f"the store's wait for {key!r} ended without the key")
             return self._blob()
+
+    def pop_all(self, key: str) -> list[bytes]:
+        """Every value in the queue `key` (torch's queue_push), taken out in order: its length, then
+        that many pops sent at once and answered in turn (two exchanges, however many values)."""
+        with self._lock:
+            self._sock.sendall(U8.pack(QUEUE_LEN) + _key(key))
+            count = self._value(I64)
+            if count <= 0:
+                return []
+            self._sock.sendall((U8.pack(QUEUE_POP) + _key(key)) * count)
+            values = []
+            for _ in range(count):
+                if self._value(I64) > 0:  # the queue's length before the pop: 0, nothing popped
+                    values.append(self._blob())
+            return values
 
     def close(self) -> None:
         self._sock.close()

@@ -11,7 +11,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from elastic_zero.protocol import unpack_plan
+from elastic_zero.protocol import OutcomeKind, unpack_plan
+from elastic_zero.wire.standing_calls import stand_by
 
 if TYPE_CHECKING:
     from elastic_zero.protocol import Hello, Report
@@ -34,12 +35,25 @@ class TrainingWorker:
     def hello(self) -> Hello:
         return self._trainer.hello()
 
-    def train(self, packed_plan: bytes) -> Report:
+    def train(self, packed_plan: bytes, stand: bool = False) -> Report:
+        """Train the generation `packed_plan` and return its report. A call that may `stand` goes on
+        instead, as long as the worker stays (wire/standing_calls.py): it hands the report in through
+        the store and trains the plan the coordinator sets next; it returns (the last report, heard
+        already) once a plan leaves it out, or the coordinator is gone, or it left in a handover."""
         with self._training:
-            self._last_plan, self._unheard = packed_plan, None
-            report = self._trainer.train(unpack_plan(packed_plan))
-            self._unheard = report
-            return report
+            plan = unpack_plan(packed_plan)
+            while True:
+                self._last_plan, self._unheard = packed_plan, None
+                report = self._trainer.train(plan)
+                self._unheard = report
+                if not stand or report.outcome.kind == OutcomeKind.LEFT:
+                    return report
+                packed_plan = stand_by(self._trainer.store, plan.number, report)
+                if packed_plan is None:
+                    return report
+                plan = unpack_plan(packed_plan)
+                if self._trainer.actor_id not in plan.participants:
+                    return report
 
     def last_plan(self) -> bytes | None:
         """The plan of the generation this worker trained last (or trains now), packed; None: none yet."""

@@ -13,6 +13,14 @@ from __future__ import annotations
 class StoreLink:
     def __init__(self, client) -> None:
         self._client = client
+        self._waiter: tuple | None = None  # (the client, a clone of it for long waits)
+
+    def waiter(self):
+        """A connection of its own to the current store, for one long wait at a time (a wait blocks
+        its connection): made once per store, by one thread at a time (a standing call's)."""
+        if self._waiter is None or self._waiter[0] is not self._client:
+            self._waiter = (self._client, self._client.clone())
+        return self._waiter[1]
 
     def switch(self, client) -> None:
         """From now on every call goes to `client` (a replacement coordinator's store)."""
