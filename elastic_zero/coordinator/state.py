@@ -338,7 +338,8 @@ def _on_generation_end(state, outcomes, now, coordinator_lost: bool = False):
     gen = next_generation(state.generation, staying + joiners)
     leavers = tuple(a for a in members if a in state.leaving and a not in postponed)
     participants = tuple(m.actor_id for m in gen.members) + leavers
-    holder_of_old = tuple(participants.index(a) for a in members)
+    position = {a: i for i, a in enumerate(participants)}  # (a tuple's search per member: O(N^2))
+    holder_of_old = tuple(position[a] for a in members)
     cause = "coordinator" if coordinator_lost else "scale" if not state.leaving else "leave"
     plan, warn = fitted(state, GenerationPlan(gen, state.generation, participants, holder_of_old, Source.LIVE, step, leavers,
                                               cause))
