@@ -10,9 +10,10 @@ default holds about 500 beats: 50 ms of 1,024 workers'), so the wait shrinks wit
 beats (drain_wait_s). The drains run in a process of the listener's own (beat_drain.py), not in a
 thread of the coordinator, whose GIL its loop holds for seconds when the world changes: a listener
 late by more than its buffer loses beats, and live workers look silent. A drain is applied to
-`heard` stamped with when it began: after a stall every beat it then reads looks fresh together,
-and no worker looks silent beside others only because its beat was read later in the same drain
-(seen at 1,024 simulated workers: 238 declared lost in one go).
+`heard` with one stamp, when it found the socket empty: after a stall every beat it then reads looks
+fresh together, and no worker looks silent beside others only because its beat was read later in
+the same drain (seen at 1,024 simulated workers: 238 declared lost in one go), or because the drain
+that read it paused while it read (920, stamped with the paused drain's start).
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ _progress = functools.partial(tuple.__new__, Progress)  # a Progress from its te
 class HeartbeatListener:
     """The coordinator's side: a UDP socket on the node's cluster address, drained every DRAIN_EVERY_S
     or sooner by a process of its own (beat_drain.py), and a thread that applies what each drain read.
-    `heard` maps actor id -> time.monotonic() at the start of the drain that read its latest beat: at
-    most a drain's wait after the beat came. `read_until` is the start of the latest drain applied:
-    every beat sent before it has been read (or was dropped, and then every member counts as heard),
+    `heard` maps actor id -> time.monotonic() when the drain that read its latest beat found the
+    socket empty: at most a drain's wait after the beat came (more if the drain was late). `read_until`
+    is that moment of the latest drain applied: every beat sent before it has been read (or was dropped, and then every member counts as heard),
     so a silence is measured up to it, not up to the clock's now: a coordinator too busy to apply the
     drains has not yet taken the beats of the time since, and the members would look silent for that
     time. Nothing read is lost meanwhile: the drains wait in the pipe, folded together."""
