@@ -159,7 +159,8 @@ def test_a_generation_reaches_standing_calls_through_the_store_and_calls_only_ne
     assert server.store.check(["g0/then"])
     assert unpack_plan(await_plan_after(connect("127.0.0.1", server.port, SECRET, 10), 0)) == second
     run = generations.running
-    assert run.owns(generations.calls[0]) and run.owns(generations.calls[1]) and sorted(run.training()) == ["w0", "w1", "w3"]
+    assert run.owns(generations.calls[0]) and run.owns(generations.calls[1])
+    assert sorted(run.training()) == ["w0", "w1", "w3"]
     # w1's call ended before it read the plan (its store broke): its answer is its report of generation 0
     generations.calls[1].answer = _report("w1", 0, 5)
     _, report, death = run.collect(generations.calls[1])

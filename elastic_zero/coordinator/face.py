@@ -35,7 +35,8 @@ def status_of(job) -> dict:
         st = job.state
         gen = st.generation
         # (by position: members.index(m) per member took 0.15 s at 1,024, holding the lock the loop decides under)
-        members = [{"actor_id": m.actor_id, "rank": r, "node": m.node} for r, m in enumerate(gen.members)] if gen else []
+        members = [{"actor_id": m.actor_id, "rank": r, "node": m.node}
+                   for r, m in enumerate(gen.members)] if gen else []
     live = job.record.live
     records = list(job.record.events.records)  # a restarted coordinator's include its predecessors'
     committed = job.record.committed_directories()

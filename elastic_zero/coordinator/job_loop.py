@@ -382,7 +382,7 @@ class JobLoop:
             self.apply(WorkerStartFailed(actor_id, reason, bad_input=True))
 
     def _on_node_notice(self, item: NodeNotice) -> None:
-        if here := self.watch.notice(item):  # members leave at a safe point; ready ones that have not joined just go: decided together
+        if here := self.watch.notice(item):  # members leave at a safe point, ready ones not yet in just go: together
             self.apply(PreemptionNotice(here[0], tuple(here[1:])))
 
     def _refresh_memory(self) -> None:

@@ -43,11 +43,11 @@ class HeartbeatListener:
     """The coordinator's side: a UDP socket on the node's cluster address, drained every DRAIN_EVERY_S
     or sooner by a process of its own (beat_drain.py), and a thread that applies what each drain read.
     `heard` maps actor id -> time.monotonic() when the drain that read its latest beat found the
-    socket empty: at most a drain's wait after the beat came (more if the drain was late). `read_until`
-    is that moment of the latest drain applied: every beat sent before it has been read (or was dropped, and then every member counts as heard),
-    so a silence is measured up to it, not up to the clock's now: a coordinator too busy to apply the
-    drains has not yet taken the beats of the time since, and the members would look silent for that
-    time. Nothing read is lost meanwhile: the drains wait in the pipe, folded together."""
+    socket empty: at most a drain's wait after the beat came (more if the drain was late).
+    `read_until` is that moment of the latest drain applied: every beat sent before it has been read
+    (or was dropped, and then every member counts as heard), so a silence is measured up to it, not
+    up to the clock's now: a coordinator too busy to apply the drains has not yet taken the beats of
+    the time since, and the members would look silent for that time. Nothing read is lost meanwhile: the drains wait in the pipe, folded together."""
 
     def __init__(self, host: str, secret: bytes, buffer_bytes: int = 8 << 20) -> None:
         """`buffer_bytes`: the socket's receive buffer (8 MiB: about 10,000 beats, a second of 1,024 workers')."""

@@ -41,12 +41,10 @@ def await_plan_after(store, number: int) -> bytes | None:
     """The packed plan the coordinator set to follow generation `number`, once it is set; None where
     the store is gone (the coordinator with it) or broke. `store`: a connection of the caller's own,
     blocked while it waits (a worker's side)."""
-    import torch.distributed as dist
-
     try:
         store.wait([then_key(number)], WAIT)
         return store.get(then_key(number))
-    except dist.DistError:
+    except (RuntimeError, OSError):  # torch's DistError (a RuntimeError): the store gone, or the wait's end
         return None
 
 
@@ -54,12 +52,11 @@ def stand_by(store, number: int, report: Report) -> bytes | None:
     """After generation `number`, in a standing call: `report` handed in, then the packed plan that
     follows, once the coordinator sets it; None where the store is gone (the coordinator with it, or
     the network between). `store`: a worker's StoreLink (worker/store_link.py), whose waiter() is a
-    connection of its own for the wait."""
-    import torch.distributed as dist
-
+    connection of its own for the wait. Never raises for the store: a call that raised would count
+    as its worker's death."""
     try:
         hand_in(store, number, report)
-    except dist.DistError:
+    except (RuntimeError, OSError):
         return None
     return await_plan_after(store.waiter(), number)
 
