@@ -47,7 +47,8 @@ class HeartbeatListener:
     `read_until` is that moment of the latest drain applied: every beat sent before it has been read
     (or was dropped, and then every member counts as heard), so a silence is measured up to it, not
     up to the clock's now: a coordinator too busy to apply the drains has not yet taken the beats of
-    the time since, and the members would look silent for that time. Nothing read is lost meanwhile: the drains wait in the pipe, folded together."""
+    the time since, and the members would look silent for that time. Nothing read is lost meanwhile:
+    the drains wait in the pipe, folded together."""
 
     def __init__(self, host: str, secret: bytes, buffer_bytes: int = 8 << 20) -> None:
         """`buffer_bytes`: the socket's receive buffer (8 MiB: about 10,000 beats, a second of 1,024 workers')."""
