@@ -26,7 +26,7 @@ os.environ["ELASTIC_ZERO_CHECK_TRAFFIC"] = "1"
 _RUNTIME = {"test_runtime.py", "test_runtime_hardening.py", "test_cli.py", "test_example.py", "test_abortable.py",
             "test_engine_parity.py", "test_engine_reshard.py", "test_handover.py", "test_checkpoint.py",
             "test_engine_state.py", "test_engine_races.py", "test_gpu.py", "test_chaos.py", "test_own_model.py",
-            "test_local_group.py"}
+            "test_local_group.py", "test_gloo_comm.py"}
 _SLOW = {"test_runtime.py", "test_engine_parity.py", "test_chaos.py", "test_own_model.py"}
 
 
