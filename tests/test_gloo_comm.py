@@ -1,6 +1,7 @@
-"""The engine's reduce-scatter and all-gather on real gloo groups (zero/comm.py): the reduce-scatter is an
-all-to-all and a sum, the all-gather gloo's own. Oracle: the sums and concatenations computed by hand
-from what every rank put in."""
+"""The engine's reduce-scatter and all-gather on real gloo groups (zero/comm.py): a reduce-scatter below
+its size limit is an all-to-all and a sum, a larger one an all-reduce in place; the all-gather is gloo's
+own. Oracle: the sums and concatenations computed by hand from what every rank put in, and the
+collectives the group was asked for."""
 
 import torch
 
@@ -8,6 +9,18 @@ from elastic_zero.testing.local_group import run_local_group
 from elastic_zero.zero import TorchComm
 
 CHUNK = 1000
+
+
+class _Recording:
+    """The rank's group, noting the name of each collective asked of it."""
+
+    def __init__(self, group) -> None:
+        self._group, self.asked = group, []
+
+    def __getattr__(self, name):
+        if name in ("alltoall_base", "allreduce", "_allgather_base", "_reduce_scatter_base"):
+            self.asked.append(name)
+        return getattr(self._group, name)
 
 
 def _contribution(rank: int, world: int, dtype: torch.dtype) -> torch.Tensor:
@@ -22,38 +35,48 @@ def _expected_share(rank: int, world: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _collectives(ctx):
-    comm = TorchComm(ctx.process_group)
+    group = _Recording(ctx.process_group)
+    comm = TorchComm(group)
     world, rank = comm.world_size, comm.rank
     out = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        # in place, as the backward does it: the share lands in this rank's chunk of the bucket
-        bucket = _contribution(rank, world, dtype)
-        share = bucket[rank * CHUNK:(rank + 1) * CHUNK]
-        comm.reduce_scatter(share, bucket)
-        out[f"in_place_{dtype}"] = torch.equal(share, _expected_share(rank, world, dtype))
-    # three in flight at once, as the backward keeps them, then two more: the buffers come back
+    for limit in (comm.all_to_all_max_bytes, CHUNK * world * 4):  # the default; one just below fp32's bucket
+        comm.all_to_all_max_bytes = limit
+        for dtype in (torch.float32, torch.bfloat16):
+            # in place, as the backward does it: the share lands in this rank's chunk of the bucket
+            bucket = _contribution(rank, world, dtype)
+            share = bucket[rank * CHUNK:(rank + 1) * CHUNK]
+            group.asked.clear()
+            comm.reduce_scatter(share, bucket)
+            out[f"{limit} {dtype}"] = (torch.equal(share, _expected_share(rank, world, dtype)), list(group.asked))
+    # three in flight at once, as the backward keeps them, out of place
+    comm.all_to_all_max_bytes = 1 << 20
     buckets = [_contribution(rank, world, torch.float32) * (k + 1) for k in range(3)]
     shares = [torch.empty(CHUNK) for _ in buckets]
     handles = [comm.reduce_scatter(s, b, async_op=True) for s, b in zip(shares, buckets)]
     for h in handles:
         h.wait()
-    out["in_flight"] = all(torch.equal(s, _expected_share(rank, world, torch.float32) * (k + 1))
+    out["in flight"] = all(torch.equal(s, _expected_share(rank, world, torch.float32) * (k + 1))
                            for k, s in enumerate(shares))
-    kept = {b.data_ptr() for b in comm._scratch._free}
-    for _ in range(2):
-        comm.reduce_scatter(torch.empty(CHUNK), _contribution(rank, world, torch.float32))
-    fp32 = [b for b in comm._scratch._free if b.dtype == torch.float32]
-    out["scratch_kept"] = len(fp32) == 3 and {b.data_ptr() for b in comm._scratch._free} == kept
     # the all-gather, in place: this rank's input is its chunk of the output
     full = torch.full((CHUNK * world,), -1.0)
     mine = full[rank * CHUNK:(rank + 1) * CHUNK]
     mine.copy_(torch.arange(CHUNK, dtype=torch.float32) + 1000 * rank)
+    group.asked.clear()
     comm.all_gather(full, mine)
-    out["gathered"] = torch.equal(full, torch.cat([torch.arange(CHUNK, dtype=torch.float32) + 1000 * r
-                                                   for r in range(world)]))
+    out["gathered"] = (torch.equal(full, torch.cat([torch.arange(CHUNK, dtype=torch.float32) + 1000 * r
+                                                    for r in range(world)])), list(group.asked))
     return out
 
 
 def test_reduce_scatter_and_all_gather_on_gloo_match_the_sums_by_hand():
+    limit = 32 << 20
     for answers in run_local_group(_collectives, 3):
-        assert all(answers.values()), answers
+        assert answers == {
+            f"{limit} torch.float32": (True, ["alltoall_base"]),
+            f"{limit} torch.bfloat16": (True, ["alltoall_base"]),
+            # the fp32 bucket is at the limit: all-reduced; the bf16 one, half its size, is below it
+            "12000 torch.float32": (True, ["allreduce"]),
+            "12000 torch.bfloat16": (True, ["alltoall_base"]),
+            "in flight": True,
+            "gathered": (True, ["_allgather_base"]),
+        }, answers

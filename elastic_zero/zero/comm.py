@@ -3,13 +3,15 @@
 `TorchComm` wraps a torch.distributed process group (gloo on CPU, NCCL on GPU; the device comes
 from the tensors). `SingleComm` is the one-rank implementation, so world size 1 runs the same code.
 
-On gloo (torch 2.13), a reduce-scatter is an all-to-all into a scratch buffer, then this rank's
-sum of the chunks it received, rank by rank: gloo's own reduce-scatter runs slower than its ring
-all-reduce of the whole buffer, and the all-to-all moves only what a reduce-scatter must (4 ranks
-on this 2-core machine, 1M / 5M fp32 elements: all-to-all and sum 11.8 / 50.1 ms, all-reduce
-19.2 / 62.3 ms, gloo's reduce-scatter 22.5 / 87.1 ms). Its all-gather is gloo's own (10.3 / 46.5 ms
-against 14.9 / 67.1 ms for an all-reduce of a buffer zero outside the rank's chunk, the way used
-before torch's gloo all-gather caught up).
+On gloo (torch 2.13), a reduce-scatter below ALL_TO_ALL_MAX_BYTES is an all-to-all into a
+receive buffer of the input's size, then this rank's sum of the chunks it received, rank by rank:
+gloo's own reduce-scatter runs slower than its ring all-reduce of the whole buffer, and the
+all-to-all moves only what a reduce-scatter must (4 ranks on this 2-core machine, 1M / 5M fp32
+elements: all-to-all and sum 11.8 / 50.1 ms, all-reduce 19.2 / 62.3 ms, gloo's reduce-scatter
+22.5 / 87.1 ms). A larger bucket is all-reduced in place, as before: its receive buffer would add its
+size to the worker's peak (GPT-2 medium's shape peaks at the backward's end, reducing the tied
+embedding's 206 MB bucket). The all-gather is gloo's own (10.3 / 46.5 ms against 14.9 / 67.1 ms for
+the all-reduce of a buffer zero outside the rank's chunk, the way used before gloo's caught up).
 
 A gloo group comes wrapped in an AbortableGroup (abortable.py): every wait on its work can be broken
 by an abort from another thread.
@@ -38,9 +40,12 @@ from torch._C._distributed_c10d import (
 )
 
 from elastic_zero.zero.abortable import AbortableGroup
-from elastic_zero.zero.host_memory import checking_traffic, is_host_buffer
+from elastic_zero.zero.host_memory import STEP_MMAP_THRESHOLD, checking_traffic, is_host_buffer
 
 ROLES = ("train", "host")
+# gloo reduce-scatters below this are all-to-alls: a stepping worker's heap hands out and takes back
+# buffers below its mmap threshold (host_memory.py), so the receive buffer faults in no fresh pages
+ALL_TO_ALL_MAX_BYTES = STEP_MMAP_THRESHOLD
 
 
 class TrafficError(RuntimeError):
@@ -143,8 +148,7 @@ class TorchComm:
         self.rank = process_group.rank()
         self.world_size = process_group.size()
         self.backend = _backend_name(process_group)
-        self._scatter_by_all_to_all = self.backend == "gloo"
-        self._scratch = _Scratch()
+        self.all_to_all_max_bytes = ALL_TO_ALL_MAX_BYTES  # (gloo only)
         if role == "host" and self.backend != "gloo":
             raise ValueError(f"the host group must be gloo, got {self.backend}")
         self.role = role
@@ -179,14 +183,22 @@ class TorchComm:
     def reduce_scatter(self, output, input, async_op=False):
         _check_chunks(output, input, self.world_size, "reduce_scatter")
         self._check("reduce_scatter", output, input)
-        if not self._scatter_by_all_to_all:
+        if self.backend != "gloo":
             return self._maybe_wait(self.pg._reduce_scatter_base(output, input, ReduceScatterOptions()), async_op)
-        received = self._scratch.take(input)  # chunk j: rank j's chunk of this rank's share
-        work = self._pending(self.pg.alltoall_base(received, input, [], [], AllToAllOptions()))
+        if input.numel() * input.element_size() < self.all_to_all_max_bytes:
+            received = torch.empty_like(input)  # chunk j: rank j's chunk of this rank's share
+            work = self._pending(self.pg.alltoall_base(received, input, [], [], AllToAllOptions()))
 
-        def finish() -> None:  # ranks summed in one order on every rank: the same bits wherever it runs
-            torch.sum(received.view(self.world_size, -1), dim=0, out=output)
-            self._scratch.give_back(received)
+            def finish() -> None:  # ranks summed in one order on every rank: the same bits wherever it runs
+                torch.sum(received.view(self.world_size, -1), dim=0, out=output)
+        else:
+            work = self._pending(self.pg.allreduce([input], AllreduceOptions()))
+            n = output.numel()
+            mine = input[self.rank * n:(self.rank + 1) * n]
+
+            def finish() -> None:
+                if output.data_ptr() != mine.data_ptr():
+                    output.copy_(mine)
 
         return self._maybe_wait(_Then(work, finish), async_op)
 
@@ -224,26 +236,6 @@ class TorchComm:
 def _wait_plain(work) -> None:
     work.wait()
 
-
-class _Scratch:
-    """Receive buffers of the all-to-all reduce-scatters, kept for the next step: a fresh buffer of
-    a unit's size is a fresh mapping whose pages fault in on every step. At most as many as were in
-    flight at once (the backward keeps a few reductions going) are kept."""
-
-    def __init__(self) -> None:
-        self._free: list[torch.Tensor] = []
-
-    def take(self, like: torch.Tensor) -> torch.Tensor:
-        n = like.numel()
-        for i, buf in enumerate(self._free):
-            if buf.dtype == like.dtype and buf.numel() >= n:
-                return self._free.pop(i)[:n]
-        return torch.empty(n, dtype=like.dtype, device=like.device)
-
-    def give_back(self, buf: torch.Tensor) -> None:
-        whole = buf if buf._base is None else buf._base
-        self._free.append(whole)
-        self._free.sort(key=torch.Tensor.numel)  # the smallest that fits is taken
 
 
 def _check_chunks(chunk: torch.Tensor, whole: torch.Tensor, world_size: int, what: str) -> None:
