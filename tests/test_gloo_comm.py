@@ -1,6 +1,5 @@
-"""The engine's reduce-scatter and all-gather on real gloo groups (zero/comm.py): a reduce-scatter below
-its size limit is an all-to-all and a sum, a larger one an all-reduce in place; the all-gather is gloo's
-own. Oracle: the sums and concatenations computed by hand from what every rank put in, and the
+"""The engine's reduce-scatter and all-gather on real gloo groups (zero/comm.py): below their size limit
+an all-to-all and a sum, and gloo's own all-gather; at it, all-reduces in place. Oracle: the sums and concatenations computed by hand from what every rank put in, and the
 collectives the group was asked for."""
 
 import torch
@@ -39,8 +38,8 @@ def _collectives(ctx):
     comm = TorchComm(group)
     world, rank = comm.world_size, comm.rank
     out = {}
-    for limit in (comm.all_to_all_max_bytes, CHUNK * world * 4):  # the default; one just below fp32's bucket
-        comm.all_to_all_max_bytes = limit
+    for limit in (comm.second_buffer_max_bytes, CHUNK * world * 4):  # the default; one just below fp32's bucket
+        comm.second_buffer_max_bytes = limit
         for dtype in (torch.float32, torch.bfloat16):
             # in place, as the backward does it: the share lands in this rank's chunk of the bucket
             bucket = _contribution(rank, world, dtype)
@@ -49,7 +48,7 @@ def _collectives(ctx):
             comm.reduce_scatter(share, bucket)
             out[f"{limit} {dtype}"] = (torch.equal(share, _expected_share(rank, world, dtype)), list(group.asked))
     # three in flight at once, as the backward keeps them, out of place
-    comm.all_to_all_max_bytes = 1 << 20
+    comm.second_buffer_max_bytes = 1 << 20
     buckets = [_contribution(rank, world, torch.float32) * (k + 1) for k in range(3)]
     shares = [torch.empty(CHUNK) for _ in buckets]
     handles = [comm.reduce_scatter(s, b, async_op=True) for s, b in zip(shares, buckets)]
@@ -57,14 +56,16 @@ def _collectives(ctx):
         h.wait()
     out["in flight"] = all(torch.equal(s, _expected_share(rank, world, torch.float32) * (k + 1))
                            for k, s in enumerate(shares))
-    # the all-gather, in place: this rank's input is its chunk of the output
-    full = torch.full((CHUNK * world,), -1.0)
-    mine = full[rank * CHUNK:(rank + 1) * CHUNK]
-    mine.copy_(torch.arange(CHUNK, dtype=torch.float32) + 1000 * rank)
-    group.asked.clear()
-    comm.all_gather(full, mine)
-    out["gathered"] = (torch.equal(full, torch.cat([torch.arange(CHUNK, dtype=torch.float32) + 1000 * r
-                                                    for r in range(world)])), list(group.asked))
+    # the all-gather, in place (this rank's input is its chunk of the output), below and at the limit
+    for limit in (1 << 20, CHUNK * world * 4):
+        comm.second_buffer_max_bytes = limit
+        full = torch.full((CHUNK * world,), -1.0)
+        mine = full[rank * CHUNK:(rank + 1) * CHUNK]
+        mine.copy_(torch.arange(CHUNK, dtype=torch.float32) + 1000 * rank)
+        group.asked.clear()
+        comm.all_gather(full, mine)
+        out[f"gathered {limit}"] = (torch.equal(full, torch.cat([torch.arange(CHUNK, dtype=torch.float32) + 1000 * r
+                                                                 for r in range(world)])), list(group.asked))
     return out
 
 
@@ -78,5 +79,6 @@ def test_reduce_scatter_and_all_gather_on_gloo_match_the_sums_by_hand():
             "12000 torch.float32": (True, ["allreduce"]),
             "12000 torch.bfloat16": (True, ["alltoall_base"]),
             "in flight": True,
-            "gathered": (True, ["_allgather_base"]),
+            f"gathered {1 << 20}": (True, ["_allgather_base"]),
+            "gathered 12000": (True, ["allreduce"]),
         }, answers

@@ -3,15 +3,17 @@
 `TorchComm` wraps a torch.distributed process group (gloo on CPU, NCCL on GPU; the device comes
 from the tensors). `SingleComm` is the one-rank implementation, so world size 1 runs the same code.
 
-On gloo (torch 2.13), a reduce-scatter below ALL_TO_ALL_MAX_BYTES is an all-to-all into a
-receive buffer of the input's size, then this rank's sum of the chunks it received, rank by rank:
-gloo's own reduce-scatter runs slower than its ring all-reduce of the whole buffer, and the
-all-to-all moves only what a reduce-scatter must (4 ranks on this 2-core machine, 1M / 5M fp32
-elements: all-to-all and sum 11.8 / 50.1 ms, all-reduce 19.2 / 62.3 ms, gloo's reduce-scatter
-22.5 / 87.1 ms). A larger bucket is all-reduced in place, as before: its receive buffer would add its
-size to the worker's peak (GPT-2 medium's shape peaks at the backward's end, reducing the tied
-embedding's 206 MB bucket). The all-gather is gloo's own (10.3 / 46.5 ms against 14.9 / 67.1 ms for
-the all-reduce of a buffer zero outside the rank's chunk, the way used before gloo's caught up).
+On gloo (torch 2.13), collectives of buffers below SECOND_BUFFER_MAX_BYTES take the fastest way
+measured here (4 ranks on this 2-core machine, 1M / 5M fp32 elements):
+- a reduce-scatter is an all-to-all into a receive buffer of the input's size, then this rank's sum of
+  the chunks it received, rank by rank: 11.8 / 50.1 ms, against 19.2 / 62.3 ms for a ring all-reduce
+  of the whole buffer and 22.5 / 87.1 ms for gloo's own reduce-scatter;
+- an all-gather is gloo's own: 10.3 / 46.5 ms, against 14.9 / 67.1 ms for an all-reduce of a buffer
+  zero outside the rank's chunk.
+Both need a second buffer of the whole size (gloo's all-gather makes its own, measured: 191 MiB more
+at the peak for a 191 MiB output). Larger buffers are all-reduced in place, as before, and add
+nothing to a worker's peak (GPT-2 medium's shape peaks at the backward's end, reducing the tied
+embedding's 206 MB bucket).
 
 A gloo group comes wrapped in an AbortableGroup (abortable.py): every wait on its work can be broken
 by an abort from another thread.
@@ -43,9 +45,9 @@ from elastic_zero.zero.abortable import AbortableGroup
 from elastic_zero.zero.host_memory import STEP_MMAP_THRESHOLD, checking_traffic, is_host_buffer
 
 ROLES = ("train", "host")
-# gloo reduce-scatters below this are all-to-alls: a stepping worker's heap hands out and takes back
-# buffers below its mmap threshold (host_memory.py), so the receive buffer faults in no fresh pages
-ALL_TO_ALL_MAX_BYTES = STEP_MMAP_THRESHOLD
+# gloo collectives below this use a second buffer of their size: a stepping worker's heap hands out and
+# takes back buffers below its mmap threshold (host_memory.py), so it faults in no fresh pages
+SECOND_BUFFER_MAX_BYTES = STEP_MMAP_THRESHOLD
 
 
 class TrafficError(RuntimeError):
@@ -148,7 +150,7 @@ class TorchComm:
         self.rank = process_group.rank()
         self.world_size = process_group.size()
         self.backend = _backend_name(process_group)
-        self.all_to_all_max_bytes = ALL_TO_ALL_MAX_BYTES  # (gloo only)
+        self.second_buffer_max_bytes = SECOND_BUFFER_MAX_BYTES  # (gloo only)
         if role == "host" and self.backend != "gloo":
             raise ValueError(f"the host group must be gloo, got {self.backend}")
         self.role = role
@@ -185,7 +187,7 @@ class TorchComm:
         self._check("reduce_scatter", output, input)
         if self.backend != "gloo":
             return self._maybe_wait(self.pg._reduce_scatter_base(output, input, ReduceScatterOptions()), async_op)
-        if input.numel() * input.element_size() < self.all_to_all_max_bytes:
+        if input.numel() * input.element_size() < self.second_buffer_max_bytes:
             received = torch.empty_like(input)  # chunk j: rank j's chunk of this rank's share
             work = self._pending(self.pg.alltoall_base(received, input, [], [], AllToAllOptions()))
 
@@ -205,7 +207,15 @@ class TorchComm:
     def all_gather(self, output, input, async_op=False):
         _check_chunks(input, output, self.world_size, "all_gather")
         self._check("all_gather", output, input)
-        return self._maybe_wait(self.pg._allgather_base(output, input, AllgatherOptions()), async_op)
+        if self.backend != "gloo" or output.numel() * output.element_size() < self.second_buffer_max_bytes:
+            return self._maybe_wait(self.pg._allgather_base(output, input, AllgatherOptions()), async_op)
+        n = input.numel()  # gloo's own would gather into a buffer of the output's size, then copy it
+        lo, hi = self.rank * n, (self.rank + 1) * n
+        if output.data_ptr() != input.data_ptr() + lo * input.element_size():
+            output[lo:hi].copy_(input)
+        output[:lo].zero_()
+        output[hi:].zero_()
+        return self._maybe_wait(self.pg.allreduce([output], AllreduceOptions()), async_op)
 
     def broadcast(self, tensor, src=0):
         self._check("broadcast", tensor)
