@@ -247,7 +247,6 @@ def _wait_plain(work) -> None:
     work.wait()
 
 
-
 def _check_chunks(chunk: torch.Tensor, whole: torch.Tensor, world_size: int, what: str) -> None:
     if whole.numel() != chunk.numel() * world_size:
         raise ValueError(
