@@ -1,6 +1,7 @@
 """The engine's reduce-scatter and all-gather on real gloo groups (zero/comm.py): below their size limit
-an all-to-all and a sum, and gloo's own all-gather; at it, all-reduces in place. Oracle: the sums and concatenations computed by hand from what every rank put in, and the
-collectives the group was asked for."""
+an all-to-all and a sum, and gloo's own all-gather; at it, all-reduces in place. Oracle: the sums and
+concatenations computed by hand from what every rank put in, and the collectives the group was asked
+for."""
 
 import torch
 
