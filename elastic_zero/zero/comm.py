@@ -187,7 +187,7 @@ class TorchComm:
         self._check("reduce_scatter", output, input)
         if self.backend != "gloo":
             return self._maybe_wait(self.pg._reduce_scatter_base(output, input, ReduceScatterOptions()), async_op)
-        if input.numel() * input.element_size() < self.second_buffer_max_bytes:
+        if self._second_buffer_allowed(input):
             received = torch.empty_like(input)  # chunk j: rank j's chunk of this rank's share
             work = self._pending(self.pg.alltoall_base(received, input, [], [], AllToAllOptions()))
 
@@ -207,7 +207,7 @@ class TorchComm:
     def all_gather(self, output, input, async_op=False):
         _check_chunks(input, output, self.world_size, "all_gather")
         self._check("all_gather", output, input)
-        if self.backend != "gloo" or output.numel() * output.element_size() < self.second_buffer_max_bytes:
+        if self.backend != "gloo" or self._second_buffer_allowed(output):
             return self._maybe_wait(self.pg._allgather_base(output, input, AllgatherOptions()), async_op)
         n = input.numel()  # gloo's own would gather into a buffer of the output's size, then copy it
         lo, hi = self.rank * n, (self.rank + 1) * n
@@ -216,6 +216,10 @@ class TorchComm:
         output[:lo].zero_()
         output[hi:].zero_()
         return self._maybe_wait(self.pg.allreduce([output], AllreduceOptions()), async_op)
+
+    def _second_buffer_allowed(self, whole: torch.Tensor) -> bool:
+        """Whether a gloo collective of `whole` may take its fastest way, which holds a second buffer of its size."""
+        return whole.numel() * whole.element_size() < self.second_buffer_max_bytes
 
     def broadcast(self, tensor, src=0):
         self._check("broadcast", tensor)
