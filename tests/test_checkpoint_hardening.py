@@ -29,6 +29,20 @@ def _bytes_of(directory):
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
+def test_a_rank_file_is_written_from_views_of_the_snapshot_not_from_copies():
+    """A save writes on a thread beside training: a copy of each block into a bytes object would hold
+    the GIL for its whole length (a GIL-bound thread beside such copies made no progress at all,
+    measured), where the stream's write and the CRC take a view with it released."""
+    from elastic_zero.checkpoint.store import _raw_bytes
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        vector = torch.arange(10, dtype=dtype)
+        raw = _raw_bytes(vector[2:6])
+        assert raw.nbytes == 4 * vector.element_size() and raw.format == "B"
+        vector[3] = 100  # written after the view was taken: the view shows it, a copy would not
+        assert bytes(raw) == vector[2:6].view(torch.int16 if vector.element_size() == 2 else torch.int32).numpy().tobytes()
+
+
 def test_a_committed_step_is_never_rewritten(tmp_path):
     """Seen before: a replay (or a resume at an older step) rewrote the data files inside an
     already committed step directory."""

@@ -39,11 +39,14 @@ from elastic_zero.zero.shard import ShardState
 BLOCK_NUMEL = 1 << 20
 
 
-def _raw_bytes(t: torch.Tensor) -> bytes:
+def _raw_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of `t` (a host tensor: the snapshot's own memory, not a copy). A copy into a bytes
+    object would hold the GIL while it runs, and a save writes from a thread beside the training
+    one: the stream's write and zlib's CRC take this view with the GIL released."""
     t = t.detach().contiguous().cpu()
     if sys.byteorder != "little":  # the format is little-endian
         raise RuntimeError("big-endian hosts are not supported by the checkpoint format")
-    return t.view(BIT_VIEWS[t.element_size()]).numpy().tobytes()
+    return memoryview(t.view(BIT_VIEWS[t.element_size()]).numpy()).cast("B")
 
 
 def write_rank_file(fs: pafs.FileSystem, directory: str, state: ShardState,
@@ -64,7 +67,7 @@ def write_rank_file(fs: pafs.FileSystem, directory: str, state: ShardState,
                     data = _raw_bytes(values[cursor + o : cursor + o + n])
                     out.write(data)
                     blocks.append(Block(r.start + o, n, offset, zlib.crc32(data)))
-                    offset += len(data)
+                    offset += data.nbytes
                 cursor += r.numel
                 if blocks:
                     segments.append(Segment(vector, r.start, r.stop, tuple(blocks)))
