@@ -40,7 +40,8 @@ def test_a_rank_file_is_written_from_views_of_the_snapshot_not_from_copies():
         raw = _raw_bytes(vector[2:6])
         assert raw.nbytes == 4 * vector.element_size() and raw.format == "B"
         vector[3] = 100  # written after the view was taken: the view shows it, a copy would not
-        assert bytes(raw) == vector[2:6].view(torch.int16 if vector.element_size() == 2 else torch.int32).numpy().tobytes()
+        bits = torch.int16 if vector.element_size() == 2 else torch.int32
+        assert bytes(raw) == vector[2:6].view(bits).numpy().tobytes()
 
 
 def test_a_committed_step_is_never_rewritten(tmp_path):

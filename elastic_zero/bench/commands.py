@@ -80,6 +80,12 @@ def add_bench_parsers(sub) -> None:
     ck.add_argument("--load-workers", type=int, default=3)
     ck.add_argument("--rounds", type=int, default=3)
     ck.add_argument("--json", action="store_true", help="print one JSON object")
+    so = bench_sub.add_parser("save-overlap", help="what a checkpoint's background write costs a GIL-bound "
+                                                   "training thread beside it")
+    so.add_argument("--numel", type=int, default=100_000_000, help="the shard's fp32 elements (x3 with the moments)")
+    so.add_argument("--rounds", type=int, default=4)
+    so.add_argument("--dir", default=None, help="where the save is written (default: the system's temp directory)")
+    so.add_argument("--json", action="store_true", help="print one JSON object")
     data = bench_sub.add_parser("data", help="the workers' streaming data path against a plain pyarrow.dataset scan")
     data.add_argument("--size-gb", type=float, default=2.0, help="the generated dataset's int32 tokens, in GB")
     data.add_argument("--dir", default="runs/bench-data", help="where the dataset is generated (and reused)")
@@ -215,6 +221,12 @@ def run_bench(args) -> int:
         report = run_data_bench(args.size_gb, args.dir, args.format, args.seq_len, args.workers,
                                 args.global_batch, args.rounds, args.batch_rows)
         print(json.dumps(report) if args.json else format_data_report(report))
+        return 0
+    if args.bench == "save-overlap":
+        from elastic_zero.bench.save_overlap import format_save_overlap, run_save_overlap_bench
+
+        report = run_save_overlap_bench(args.numel, args.rounds, args.dir)
+        print(json.dumps(report) if args.json else format_save_overlap(report))
         return 0
     if args.bench == "memory":
         from elastic_zero.bench.memory import format_memory, run_memory_bench
