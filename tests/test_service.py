@@ -134,7 +134,7 @@ def _metric(head, name: str, job_id: str) -> float | None:
 
 @pytest.fixture(scope="module")
 def auth_head():
-    head = RayHead(auth=True)
+    head = RayHead(auth=True, env={"RAY_metrics_report_interval_ms": "1000"})  # its metrics read within seconds
     yield head
     head.stop()
 
