@@ -6,10 +6,12 @@ thread goes on. On a GPU that thread is bound by the GIL (it queues kernels and 
 so whatever the writing thread does while it holds the GIL comes out of the step. Side by side in one
 run, rounds alternating, this measures a GIL-bound stand-in for the training thread (small torch ops
 in a loop): its rate alone; beside a real save (AsyncCheckpointWriter, a world-size-1 shard of
-`numel` fp32 master elements and two AdamW moments, into a local directory); and beside the same
-bytes copied block by block into bytes objects, as the writer did before 2026-11-29 (such a copy
-holds the GIL for its whole length). The stand-in's rate beside each, against alone just before, is
-what a step bound by the GIL would keep; the writer's CPU is the process's less the stand-in's.
+`numel` fp32 master elements and two AdamW moments, into a local directory); beside the same bytes
+written, CRC'd and synced by another process, which shares no GIL with it (the floor this host's
+cores and disk set for any thread beside a write); and beside the same bytes copied block by block
+into bytes objects, as the writer did before 2026-11-29 (such a copy holds the GIL for its whole
+length). The stand-in's rate beside each, against alone (the mean of just before and just after),
+is what a step bound by the GIL would keep; a write's CPU is its thread's or its process's.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def _copies_under_the_gil(snapshot) -> None:
 
 
 def _alone() -> float:
+    """The stand-in's rate with nothing beside it, over ALONE_S."""
     end = time.perf_counter() + ALONE_S
     return _stand_in_rate(lambda: time.perf_counter() < end)
 
