@@ -158,6 +158,8 @@ def run_save_overlap_bench(numel: int = 100_000_000, rounds: int = 4, directory:
         raise ValueError(f"bench save-overlap: --numel must be at least 1, got {numel}")
     if rounds < 1:
         raise ValueError(f"bench save-overlap: --rounds must be at least 1, got {rounds}")
+    if directory is not None and not (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
+        raise ValueError(f"bench save-overlap: --dir {directory!r} is not a directory this process can write in")
     import torch
     import torch.distributed as dist
 
