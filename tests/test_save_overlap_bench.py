@@ -37,7 +37,8 @@ def test_a_save_that_fails_fails_the_bench(monkeypatch, tmp_path):
 @pytest.mark.parametrize("args, message", [(["--numel", "0"], "--numel must be at least 1, got 0"),
                                            (["--rounds", "0"], "--rounds must be at least 1, got 0"),
                                            (["--dir", "/no/such/dir"], "--dir '/no/such/dir' is not a directory"),
-                                           (["--dir", "README.md"], "--dir 'README.md' is not a directory")])
+                                           (["--dir", "README.md"], "--dir 'README.md' is not a directory"),
+                                           (["--numel", "10000000000000"], "more than this machine has free")])
 def test_bad_sizes_are_one_line_and_exit_2(args, message, capsys):
     assert main(["bench", "save-overlap", *args]) == 2
     err = capsys.readouterr().err
