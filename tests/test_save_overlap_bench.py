@@ -1,5 +1,5 @@
 """`elastic-zero bench save-overlap` on a small shard: it saves for real (the checkpoint it writes
-commits, or the bench fails), reports the three ways side by side, and refuses bad sizes in one line."""
+commits, or the bench fails), reports the three ways side by side, and refuses bad arguments (sizes, a directory) in one line."""
 
 import pytest
 
@@ -39,7 +39,7 @@ def test_a_save_that_fails_fails_the_bench(monkeypatch, tmp_path):
                                            (["--dir", "/no/such/dir"], "--dir '/no/such/dir' is not a directory"),
                                            (["--dir", "README.md"], "--dir 'README.md' is not a directory"),
                                            (["--numel", "10000000000000"], "more than this machine has free")])
-def test_bad_sizes_are_one_line_and_exit_2(args, message, capsys):
+def test_bad_arguments_are_one_line_and_exit_2(args, message, capsys):
     assert main(["bench", "save-overlap", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
