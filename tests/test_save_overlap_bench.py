@@ -1,5 +1,6 @@
 """`elastic-zero bench save-overlap` on a small shard: it saves for real (the checkpoint it writes
-commits, or the bench fails), reports the three ways side by side, and refuses bad arguments (sizes, a directory) in one line."""
+commits, or the bench fails), reports the three ways side by side, and refuses bad arguments (sizes,
+a directory) in one line."""
 
 import pytest
 
@@ -15,9 +16,10 @@ def test_the_bench_saves_a_shard_and_reports_three_ways(monkeypatch, tmp_path):
     assert report["bytes"] == 3 * 4 * 50_001 and report["rounds"] == 2
     for way in ("save", "write_in_a_process", "copies_under_the_gil"):
         figures = report[way]
-        assert len(figures["kept"]) == 2 and figures["kept_median"] > 0 and figures["wall_s_median"] > 0
-        assert figures["stood_still_s"] == pytest.approx(
-            figures["wall_s_median"] * max(0.0, 1.0 - figures["kept_median"]), abs=2e-3)
+        # (>= 0: a write this small may end before the stand-in's first turn; the copies always may)
+        assert len(figures["kept"]) == 2 and figures["kept_median"] >= 0 and figures["wall_s_median"] > 0
+        wall, kept = figures["wall_s_median"], figures["kept_median"]  # (computed from them before rounding)
+        assert figures["stood_still_s"] == pytest.approx(wall * max(0.0, 1.0 - kept), abs=1e-3 + 1e-3 * wall)
     assert list(tmp_path.iterdir()) == []  # its directory removed
     assert "copied under the GIL" in bench.format_save_overlap(report)
 
