@@ -53,6 +53,12 @@ def capacity_bytes() -> int:
     return min(total, limit) if limit else total
 
 
+def available_bytes() -> int | None:
+    """What the kernel says new allocations can take without swapping (MemAvailable), or None where
+    /proc/meminfo cannot be read: a bench's size check, which is then skipped."""
+    return _meminfo().get("MemAvailable")
+
+
 def used_bytes() -> int:
     """What the node has in use, as Ray's memory monitor counts it."""
     for usage, stat in (("/sys/fs/cgroup/memory/memory.usage_in_bytes", "/sys/fs/cgroup/memory/memory.stat"),

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 
-from elastic_zero.node_memory import peak_rss_bytes
+from elastic_zero.node_memory import available_bytes, peak_rss_bytes
 from elastic_zero.bench.control_plane_figures import (busiest_nodes, first, growth, held_within, merged, problems,
                                                      rendezvous_s)
 from elastic_zero.testing.local_cluster import descendants
@@ -27,19 +27,7 @@ WAIT_S = 180.0
 
 
 def check_arguments(sizes: list[int], per_node: int) -> list[str]:
-    return [line for n in sizes for line in problems(n, per_node, _available_bytes(), SCALE_UP, PREEMPTED_NODES)]
-
-
-def _available_bytes() -> int | None:
-    """MemAvailable, or None where /proc/meminfo cannot be read (then no size is refused for memory)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:  # not Linux: the check is skipped, as the docstring says
-        return None
-    return None
+    return [line for n in sizes for line in problems(n, per_node, available_bytes(), SCALE_UP, PREEMPTED_NODES)]
 
 
 def run_control_plane(sizes: list[int], per_node: int = 8, steady_s: float = 60.0, step_s: float = 0.25,

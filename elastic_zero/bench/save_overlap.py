@@ -158,11 +158,10 @@ def run_save_overlap_bench(numel: int = 100_000_000, rounds: int = 4, directory:
         raise ValueError(f"bench save-overlap: --numel must be at least 1, got {numel}")
     if rounds < 1:
         raise ValueError(f"bench save-overlap: --rounds must be at least 1, got {rounds}")
-    from elastic_zero.node_memory import capacity_bytes, used_bytes
+    from elastic_zero.node_memory import available_bytes
 
-    capacity, needed = capacity_bytes(), 2 * 3 * 4 * numel  # the shard, and the writing process's bytes
-    free = capacity - used_bytes()
-    if capacity and needed > free:
+    free, needed = available_bytes(), 2 * 3 * 4 * numel  # the shard, and the writing process's bytes
+    if free is not None and needed > free:
         raise ValueError(f"bench save-overlap: --numel {numel:,} needs {needed / 2**30:.1f} GiB (the shard and another "
                          f"process's copy of it), more than this machine has free ({free / 2**30:.1f} GiB)")
     if directory is not None and not (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
