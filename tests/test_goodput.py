@@ -114,6 +114,9 @@ def test_ray_train_figures_count_the_kept_runs_the_redone_steps_and_the_restarts
     assert (f["samples_trained"], f["samples_kept"]) == (10 * 16, 8 * 16) and f["useful_samples_per_s"] == 3.2
     assert f["first_step_done_s"] == 10.5 and f["world_sizes"] == [[0, 4], [4, 2]]
     assert f["step_s_median"] == 0.625  # the kept runs: four of 0.5 s (attempt x), four of 0.75 s (y)
+    # steps 0-3 of attempt x end a second apart at 4 workers; 4-7 of y too, at 2 (3 -> 4 is the restart's)
+    assert f["steady"] == {4: {"gaps": 3, "step_s": 1.0, "samples_per_s": 16.0},
+                           2: {"gaps": 3, "step_s": 1.0, "samples_per_s": 16.0}}
 
 
 def test_elastic_zero_figures_leave_the_commit_and_checkpoint_time_out_of_the_steps():
@@ -133,6 +136,23 @@ def test_elastic_zero_figures_leave_the_commit_and_checkpoint_time_out_of_the_st
     assert elastic_zero_figures({}, [], 100.0, 10.0)["steps_kept"] == 0
 
 
+def test_the_steady_rate_of_a_size_is_its_steps_median_gap_and_leaves_out_the_events():
+    from elastic_zero.bench.goodput_schedule import elastic_zero_figures, steady_rates
+
+    # 4 workers a step each 0.5 s; a recovery (step 3 ends 5 s after step 2); 2 workers a step each
+    # 0.4 s; step 7 redone, so the gap 6 -> 8 is no step's; the last gap is a slow one (median kept)
+    ends = [[0, 10.0], [1, 10.5], [2, 11.0], [3, 16.0], [4, 16.4], [5, 16.8], [6, 17.2], [8, 20.0], [9, 20.4],
+            [10, 21.4]]
+    summary = {"step_end_curve": ends, "world_size_history": [[0, 4], [3, 2]], "global_batch": 16}
+    rates = elastic_zero_figures(summary, [], 0.0, 30.0)["steady"]
+    assert rates == {4: {"gaps": 2, "step_s": 0.5, "samples_per_s": 32.0},
+                     2: {"gaps": 5, "step_s": 0.4, "samples_per_s": 40.0}}
+    assert list(rates) == [4, 2]  # the largest size first
+    # the order given does not matter: a step's end orders it; no two steps at one size: nothing
+    assert steady_rates([(1, 2.0, 4, 16), (0, 1.0, 4, 16)]) == {4: {"gaps": 1, "step_s": 1.0, "samples_per_s": 16.0}}
+    assert steady_rates([(0, 1.0, 4, 16), (1, 2.0, 2, 16)]) == {} and steady_rates([]) == {}
+
+
 def test_the_report_prints_both_systems_side_by_side_and_a_failure_by_its_reason():
     from elastic_zero.bench.goodput import format_goodput
     from elastic_zero.bench.goodput_schedule import ray_train_figures
@@ -146,6 +166,8 @@ def test_the_report_prints_both_systems_side_by_side_and_a_failure_by_its_reason
     assert lines[1] == "  schedule: 600 s end"
     assert lines[3] == "  elastic_zero   failed: no summary; see /tmp/x"
     assert lines[4].split() == ["ray_train", "0.125", "40.0", "5.0", "8", "2", "1", "160", "128", "3.2", "10.5", "0.625"]
+    assert lines[6].strip() == ("steady state by world size: 4: 16.0 samples/s, a step every 1.000 s; "
+                                "2: 16.0 samples/s, a step every 1.000 s")
 
 
 def _torchft_record(group, step, started, done, committed=True, participating=True, participants=2, samples=4):
@@ -176,6 +198,8 @@ def test_torchft_figures_keep_each_step_once_with_the_shares_of_the_groups_that_
     assert f["samples_kept"] == 28 and f["samples_trained"] == 40 and f["skipped_samples"] == 4 * 16 - 28
     assert f["useful_samples_per_s"] == 1.4 and f["first_step_done_s"] == 10.5
     assert f["world_sizes"] == [[0, 2], [2, 1], [3, 2]]
+    # two groups: steps 0 -> 1 a gap of 0.5 s keeping 8 samples (2 -> 3 spans the change of size)
+    assert f["steady"] == {2: {"gaps": 1, "step_s": 0.5, "samples_per_s": 16.0}}
     assert torchft_figures([], 16, 0.0, 20.0, restarts=0)["steps_kept"] == 0
 
 

@@ -103,6 +103,9 @@ def elastic_zero_figures(summary: dict, events: list[dict], launched_at: float, 
     recoveries = summary.get("recoveries", [])
     # rank 0 tells the coordinator when its first step is done: from the launch, as for Ray Train
     stepped = [e["t"] for e in events if e["event"] == "decision" and e.get("on") == "GenerationStepped"]
+    sizes = summary.get("world_size_history", [])
+    ends = [(step, done, _size_at(sizes, step), summary.get("global_batch", 0))
+            for step, done in summary.get("step_end_curve", [])]
     return {"steps_kept": len(kept), "productive_s": round(sum(kept), 1), "goodput": round(goodput(kept, wall_s), 3),
             "step_s_median": _median(steps),  # the whole step, its commit and checkpoint included
             "steps_redone": sum(r.get("lost_steps") or 0 for r in recoveries),
@@ -111,7 +114,7 @@ def elastic_zero_figures(summary: dict, events: list[dict], launched_at: float, 
             "useful_samples_per_s": round(summary.get("samples_consumed", 0) / wall_s, 2),
             "restarts": 0, "recoveries": len(recoveries), "reconfigurations": len(summary.get("reconfigurations", [])),
             "first_step_done_s": round(stepped[0] - launched_at, 1) if stepped else None,
-            "world_sizes": summary.get("world_size_history", [])}
+            "world_sizes": sizes, "steady": steady_rates(ends)}
 
 
 def ray_train_figures(records: list[dict], global_batch: int, launched_at: float, wall_s: float) -> dict:
@@ -125,7 +128,8 @@ def ray_train_figures(records: list[dict], global_batch: int, launched_at: float
             "skipped_samples": 0, "useful_samples_per_s": round(len(kept) * global_batch / wall_s, 2),
             "restarts": len({r["attempt"] for r in records}) - 1, "recoveries": None, "reconfigurations": None,
             "first_step_done_s": None if first is None else round(first - launched_at, 1),
-            "world_sizes": world_changes(records)}
+            "world_sizes": world_changes(records),
+            "steady": steady_rates([(step, r["done"], r["world"], global_batch) for step, r in kept.items()])}
 
 
 def torchft_figures(records: list[dict], global_batch: int, launched_at: float, wall_s: float,
@@ -164,7 +168,37 @@ def torchft_figures(records: list[dict], global_batch: int, launched_at: float, 
             "skipped_samples": len(kept) * global_batch - samples_kept,
             "useful_samples_per_s": round(samples_kept / wall_s, 2),
             "restarts": restarts, "recoveries": None, "reconfigurations": None,
-            "first_step_done_s": None if first is None else round(first - launched_at, 1), "world_sizes": sizes}
+            "first_step_done_s": None if first is None else round(first - launched_at, 1), "world_sizes": sizes,
+            "steady": steady_rates([(step, taken[0]["done"], len(taken), sum(r["samples"] for r in taken))
+                                    for step, taken in kept.items()])}
+
+
+def steady_rates(steps) -> dict:
+    """Each world size's steady state, from the kept steps' (step, done, world size, samples kept):
+    the median time from one step's end to the next's, both at that size, and the samples a step
+    there keeps over that time. A gap across a change of size or a step not kept is the event's (a
+    loss, a join), not the size's, and is left out. {size: {"gaps", "step_s", "samples_per_s"}},
+    the largest size first."""
+    gaps: dict = {}
+    ordered = sorted(steps, key=lambda s: s[1])
+    for (step, done, size, _), (next_step, next_done, next_size, samples) in zip(ordered, ordered[1:]):
+        if next_step == step + 1 and next_size == size and next_done > done:
+            gaps.setdefault(size, []).append((next_done - done, samples))
+    rates = {}
+    for size, seen in sorted(gaps.items(), reverse=True):
+        step_s = statistics.median(seconds for seconds, _ in seen)
+        rates[size] = {"gaps": len(seen), "step_s": round(step_s, 4),
+                       "samples_per_s": round(statistics.median(samples for _, samples in seen) / step_s, 2)}
+    return rates
+
+
+def _size_at(history: list, step: int) -> int | None:
+    """The world size that trained `step`, from [first step, size] in order."""
+    size = None
+    for first, n in history:
+        if first <= step:
+            size = n
+    return size
 
 
 def _median(seconds: list[float]) -> float | None:
