@@ -151,6 +151,7 @@ def test_the_steady_rate_of_a_size_is_its_steps_median_gap_and_leaves_out_the_ev
     # the order given does not matter: a step's end orders it; no two steps at one size: nothing
     assert steady_rates([(1, 2.0, 4, 16), (0, 1.0, 4, 16)]) == {4: {"gaps": 1, "step_s": 1.0, "samples_per_s": 16.0}}
     assert steady_rates([(0, 1.0, 4, 16), (1, 2.0, 2, 16)]) == {} and steady_rates([]) == {}
+    assert steady_rates([(0, 1.0, None, 16), (1, 2.0, None, 16)]) == {}  # no size known for them
 
 
 def test_the_report_prints_both_systems_side_by_side_and_a_failure_by_its_reason():

@@ -177,12 +177,12 @@ def steady_rates(steps) -> dict:
     """Each world size's steady state, from the kept steps' (step, done, world size, samples kept):
     the median time from one step's end to the next's, both at that size, and the samples a step
     there keeps over that time. A gap across a change of size or a step not kept is the event's (a
-    loss, a join), not the size's, and is left out. {size: {"gaps", "step_s", "samples_per_s"}},
+    loss, a join), not the size's, and is left out, as are steps of no known size. {size: {"gaps", "step_s", "samples_per_s"}},
     the largest size first."""
     gaps: dict = {}
     ordered = sorted(steps, key=lambda s: s[1])
     for (step, done, size, _), (next_step, next_done, next_size, samples) in zip(ordered, ordered[1:]):
-        if next_step == step + 1 and next_size == size and next_done > done:
+        if size is not None and next_size == size and next_step == step + 1 and next_done > done:
             gaps.setdefault(size, []).append((next_done - done, samples))
     rates = {}
     for size, seen in sorted(gaps.items(), reverse=True):
