@@ -140,7 +140,7 @@ def test_the_steady_rate_of_a_size_is_its_steps_median_gap_and_leaves_out_the_ev
     from elastic_zero.bench.goodput_schedule import elastic_zero_figures, steady_rates
 
     # 4 workers a step each 0.5 s; a recovery (step 3 ends 5 s after step 2); 2 workers a step each
-    # 0.4 s; step 7 redone, so the gap 6 -> 8 is no step's; the last gap is a slow one (median kept)
+    # 0.4 s; no end known for step 7, so the gap 6 -> 8 is no one step's; the last gap is slow (the median holds)
     ends = [[0, 10.0], [1, 10.5], [2, 11.0], [3, 16.0], [4, 16.4], [5, 16.8], [6, 17.2], [8, 20.0], [9, 20.4],
             [10, 21.4]]
     summary = {"step_end_curve": ends, "world_size_history": [[0, 4], [3, 2]], "global_batch": 16}
