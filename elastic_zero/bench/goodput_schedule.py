@@ -177,8 +177,8 @@ def steady_rates(steps) -> dict:
     """Each world size's steady state, from the kept steps' (step, done, world size, samples kept):
     the median time from one step's end to the next's, both at that size, and the samples a step
     there keeps over that time. A gap across a change of size or a step not kept is the event's (a
-    loss, a join), not the size's, and is left out, as are steps of no known size. {size: {"gaps", "step_s", "samples_per_s"}},
-    the largest size first."""
+    loss, a join), not the size's, and is left out, as are steps of no known size.
+    {size: {"gaps", "step_s", "samples_per_s"}}, the largest size first."""
     gaps: dict = {}
     ordered = sorted(steps, key=lambda s: s[1])
     for (step, done, size, _), (next_step, next_done, next_size, samples) in zip(ordered, ordered[1:]):
