@@ -104,7 +104,7 @@ def elastic_zero_figures(summary: dict, events: list[dict], launched_at: float, 
     # rank 0 tells the coordinator when its first step is done: from the launch, as for Ray Train
     stepped = [e["t"] for e in events if e["event"] == "decision" and e.get("on") == "GenerationStepped"]
     sizes = summary.get("world_size_history", [])
-    ends = [(step, done, _size_at(sizes, step), summary.get("global_batch", 0))
+    ends = [(step, done, world_size_at(sizes, step), summary.get("global_batch", 0))
             for step, done in summary.get("step_end_curve", [])]
     return {"steps_kept": len(kept), "productive_s": round(sum(kept), 1), "goodput": round(goodput(kept, wall_s), 3),
             "step_s_median": _median(steps),  # the whole step, its commit and checkpoint included
@@ -192,13 +192,10 @@ def steady_rates(steps) -> dict:
     return rates
 
 
-def _size_at(history: list, step: int) -> int | None:
-    """The world size that trained `step`, from [first step, size] in order."""
-    size = None
-    for first, n in history:
-        if first <= step:
-            size = n
-    return size
+def world_size_at(history: list, step: int) -> int | None:
+    """The world size that trained `step`, from a summary's [first step, size] history (None before its first)."""
+    sizes = [size for first, size in history if first <= step]
+    return sizes[-1] if sizes else None
 
 
 def _median(seconds: list[float]) -> float | None:

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 
+from elastic_zero.bench.goodput_schedule import world_size_at
 from elastic_zero.bench.memory import GIB, Sampler, export_peak, gpt_spec, peaks, worker_pids
 from elastic_zero.bench.state_events import (change_windows, drills, extra_peaks, quiet_steps, rate_row,
                                              save_windows, start_up_extra, steady_peaks, swap_windows)
@@ -69,11 +70,6 @@ def _directory_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-def _world_at(history: list, step: int) -> int:
-    """The world size that ran `step`, from a summary's [step, size] history."""
-    return [size for first, size in history if first <= step][-1]
-
-
 def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16, vocab: int = 50257,
                          seq_len: int = 64, workers: int = 3, resume_workers: int = 2, replicate_every: int = 3,
                          steps: int = 18, global_batch: int = 6, micro_batch: int = 2, meta: bool = True,
@@ -110,7 +106,7 @@ def run_state_size_bench(d_model: int = 1024, layers: int = 16, heads: int = 16,
         shard_bytes = 12 * params // workers  # master weights and AdamW's two moments of one worker's shard
         records = read_events(result.path)
         committed = [e["directory"] for e in records if e.get("event") == "checkpoint_committed"]
-        saved = {d: (step, _directory_bytes(d), _world_at(summary["world_size_history"], step - 1))
+        saved = {d: (step, _directory_bytes(d), world_size_at(summary["world_size_history"], step - 1))
                  for d, step in ((d, step_of_directory(d)) for d in committed) if os.path.isdir(d)}
         changes = change_windows(summary)
         first_change = min((w.start for w in changes), default=float("inf"))
