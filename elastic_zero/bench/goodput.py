@@ -265,8 +265,8 @@ def format_goodput(r: dict) -> str:
                      + (f"; replica groups started: {m['groups_started']}, DDP hook {m['ddp_hook']}"
                         if "groups_started" in m else "")
                      + (f"; ended with an error: {m['error']}" if m["error"] else ""))
-        if m.get("steady"):  # JSON gives the sizes back as strings
+        if m.get("steady"):  # (in steady_rates' order: the largest size first)
             lines.append(f"  {'':14s}steady state by world size: " + "; ".join(
                 f"{size}: {r['samples_per_s']:.1f} samples/s, a step every {r['step_s']:.3f} s"
-                for size, r in sorted(m["steady"].items(), key=lambda kv: -int(kv[0]))))
+                for size, r in m["steady"].items()))
     return "\n".join(lines)
