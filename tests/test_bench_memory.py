@@ -177,6 +177,19 @@ def test_the_sampler_counts_only_the_actors_that_started_in_its_block():
 
 
 @pytest.mark.unit
+def test_the_exact_peak_never_falls_below_what_was_read_before():
+    """The kernel's VmHWM may read lower than an earlier VmRSS (it moves only at some events): the
+    exact peak the memory check holds every sample against is the most ever read, never the last."""
+    me = os.getpid()
+    high_water = {me: 2**50}  # an earlier read, more than this process will ever hold
+    rss = processes_below(me, high_water)[me][1]
+    assert high_water[me] == 2**50
+    high_water = {}
+    processes_below(me, high_water)
+    assert high_water[me] >= rss > 0
+
+
+@pytest.mark.unit
 def test_only_the_workers_a_job_names_are_the_jobs():
     """An earlier job's worker that Ray started after that job ended (its spawn cancelled, seen in CI)
     appears inside the next job's sampling; the job's own workers may be gone one sample after its
