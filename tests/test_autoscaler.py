@@ -70,8 +70,10 @@ def _spec() -> str:
         """)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cluster():
+    """One cluster for this file's tests: its head and autoscaler, the start of which is what costs (the
+    unplaceable job below needs nothing of the nodes the first test leaves, and starts none)."""
     cluster = AutoscaledCluster(auth=False)
     try:
         yield cluster
