@@ -163,8 +163,11 @@ def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gi
         (tmp_path / "done_watching").touch()  # the rest of its steps need not wait any more
         assert driver.wait(timeout=300) == 0, open(log).read()[-3000:]
     finally:
-        if driver.poll() is None:
-            driver.kill()
+        if driver.poll() is None:  # failed while the job ran: its detached coordinator and workers go too,
+            driver.kill()  # or they would train on in the cluster the next test shares
+            (tmp_path / "done_watching").touch()
+            subprocess.run([sys.executable, "-m", "elastic_zero.cli", "stop", "autoscaled", "--address",
+                            cluster.head.gcs_address], env=cluster.head.client_env(), capture_output=True, timeout=120)
     events = _events(events_path)
     summary = json.load(open(tmp_path / "out" / "summary.json"))
     starts = _starts(events)

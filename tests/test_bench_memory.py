@@ -181,12 +181,12 @@ def test_the_exact_peak_never_falls_below_what_was_read_before():
     """The kernel's VmHWM may read lower than an earlier VmRSS (it moves only at some events): the
     exact peak the memory check holds every sample against is the most ever read, never the last."""
     me = os.getpid()
-    high_water = {me: 2**50}  # an earlier read, more than this process will ever hold
-    rss = processes_below(me, high_water)[me][1]
-    assert high_water[me] == 2**50
     high_water = {}
+    rss = processes_below(me, high_water)[me][1]
+    assert high_water[me] >= rss > 0  # the same read's VmHWM, or its VmRSS
+    high_water[me] = 2**50  # an earlier read, more than this process will ever hold
     processes_below(me, high_water)
-    assert high_water[me] >= rss > 0
+    assert high_water[me] == 2**50
 
 
 @pytest.mark.unit

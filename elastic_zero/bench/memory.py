@@ -88,7 +88,7 @@ class Sampler:
 
     def __init__(self, period_s: float = 0.1) -> None:
         self.samples: list[tuple[float, dict]] = []
-        self.high_water: dict[int, int] = {}  # pid -> VmHWM, the exact peak of its life
+        self.high_water: dict[int, int] = {}  # pid -> the most VmHWM or VmRSS read: the exact peak of its life
         self._period_s, self._stop = period_s, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._before: set[int] = set()
@@ -176,7 +176,7 @@ def gpt_spec(name: str, d_model: int, layers: int, heads: int, vocab: int, seq_l
 
 def peaks(samples, first_step: float, high_water: dict | None = None) -> list[dict]:
     """Each process's peak RSS (GiB) before the first step, after it, and in all, as sampled; and
-    its exact peak (VmHWM) where `high_water` has it."""
+    its exact peak (the most VmHWM or VmRSS read: processes_below) where `high_water` has it."""
     by_pid: dict[int, dict] = {}
     for t, procs in samples:
         for pid, (kind, rss) in procs.items():
