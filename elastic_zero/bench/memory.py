@@ -40,11 +40,11 @@ def gpt_on_meta(**config):
 def processes_below(driver_pid: int, high_water: dict | None = None) -> dict[int, tuple[str, int]]:
     """{pid: (kind, rss bytes)} of the driver and of the Ray actors below it (its embedded Ray's
     raylet is its child): another Ray on the machine, with actors of the same names, is not counted.
-    `high_water`: filled with each one's VmHWM, its exact peak RSS so far (the kernel's), which a
-    sample every 0.1 s can miss: a backward's peak lasts a fraction of a second. The kernel moves its
-    high-water mark only at some events (an unmap, the exit): memory handed back otherwise (an
-    allocator's madvise) leaves a later VmHWM below an earlier VmRSS, seen once in 22 CI-like runs
-    (0.63 GiB sampled, 0.62 read after); so `high_water` keeps the most of both ever read."""
+    `high_water`: filled with each one's exact peak RSS so far, which a sample every 0.1 s can miss (a
+    backward's peak lasts a fraction of a second): the most of its VmHWM and VmRSS ever read. Not the
+    last VmHWM alone: the kernel moves its high-water mark only at some events (an unmap, the exit),
+    and memory handed back otherwise (an allocator's madvise) leaves a later VmHWM below an earlier
+    VmRSS (a memory check failed so: 0.63 GiB sampled, 0.62 read after)."""
     parent, names = {}, {}
     for d in glob.glob("/proc/[0-9]*"):
         try:
