@@ -55,9 +55,9 @@ def _compile_bytecode() -> None:
 
 
 # The files of the longest tests (a minute or more each, or many of half a minute), run first: the
-# README's command runs two test processes side by side (pytest-xdist), which take one test at a time
-# (--maxschedchunk 1, pyproject.toml), and a long test handed out last would leave one of them idle
-# at the end
+# README's command runs three test processes side by side (pytest-xdist), which take one test at a
+# time (--maxschedchunk 1, pyproject.toml), and a long test handed out last would leave the others
+# idle at the end
 _LONGEST_FIRST = ("test_goodput_bench.py", "test_service.py", "test_demo.py", "test_finetune_example.py", "test_nodes.py",
                   "test_own_model.py", "test_large_model_path.py", "test_runtime.py", "test_chaos.py",
                   "test_bench_memory.py", "test_control_plane_bench.py")
@@ -87,17 +87,37 @@ def local_ray():
 
 @pytest.fixture(scope="session")
 def one_worker(tmp_path_factory, local_ray):
-    """The oracle: final weights of an uninterrupted one-worker run, computed once per (steps, stage, batch)."""
+    """The oracle: final weights of an uninterrupted one-worker run, computed once per (steps, stage,
+    batch) in the whole run: the test processes side by side (xdist) share a folder, and whichever
+    asks first computes and saves it while the other waits on the file's lock (each computed it
+    before, the same job twice: 3-7 s of CI's two cores each)."""
+    import fcntl
+
     from runtime_jobs import job
 
+    # this run's folder: under xdist each test process's basetemp is a child of it; alone, the basetemp
+    # itself (its parent holds earlier runs, whose oracles an edit may have changed)
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "oracles"
+    shared.mkdir(exist_ok=True)
     cache = {}
 
     def weights(steps=300, stage=2, global_batch=8):
         key = steps, stage, global_batch
         if key not in cache:
-            _, _, _, cache[key] = job(tmp_path_factory.mktemp("oracle"), f"whole-{steps}-{stage}-{global_batch}",
-                                      train={"steps": steps, "global_batch": global_batch}, zero={"stage": stage},
-                                      elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
+            name = f"whole-{steps}-{stage}-{global_batch}"
+            path = shared / f"{name}.pt"
+            with open(shared / f"{name}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, by an exception too
+                if not path.exists():
+                    code, summary, _, computed = job(tmp_path_factory.mktemp("oracle"), name,
+                                                     train={"steps": steps, "global_batch": global_batch},
+                                                     zero={"stage": stage},
+                                                     elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
+                    assert code == 0, summary.get("error")
+                    torch.save(computed, shared / f"{name}.part")
+                    os.replace(shared / f"{name}.part", path)  # whole, or not there
+                cache[key] = torch.load(path, weights_only=True)
         return cache[key]
 
     return weights
