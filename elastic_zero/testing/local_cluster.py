@@ -111,9 +111,12 @@ class RayHead:
         if auth:
             with open(self.token_path, "w") as fh:
                 fh.write(self.token)
-        # the workers' ports: a range of 200 the others keep out of, one of 50 by the pid, so that heads
-        # started side by side (tests run in parallel) take ranges apart
-        low = 20000 + os.getpid() % 50 * 200
+        # the workers' ports: a range of 200 the others keep out of, one of 50, so that heads started side
+        # by side take ranges apart: a test process of pytest-xdist's by its number (gw0, gw1, ...: never
+        # the same two in one run), anything else by its pid
+        xdist = os.environ.get("PYTEST_XDIST_WORKER", "")
+        slot = 40 + int(xdist[2:]) % 10 if xdist[2:].isdigit() else os.getpid() % 40
+        low = 20000 + slot * 200
         picked = [p for p in free_ports(len(PORT_NAMES) + 10) if not low <= p < low + 200][:len(PORT_NAMES)]
         ports = dict(zip(PORT_NAMES, picked))
         self.gcs_port, self.dashboard_port, self.metrics_port = ports["port"], ports["dashboard-port"], ports["metrics-export-port"]
