@@ -84,7 +84,8 @@ def test_a_notice_for_every_worker_checkpoints_at_once_and_the_job_resumes_from_
     # its final checkpoint: step-{step + 10}, or step-{step + 10}-1 where the first job's stop came at
     # that same step and its checkpoint holds the name (seen under load: notice at 14, stop at 24)
     final_directory = [e for e in resumed_events if e["event"] == "checkpoint_committed"][-1]["directory"]
-    assert final_directory.split("/")[-1] in (f"step-{step + 10:010d}", f"step-{step + 10:010d}-1"), final_directory
+    named = f"{tmp_path / 'ckpt'}/step-{step + 10:010d}"
+    assert final_directory in (named, named + "-1"), final_directory
 
     # resumed at its last step, or past it: nothing to train, and no worker starts; the checkpoint
     # resumed is the final weights (before: "the final weights could not be written: no commit was reported")
