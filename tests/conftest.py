@@ -106,18 +106,20 @@ def one_worker(tmp_path_factory, local_ray):
         key = steps, stage, global_batch
         if key not in cache:
             name = f"whole-{steps}-{stage}-{global_batch}"
-            path = shared / f"{name}.pt"
+            path, part = shared / f"{name}.pt", shared / f"{name}.part"
             with open(shared / f"{name}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, by an exception too
-                if not path.exists():
+                if path.exists():  # the other test process computed it
+                    cache[key] = torch.load(path, weights_only=True)
+                else:
                     code, summary, _, computed = job(tmp_path_factory.mktemp("oracle"), name,
                                                      train={"steps": steps, "global_batch": global_batch},
                                                      zero={"stage": stage},
                                                      elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
                     assert code == 0, summary.get("error")
-                    torch.save(computed, shared / f"{name}.part")
-                    os.replace(shared / f"{name}.part", path)  # whole, or not there
-                cache[key] = torch.load(path, weights_only=True)
+                    torch.save(computed, part)
+                    os.replace(part, path)  # whole, or not there
+                    cache[key] = computed
         return cache[key]
 
     return weights
