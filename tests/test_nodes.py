@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from elastic_zero.testing.local_cluster import RayHead, RayNode
+from elastic_zero.testing.local_cluster import RAY_CLI, RayHead, RayNode
 from fake_metadata import FakeMetadata
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
@@ -177,7 +177,7 @@ def test_a_sigterm_a_cloud_notice_and_a_ray_drain_are_handed_over_at_a_safe_poin
         other = next(n for n in nodes[:2] if n is not told)
         assert _ready_on(events, mark) == [nodes[2].node_id] * 2, events[mark:]  # to C, not to the told node
         mark = len(events)
-        drain = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "drain-node", "--address",
+        drain = subprocess.run([*RAY_CLI, "drain-node", "--address",
                                 head.gcs_address, "--node-id", other.node_id, "--reason",
                                 "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot instance reclaimed",
                                 "--deadline-remaining-seconds", "120"],

@@ -224,7 +224,7 @@ def test_job_on_an_open_head_outlives_its_driver(open_head, workdir):
     head, cwd = open_head, workdir
     # paced (10 s at least): the driver is still there to be killed after the logs are read, on a loaded
     # machine, and the job leaves the CPU to the tests beside it
-    steps = 200
+    steps = 50
     (cwd / "job.toml").write_text(_spec(steps, paced=True) + '[[faults]]\nat_step = 5\naction = "kill"\nrank = 1\n')
     run_dir = str(cwd / "out")
     submit = (f"import elastic_zero as ez; print(ez.Client({head.address!r}).submit(ez.spec.load_spec('job.toml'), "
@@ -259,7 +259,7 @@ def test_a_lost_coordinator_and_a_worker_lost_while_it_is_away_recover_from_memo
     """No checkpoints: the coordinator and worker w1 are killed together. The replacement takes w0 over,
     and the job goes on from w0's shard and its replica of w1's, then a replacement worker joins."""
     head, cwd = open_head, workdir
-    steps = 40  # paced: 0.1 s a step at least, a few seconds of training past the kill
+    steps = 40  # paced: 0.2 s a step at least, seconds of training past the kill
     (cwd / "job.toml").write_text(_spec(steps, paced=True))
     run_dir = cwd / "out"
     job_id = _ok(_cli(head, cwd, "submit", "job.toml", "--address", head.address, "--run-dir", str(run_dir))).strip()

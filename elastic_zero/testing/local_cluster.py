@@ -17,6 +17,16 @@ import tempfile
 import time
 import urllib.request
 
+# Ray's own CLI, less `ray serve`'s commands: the `ray` script imports Serve (pandas, fastapi) to list
+# them, 0.8 s of a core of the 1.6 a `ray start` costs here (measured); Ray's CLI leaves out a command
+# group whose import fails, and this one is made to fail at once.
+RAY_CLI = (sys.executable, "-c", "import sys; sys.modules['ray.serve.scripts'] = None; "
+                                 "from ray.scripts.scripts import main; sys.exit(main())")
+# No log monitor on these nodes: it forwards the workers' output to drivers that ask for it (Ray's
+# log_to_driver), which elastic_zero's drivers do only with --worker-logs, never here; it cost 0.5 s of a
+# core to start and about 1% of one a node while up (measured).
+NO_LOG_MONITOR = ("--include-log-monitor", "false")
+
 PORT_NAMES = ("port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
               "runtime-env-agent-port", "node-manager-port", "object-manager-port", "ray-client-server-port")
 
@@ -84,7 +94,7 @@ for line in sys.stdin:
 
 def drain_node(head, node_id: str, deadline_s: float) -> None:
     """`ray drain-node` as a cloud's preemption: the node goes in `deadline_s` seconds (whole ones)."""
-    result = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "drain-node", "--address",
+    result = subprocess.run([*RAY_CLI, "drain-node", "--address",
                              head.gcs_address, "--node-id", node_id, "--reason", "DRAIN_NODE_REASON_PREEMPTION",
                              "--reason-message", "spot instance reclaimed",
                              "--deadline-remaining-seconds", str(int(deadline_s))],
@@ -134,7 +144,7 @@ class RayHead:
         self.server_env = env  # worker nodes start with it too
         self._poller: subprocess.Popen | None = None  # job_status's looker, started at the first look
         self._unread = b""  # what it wrote that was not read as an answer yet
-        args = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
+        args = [*RAY_CLI, "start", "--head", "--block", *NO_LOG_MONITOR,
                 "--node-ip-address", "127.0.0.1", "--temp-dir", os.path.join(self.dir, "ray"),
                 "--num-cpus", str(num_cpus), "--disable-usage-stats", "--include-dashboard", "true",
                 "--dashboard-host", "127.0.0.1", "--min-worker-port", str(low), "--max-worker-port", str(low + 99)]
@@ -285,7 +295,7 @@ class RayNode:
         low = head.worker_ports[0] + 100 + 25 * self.index  # the head's range goes on: [low, low + 24]
         picked = [p for p in free_ports(len(names) + 10) if not head.worker_ports[0] <= p < head.worker_ports[1]]
         env = dict(head.server_env)
-        args = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--block", "--address", head.gcs_address,
+        args = [*RAY_CLI, "start", "--block", *NO_LOG_MONITOR, "--address", head.gcs_address,
                 "--node-ip-address", "127.0.0.1", "--temp-dir", os.path.join(self.dir, "ray"),
                 "--num-cpus", str(self.num_cpus), "--resources", json.dumps({self.name: 1}), "--disable-usage-stats",
                 "--min-worker-port", str(low), "--max-worker-port", str(low + 24)]
