@@ -86,40 +86,20 @@ def local_ray():
 
 
 @pytest.fixture(scope="session")
-def one_worker(tmp_path_factory, local_ray):
-    """The oracle: final weights of an uninterrupted one-worker run, computed once per (steps, stage,
-    batch) in the whole run: the test processes side by side (xdist) share a folder, and whichever
-    asks first computes and saves it while the other waits on the file's lock (each computed it
-    before, the same job twice: 3-7 s of CI's two cores each)."""
-    import fcntl
+def torch_adamw():
+    """The oracle of the runtime tests (torch_oracle.py): `torch_adamw(steps, global_batch=8)`, the
+    weights of torch's AdamW on one process after `steps` steps of the tests' job. Computed in this
+    process, 12 ms of a core a step; a one-worker job on Ray for each (steps, batch), as before, cost
+    2.6-9 s of a core."""
+    from torch_oracle import AdamWTrajectory
 
-    from runtime_jobs import job
+    trajectories, cache = {}, {}
 
-    # this run's folder: under xdist each test process's basetemp is a child of it; alone, the basetemp
-    # itself (its parent holds earlier runs, whose oracles an edit may have changed)
-    base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "oracles"
-    shared.mkdir(exist_ok=True)
-    cache = {}
-
-    def weights(steps=300, stage=2, global_batch=8):
-        key = steps, stage, global_batch
+    def weights(steps, global_batch=8):
+        key = steps, global_batch
         if key not in cache:
-            name = f"whole-{steps}-{stage}-{global_batch}"
-            path, part = shared / f"{name}.pt", shared / f"{name}.part"
-            with open(shared / f"{name}.lock", "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, by an exception too
-                if path.exists():  # the other test process computed it
-                    cache[key] = torch.load(path, weights_only=True)
-                else:
-                    code, summary, _, computed = job(tmp_path_factory.mktemp("oracle"), name,
-                                                     train={"steps": steps, "global_batch": global_batch},
-                                                     zero={"stage": stage},
-                                                     elastic={"workers": 1, "min_workers": 1, "max_workers": 1})
-                    assert code == 0, summary.get("error")
-                    torch.save(computed, part)
-                    os.replace(part, path)  # whole, or not there
-                    cache[key] = computed
+            trajectory = trajectories.setdefault(global_batch, AdamWTrajectory(global_batch))
+            cache[key] = trajectory.weights_at(steps)
         return cache[key]
 
     return weights

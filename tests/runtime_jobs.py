@@ -8,10 +8,10 @@ from elastic_zero.api import RunConfig, run_job
 from elastic_zero.job.spec import spec_from_dict
 
 
-def job(tmp_path, name, faults=(), **sections):
-    """Run a job of gpt-tiny (300 steps, global batch 8, 2 workers, stage 2, replicas every step unless
-    `sections` say otherwise: the tests count lost steps exactly, where "auto" would pick a cadence from
-    this machine's timings: test_runtime.py has a test of it): (exit code, summary, events, final weights or None)."""
+def job_spec(name, faults=(), **sections):
+    """The runtime tests' job: gpt-tiny (300 steps, global batch 8, 2 workers, stage 2, replicas every
+    step unless `sections` say otherwise: the tests count lost steps exactly, where "auto" would pick a
+    cadence from this machine's timings: test_runtime.py has a test of it)."""
     data = {
         "name": name,
         "model": {"preset": "gpt-tiny"},
@@ -23,9 +23,14 @@ def job(tmp_path, name, faults=(), **sections):
     }
     for section, values in sections.items():
         data[section] = {**data.get(section, {}), **values}
+    return spec_from_dict(data)
+
+
+def job(tmp_path, name, faults=(), **sections):
+    """Run `job_spec(name, faults, **sections)`: (exit code, summary, events, final weights or None)."""
     run_dir = tmp_path / name
     weights = tmp_path / f"{name}.pt"
-    code = run_job(spec_from_dict(data), RunConfig(run_dir=str(run_dir), progress=False), final_weights=str(weights))
+    code = run_job(job_spec(name, faults, **sections), RunConfig(run_dir=str(run_dir), progress=False), final_weights=str(weights))
     summary = json.loads((run_dir / "summary.json").read_text())
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     return code, summary, events, (torch.load(weights, weights_only=True) if code == 0 else None)

@@ -7,7 +7,7 @@ The loop: a job of 3 workers at min 2 asks for nodes labelled spot; a node is re
 its processes, no notice) -> the job goes on at 2 from the replicas in memory -> its replacement
 worker, pending, is a demand the autoscaler sees (the spot label, and not the node that went) ->
 the autoscaler starts a node -> the worker joins at a safe point -> the job is back at 3. Oracles:
-every sample of every step once, and the final weights of one uninterrupted worker."""
+every sample of every step once, and the final weights of torch's AdamW on one process."""
 
 from __future__ import annotations
 
@@ -104,12 +104,12 @@ def _starts(events) -> list[dict]:
 
 
 def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gives_a_node_back(
-        cluster, tmp_path, one_worker):
+        cluster, tmp_path, torch_adamw):
     """Then a drain with a deadline (as the autoscaler and KubeRay issue for a spot node): a hand-off
     at a safe point, the node reclaimed, and the same loop. Then `elastic-zero scale JOB 2`: a worker
     hands over and goes, and the autoscaler removes its node once idle (the job holds nothing
     there), while the job trains on."""
-    reference = one_worker(STEPS)
+    reference = torch_adamw(STEPS)
     (tmp_path / "slow_at_two.py").write_text(SLOW_AT_TWO.format(done=str(tmp_path / "done_watching")))
     (tmp_path / "job.toml").write_text(_spec())
     weights, events_path, log = tmp_path / "final.pt", tmp_path / "out" / "events.jsonl", tmp_path / "driver.log"
@@ -190,7 +190,7 @@ def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gi
           f"-> node up {replacement['node_up_t'] - reclaimed_at:.1f} s; node up -> joined "
           f"{starts[2]['t'] - replacement['node_up_t']:.1f} s; reclaim -> back at 3 {starts[2]['t'] - reclaimed_at:.1f} s; "
           f"scaled down -> node given back {given_back_s:.1f} s; drain -> back at 3 with a new node "
-          f"{starts[drain_mark - 1]['t'] - drained_at:.1f} s; weights against one worker's: {distance:.2e}")
+          f"{starts[drain_mark - 1]['t'] - drained_at:.1f} s; weights against torch's AdamW: {distance:.2e}")
 
 
 def test_a_worker_no_node_type_can_host_fails_the_job_in_one_line_not_a_wait_for_ever(cluster, tmp_path):

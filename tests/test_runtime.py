@@ -1,6 +1,6 @@
 """The elastic runtime on a real local Ray cluster with real gloo groups and tiny models.
 
-Oracle: the final weights of a fault-free run at 1 worker. Kills, scale-ups, scale-downs and
+Oracle: the final weights of torch's AdamW on one process (torch_oracle.py). Kills, scale-ups, scale-downs and
 preemptions change who computes what, never what is computed."""
 
 import time
@@ -57,12 +57,12 @@ def _once_ready(events_path: str, workers: int):
     return loss
 
 
-def test_a_standby_worker_replaces_a_lost_one_in_the_recovery_itself(tmp_path, one_worker):
+def test_a_standby_worker_replaces_a_lost_one_in_the_recovery_itself(tmp_path, torch_adamw):
     """elastic.standby_workers = 1: a third worker starts with the job and waits, ready; the kill's
     recovery takes it at once (the world never drops to 1, no worker is spawned for it), and a new
-    standby is asked for once the recovery stepped. Oracle: one uninterrupted worker. The first step
+    standby is asked for once the recovery stepped. Oracle: torch's AdamW on one process. The first step
     waits for the standby's hello: under CI's load it once came after the kill at step 10."""
-    reference = one_worker(30)
+    reference = torch_adamw(30)
     loss = _once_ready(str(tmp_path / "standby" / "events.jsonl"), 3)
     code, summary, events, weights = _job(tmp_path, "standby", [{"at_step": 10, "action": "kill", "rank": 1}],
                                           train={"steps": 30, "loss": loss},
@@ -156,8 +156,8 @@ def test_a_straggler_that_stands_still_most_of_each_step_is_never_found_stuck(tm
 # stage 2, the default of the other runtime tests, meets each of these faults there (CI time); stage 1,
 # whose state is stage 2's less the gradient shards, runs with the long tier
 @pytest.mark.parametrize("stage", [pytest.param(1, marks=pytest.mark.long), 3])
-def test_final_weights_do_not_depend_on_kills_scaling_or_preemption(tmp_path, stage, one_worker):
-    reference = one_worker(200, stage)
+def test_final_weights_do_not_depend_on_kills_scaling_or_preemption(tmp_path, stage, torch_adamw):
+    reference = torch_adamw(200)
     drill = [
         {"at_step": 1, "action": "scale", "workers": 3},
         {"at_step": 130, "action": "preempt", "rank": 0, "deadline_s": 30},
@@ -175,12 +175,12 @@ def test_final_weights_do_not_depend_on_kills_scaling_or_preemption(tmp_path, st
     assert _relative(reference, weights) <= 1e-4
 
 
-def test_a_job_run_again_resumes_from_its_latest_good_checkpoint_at_another_size(tmp_path, one_worker):
+def test_a_job_run_again_resumes_from_its_latest_good_checkpoint_at_another_size(tmp_path, torch_adamw):
     """Whole-job loss: the same spec run again resumes from the latest checkpoint (written by
     2 workers, one of them killed on the way) at 3 workers; the latest is damaged, so all ranks
-    go back one checkpoint together. Oracle: one uninterrupted worker."""
+    go back one checkpoint together. Oracle: torch's AdamW on one process."""
     ckpt = {"uri": str(tmp_path / "ckpt"), "every": 5, "keep": 2, "resume": "latest"}
-    reference = one_worker(30)
+    reference = torch_adamw(30)
     code, first, _, _ = _job(tmp_path, "part1", [{"at_step": 7, "action": "kill", "rank": 1}],
                              train={"steps": 20}, checkpoint=ckpt)
     assert code == 0 and first["checkpoint_errors"] == [] and first["checkpoint_stall_s_median"] is not None
@@ -205,14 +205,14 @@ def test_a_job_run_again_resumes_from_its_latest_good_checkpoint_at_another_size
     assert _relative(reference, weights) <= 1e-4
 
 
-def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_path, one_worker):
+def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_path, torch_adamw):
     """Ranks 0 and 1 die in the same step; rank 1 holds rank 0's replica (buddies on one node are
     the next rank), so memory holds no complete step: the survivor and the replacements restart
     from the checkpoint of step 10. Rank 0's sample records are nobody's report (its buddy died with
     it): they come from the checkpoint, whose manifest holds every step of the generation, though
     keep = 1 pruned the save of step 5 that first held steps 0 to 4 (a gap of 5 steps when each save
-    held only the steps since the one before). Oracle: one uninterrupted worker."""
-    reference = one_worker(30)
+    held only the steps since the one before). Oracle: torch's AdamW on one process."""
+    reference = torch_adamw(30)
     ckpt = {"uri": str(tmp_path / "ckpt"), "every": 5, "keep": 1}
     drill = [{"at_step": 12, "action": "kill", "rank": 0}, {"at_step": 12, "action": "kill", "rank": 1}]
     code, summary, events, weights = _job(tmp_path, "both", drill, train={"steps": 30}, checkpoint=ckpt,
@@ -231,12 +231,12 @@ def test_a_shard_lost_with_its_replica_falls_back_to_the_latest_checkpoint(tmp_p
     assert _relative(reference, weights) <= 1e-4
 
 
-def test_an_auto_cadence_is_agreed_by_every_rank_and_a_kill_replays_from_its_last_commit(tmp_path, one_worker):
+def test_an_auto_cadence_is_agreed_by_every_rank_and_a_kill_replays_from_its_last_commit(tmp_path, torch_adamw):
     """elastic.replicate_every = "auto": a generation commits every step until its fourth, where the
     ranks agree on a cadence from what each measured (ranks that disagreed would wait on each other's
     swaps); a kill then restores the last commit, older than the kill when the cadence is above 1,
-    and replays the steps since. Oracle: one uninterrupted worker."""
-    reference = one_worker(30)
+    and replays the steps since. Oracle: torch's AdamW on one process."""
+    reference = torch_adamw(30)
     code, summary, events, weights = _job(tmp_path, "auto", [{"at_step": 17, "action": "kill", "rank": 1}],
                                           train={"steps": 30},
                                           elastic={"workers": 3, "max_workers": 3, "replicate_every": "auto"})
@@ -255,11 +255,11 @@ def test_an_auto_cadence_is_agreed_by_every_rank_and_a_kill_replays_from_its_las
     assert _relative(reference, weights) <= 1e-4
 
 
-def test_without_replicas_a_loss_falls_back_to_the_checkpoint_and_handovers_still_run(tmp_path, one_worker):
+def test_without_replicas_a_loss_falls_back_to_the_checkpoint_and_handovers_still_run(tmp_path, torch_adamw):
     """elastic.replicate_every = 0 keeps no copies in memory (a worker holds its shard only): a
     preempted worker still hands over from the live state, and a kill restores the latest
-    checkpoint. Oracle: one uninterrupted worker."""
-    reference = one_worker(40)
+    checkpoint. Oracle: torch's AdamW on one process."""
+    reference = torch_adamw(40)
     ckpt = {"uri": str(tmp_path / "ckpt"), "every": 5, "keep": 2}
     drill = [{"at_step": 5, "action": "preempt", "rank": 0, "deadline_s": 30},
              {"at_step": 25, "action": "kill", "rank": 1}]
@@ -286,16 +286,16 @@ def _slow_at_two_workers(model, batch):
     return next_token_loss(model, batch)
 
 
-def test_a_worker_lost_writing_the_final_weights_is_recovered_and_they_are_written_again(tmp_path, one_worker):
+def test_a_worker_lost_writing_the_final_weights_is_recovered_and_they_are_written_again(tmp_path, torch_adamw):
     """The pattern an unseen schedule found: a scale-up from 2 to 3, then rank 1 dies after the last
     step (which committed its replicas), before it writes its part of the final checkpoint. That save
     does not commit; the survivors rebuild its shard from their replicas in a generation with no
     step left, and write the final checkpoint without it. Nothing is recomputed. Before the rule of
     worker/generation_gate.py the abort of the last generation reached the survivors' gathers of its
     last step, and their recovery failed on it ("every worker failed and none was lost": stage 2,
-    three runs of three). Oracle: one uninterrupted worker."""
+    three runs of three). Oracle: torch's AdamW on one process."""
     steps = 40
-    reference = one_worker(steps)
+    reference = torch_adamw(steps)
     drill = [{"at_step": 1, "action": "scale", "workers": 3}, {"at_step": 0, "action": "kill_in_final_save", "rank": 1}]
     code, summary, events, weights = _job(tmp_path, "final", drill, train={"steps": steps, "loss": _slow_at_two_workers},
                                           elastic={"workers": 2, "min_workers": 2, "max_workers": 3})
@@ -328,13 +328,13 @@ def _scale_down_3_to_2_with(tmp_path, kill_action):
     return summary, events, weights, starts
 
 
-def test_a_worker_lost_during_a_handover_is_recovered_from_memory(tmp_path, one_worker):
+def test_a_worker_lost_during_a_handover_is_recovered_from_memory(tmp_path, torch_adamw):
     """A scale-down from 3 to 2 at step 7; the new rank 1 dies inside that handover, before the new
     generation commits anything, and the job saves no checkpoints. The layout before the handover
     is still replicated in memory (the leaver holds its shard until a handover no longer needs it),
     so the survivor restores the handover's step from it; the leaver leaves after that restore and
-    a replacement joins later. Oracle: one uninterrupted worker."""
-    reference = one_worker(16)
+    a replacement joins later. Oracle: torch's AdamW on one process."""
+    reference = torch_adamw(16)
     summary, events, weights, starts = _scale_down_3_to_2_with(tmp_path, "kill_in_handover")
     (recovery,) = summary["recoveries"]
     leaver, killed = starts[1]["leaving"], starts[1]["workers"][1]
@@ -350,12 +350,12 @@ def test_a_worker_lost_during_a_handover_is_recovered_from_memory(tmp_path, one_
     assert _relative(reference, weights) <= 1e-4
 
 
-def test_a_worker_lost_before_a_scale_up_commits_is_recovered_from_the_layout_before_it(tmp_path, one_worker):
+def test_a_worker_lost_before_a_scale_up_commits_is_recovered_from_the_layout_before_it(tmp_path, torch_adamw):
     """A scale-up from 2 to 3; old rank 1 dies inside the handover, before the new layout is committed.
     The two-rank layout of the safe point is still replicated in memory, so the survivor and the joiner
-    restore that step from it. Oracle: one uninterrupted worker."""
+    restore that step from it. Oracle: torch's AdamW on one process."""
     steps = 300  # the joiner starts in a few seconds: long enough for it to join
-    reference = one_worker(steps)
+    reference = torch_adamw(steps)
     drill = [{"at_step": 1, "action": "scale", "workers": 3},
              {"at_step": 1, "action": "kill_in_handover", "rank": 1}]
     code, summary, events, weights = _job(tmp_path, "in-handover", drill, train={"steps": steps})
@@ -374,13 +374,13 @@ def test_a_worker_lost_before_a_scale_up_commits_is_recovered_from_the_layout_be
     assert _relative(reference, weights) <= 1e-4
 
 
-def test_a_leaver_goes_once_every_member_committed_the_new_layout(tmp_path, one_worker):
+def test_a_leaver_goes_once_every_member_committed_the_new_layout(tmp_path, torch_adamw):
     """A scale-down from 3 to 2; the members commit the new layout as they enter it, and once every
     one has (a barrier), the leaver goes: its shard is replicated in the new layout. The new rank 1
     dies at the new generation's first step: the survivor restores the new layout's step from its
     replica of rank 1, without the leaver. (A member lost before that commit keeps the leaver: the
-    kill inside the handover, above.) Oracle: one uninterrupted worker."""
-    reference = one_worker(16)
+    kill inside the handover, above.) Oracle: torch's AdamW on one process."""
+    reference = torch_adamw(16)
     summary, events, weights, starts = _scale_down_3_to_2_with(tmp_path, "kill_after_handover")
     down, restore = starts[1], starts[2]
     (leaver,) = down["leaving"]

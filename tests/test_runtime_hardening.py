@@ -27,11 +27,11 @@ def test_a_worker_that_cannot_start_ends_the_job_with_one_line(tmp_path, section
     assert [e for e in events if e["event"] == "worker_start_failed"]
 
 
-def test_unequal_shares_run_the_same_number_of_micro_batches(tmp_path, one_worker):
+def test_unequal_shares_run_the_same_number_of_micro_batches(tmp_path, torch_adamw):
     """global_batch 9 over 2 workers: shares 5 and 4 with micro batches of 4 once took 2 and 1 micro
-    batches, the collectives no longer matched and a worker died in std::terminate. Oracle: one
-    worker on the same global batches."""
-    reference = one_worker(12, 2, 9)
+    batches, the collectives no longer matched and a worker died in std::terminate. Oracle: torch's
+    AdamW on one process over the same global batches."""
+    reference = torch_adamw(12, global_batch=9)
     code, summary, events, weights = job(tmp_path, "uneven", train={"steps": 12, "global_batch": 9, "micro_batch": 4})
     assert code == 0, summary.get("error")
     assert summary["recoveries"] == [] and summary["world_size_history"] == [[0, 2]]
@@ -59,12 +59,12 @@ def slow_next_token_loss(model, batch):
     return next_token_loss(model, batch)
 
 
-def test_a_checkpoint_keeps_the_sample_records_of_steps_not_yet_replicated(tmp_path, one_worker):
+def test_a_checkpoint_keeps_the_sample_records_of_steps_not_yet_replicated(tmp_path, torch_adamw):
     """checkpoint.every = 5 with replicate_every = 3: the checkpoint of step 5 commits steps 3 and 4,
     which no replication has yet. Ranks 0 and 1 die together at step 7 (rank 1 holds rank 0's
     replica), so the job goes back to that checkpoint; before the fix the records of steps 3-4
-    were lost with their ranks and the books counted 16 samples skipped. Oracle: one worker."""
-    reference = one_worker(14)
+    were lost with their ranks and the books counted 16 samples skipped. Oracle: torch's AdamW on one process."""
+    reference = torch_adamw(14)
     drill = [{"at_step": 7, "action": "kill", "rank": 0}, {"at_step": 7, "action": "kill", "rank": 1}]
     code, summary, events, weights = job(tmp_path, "gap", drill, train={"steps": 14, "loss": slow_next_token_loss},
                                          checkpoint={"uri": str(tmp_path / "ckpt"), "every": 5},
@@ -90,7 +90,7 @@ def test_a_checkpoint_write_that_fails_is_reported_and_training_goes_on(tmp_path
     assert [d.rsplit("/", 1)[1] for d in committed] == ["step-0000000008"]
 
 
-def test_with_no_replica_a_job_starts_over_when_nothing_is_committed_and_counts_what_it_lost(tmp_path, one_worker):
+def test_with_no_replica_a_job_starts_over_when_nothing_is_committed_and_counts_what_it_lost(tmp_path, torch_adamw):
     """No replicas (replicate_every = 0), a checkpoint every 10 steps, 2 workers.
     - Rank 1 killed at step 5, before the first checkpoint: no step can be restored from memory or a
       checkpoint. The job starts over from its initial weights (it failed before: "no step can be
@@ -101,8 +101,8 @@ def test_with_no_replica_a_job_starts_over_when_nothing_is_committed_and_counts_
       the counts are exact, from what each lost worker's beat process said as its process ended
       (before: lost 0, recomputed 1, guessed); the checkpoint's restore is in the events before the
       commits that follow it.
-    Oracle: one uninterrupted worker."""
-    reference = one_worker(16)
+    Oracle: torch's AdamW on one process."""
+    reference = torch_adamw(16)
     drill = [{"at_step": 5, "action": "kill", "rank": 1},
              {"at_step": 11, "action": "kill_after_save", "rank": 0},
              {"at_step": 11, "action": "kill_after_save", "rank": 1}]
