@@ -91,6 +91,7 @@ def torch_adamw():
     weights of torch's AdamW on one process after `steps` steps of the tests' job. Computed in this
     process, 12 ms of a core a step; a one-worker job on Ray for each (steps, batch), as before, cost
     2.6-9 s of a core."""
+    from runtime_jobs import job_spec
     from torch_oracle import AdamWTrajectory
 
     trajectories, cache = {}, {}
@@ -98,8 +99,9 @@ def torch_adamw():
     def weights(steps, global_batch=8):
         key = steps, global_batch
         if key not in cache:
-            trajectory = trajectories.setdefault(global_batch, AdamWTrajectory(global_batch))
-            cache[key] = trajectory.weights_at(steps)
+            if global_batch not in trajectories:
+                trajectories[global_batch] = AdamWTrajectory(job_spec("oracle", train={"global_batch": global_batch}))
+            cache[key] = trajectories[global_batch].weights_at(steps)
         return cache[key]
 
     return weights
