@@ -56,6 +56,9 @@ class AutoscaledCluster:
                                              "launch_multiple": True, "head_node_id": FAKE_HEAD_NODE_ID}}
             env = {"RAY_enable_autoscaler_v2": "1", "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
                    "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID}
+        # the autoscaler's loop every second, not Ray's 5: a node asked for or idle is seen at once, as
+        # the config's idle timeout of 12 s is short; it is Ray's own setting for the same loop
+        env["AUTOSCALER_UPDATE_INTERVAL_S"] = "1"
         self.config = config
         head_type = config["available_node_types"][config["head_node_type"]]
         self.head = RayHead(auth=auth, num_cpus=int(head_type["resources"].get("CPU", 0)), env=env,
