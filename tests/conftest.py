@@ -57,10 +57,11 @@ def _compile_bytecode() -> None:
 # The files of the longest tests (a minute or more each, or many of half a minute), run first: the
 # README's command runs two test processes side by side (pytest-xdist), which take one test at a time
 # (--maxschedchunk 1, pyproject.toml), and a long test handed out last would leave one of them idle
-# at the end
+# at the end (the tracking tests, last by name, left one process 17 s alone at the end of a CI run)
 _LONGEST_FIRST = ("test_goodput_bench.py", "test_service.py", "test_demo.py", "test_finetune_example.py", "test_nodes.py",
                   "test_own_model.py", "test_large_model_path.py", "test_runtime.py", "test_chaos.py",
-                  "test_bench_memory.py", "test_control_plane_bench.py")
+                  "test_bench_memory.py", "test_control_plane_bench.py", "test_runtime_hardening.py",
+                  "test_tracking.py")
 
 
 def pytest_collection_modifyitems(items):
