@@ -172,7 +172,12 @@ def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gi
     summary = json.load(open(tmp_path / "out" / "summary.json"))
     starts = _starts(events)
     (lost,) = [e for e in events if e["event"] == "worker_lost"]
-    assert lost["actor_id"] == "w1" and lost.get("silent_s"), lost  # by its silence
+    # w1 is lost within seconds, not at the collective timeout (30 s): by its silence (1 s) or by Ray's
+    # word that its process died, whichever comes first. Here the killed processes' connections close,
+    # and Ray fails the call to w1 about a second later (its wait for the death's cause), which on a
+    # loaded machine came first once. A machine that vanishes closes none: the goodput test's frozen
+    # node is lost by its silence alone.
+    assert lost["actor_id"] == "w1" and "cause" not in lost and lost["t"] - reclaimed_at < 15, lost
     assert starts[1]["source"] == "snapshot" and sorted(starts[1]["workers"]) == ["w0", "w2"], starts[1]
     replacement, drain_replacement = [e for e in events if e["event"] == "worker_ready" and e["actor_id"] not in node_of]
     assert replacement["node"] not in node_of.values()  # a node the autoscaler started for it
