@@ -135,6 +135,33 @@ def test_the_steps_reached_are_what_members_said_and_unknown_when_nobody_did():
     assert (recovery["step"], recovery["lost_steps"], recovery["recomputed_steps"]) == (10, 3, 4)
 
 
+def test_a_lost_members_last_word_heard_after_its_recovery_began_still_counts():
+    """A standby started a checkpoint recovery 46 ms after w0 was lost, before its beat process's
+    last word (13 steps done) was read: the recovery's lost steps came out unknown. The word, heard
+    before the recovery's generation is booked, counts; one of another generation does not."""
+    books = Books(global_batch=8, steps=16, started_at=0.0)
+    books.begin_change("recovery", 12.0, 2, step=10, cause="lost w0, w1", reached=None, _unheard=(1, ("w0", "w1")))
+    assert books.words_awaited() == (1, ("w0", "w1"))
+    books.last_words_heard(0, {"w0": 15})  # another generation's: not this failure's
+    books.last_words_heard(1, {"w0": 13})
+    assert books.words_awaited() == (1, ("w1",))
+    books.last_words_heard(1, {"w0": 13, "w1": 12})
+    assert books.words_awaited() is None
+    books.add_generation_results(2, [_report("w2", 0, [0.5], [0.0], first_step_at=13.0, step=16)])
+    (recovery,) = books.summary(None)["recoveries"]
+    assert (recovery["lost_steps"], recovery["recomputed_steps"]) == (3, 4) and "_unheard" not in recovery
+
+
+def test_a_recovery_whose_lost_never_spoke_keeps_what_the_survivors_said():
+    """A node that vanished says nothing: the survivors' step stands, never a guess."""
+    books = Books(global_batch=8, steps=16, started_at=0.0)
+    books.begin_change("recovery", 12.0, 2, step=10, cause="lost w0", reached=12, _unheard=(1, ("w0",)))
+    books.last_words_heard(1, {})
+    books.add_generation_results(2, [_report("w2", 0, [0.5], [0.0], first_step_at=13.0, step=16)])
+    (recovery,) = books.summary(None)["recoveries"]
+    assert recovery["lost_steps"] == 2 and "_unheard" not in recovery
+
+
 def test_a_checkpoints_records_of_the_run_this_job_resumed_from_are_not_this_jobs():
     """A resumed job (its first step 100) restores, after a whole loss, a checkpoint whose manifest
     also holds the earlier run's steps (a generation's records reach back to its start): those are

@@ -112,6 +112,7 @@ class Books:
     def _file_pending(self) -> None:
         """The pending change, closed, goes to the recoveries or the reconfigurations."""
         change = self.pending_change
+        change.pop("_unheard", None)
         (self.recoveries if change.pop("_kind") == "recovery" else self.reconfigurations).append(change)
         self.pending_change = None
 
@@ -131,6 +132,23 @@ class Books:
         one, which stands for both."""
         self.pending_change = {"_kind": kind, "_since": since, **fields}
         self.pending_generation, self.pending_stepped_at = generation, None
+
+    def words_awaited(self) -> tuple[int, tuple[str, ...]] | None:
+        """The pending recovery's failed generation and its lost members whose last words (the steps
+        they had done) were not heard when it began; None when none is awaited."""
+        return self.pending_change.get("_unheard") if self.pending_change is not None else None
+
+    def last_words_heard(self, generation: int, words: dict[str, int]) -> None:
+        """`words` (actor id -> steps done) of `generation`'s lost, heard since the pending recovery
+        began: a standby can start it before a dead worker's beat process is read (46 ms once)."""
+        awaited = self.words_awaited()
+        if awaited is None or awaited[0] != generation:
+            return
+        heard = [words[a] for a in awaited[1] if a in words]
+        known = [] if self.pending_change["reached"] is None else [self.pending_change["reached"]]
+        self.pending_change["reached"] = max(known + heard) if known or heard else None
+        unheard = tuple(a for a in awaited[1] if a not in words)
+        self.pending_change["_unheard"] = (generation, unheard) if unheard else None
 
     def restored(self, generation: int, step: int) -> None:
         """`generation` restored a checkpoint of `step` (rank 0's note): the step its change restarted from."""

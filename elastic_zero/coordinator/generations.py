@@ -48,14 +48,17 @@ class Generations:
             self._record.restore_candidates(logs)
             plan = dataclasses.replace(plan, checkpoints=candidates)
         last = self.last_end
-        failed_at = reached = None
+        failed_at = reached = unheard = None
         if plan.source in (Source.SNAPSHOT, Source.CHECKPOINT, Source.RESTART):
             failed_at = min(self._drill_kills.new_times() + [r.ended_at for r in last.values()] or [time.time()])
-            reached = steps_reached(last.values(), self._watch.last_words(self.last_plan.number))
+            words = self._watch.last_words(self.last_plan.number)
+            reached = steps_reached(last.values(), words)
+            unheard = tuple(sorted(a for a, r in last.items() if r.outcome.kind == OutcomeKind.DEAD and a not in words))
+            unheard = (self.last_plan.number, unheard) if unheard else None
         resume = self._spec.checkpoint.resume if plan.source == Source.INIT else None
         standing = {actor_id: ref for ref, actor_id in self._standing.items()}
         calls = sum(1 for a in plan.participants if a not in standing)
-        self._record.generation_starts(plan, last, failed_at, reached, resume, calls)
+        self._record.generation_starts(plan, last, failed_at, reached, resume, calls, unheard)
         self.last_plan = plan
         self._watch.listen_to(plan.participants)
         self.running = GenerationRun(plan, self._pool, self._completions, standing=standing)
@@ -141,6 +144,7 @@ class Generations:
         """What `run`'s reports say goes into the record; they are how it ended. Returns the outcomes
         of those that lived."""
         self.last_end = run.results
+        self._record.hear_last_words(self._watch.last_words)  # a recovery's lost, heard late
         return self._record.generation_ended(run.plan, run.results)
 
     def lost_in_final_save(self, members: list[str], lost: dict) -> tuple:

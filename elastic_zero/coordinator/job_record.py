@@ -157,19 +157,20 @@ class JobRecord:
     # ---- a generation's start and end, the job's end -----------------------------------------------
 
     def generation_starts(self, plan, last_end: dict, failed_at: float, reached: int | None, resume: str | None,
-                          calls: int | None = None) -> None:
+                          calls: int | None = None, unheard: tuple | None = None) -> None:
         """`plan` starts after a generation that ended as `last_end` (actor id -> report) says: a
-        recovery (from the failure at `failed_at`, epoch seconds, when the lost had `reached` steps)
-        or a reconfiguration begins in the books; `resume`: what the job resumes (a first generation);
-        `calls`: the train calls made for it (its other participants' calls stand: they read it from
-        the store)."""
+        recovery (from the failure at `failed_at`, epoch seconds, when the lost had `reached` steps;
+        `unheard`: (that generation, its lost whose last words are still to come), see
+        books.last_words_heard) or a reconfiguration begins in the books; `resume`: what the job
+        resumes (a first generation); `calls`: the train calls made for it (its other participants'
+        calls stand: they read it from the store)."""
         if plan.source in (Source.SNAPSHOT, Source.CHECKPOINT, Source.RESTART):
             lost = sorted(a + (f" ({r.outcome.error})" if is_memory_kill(r.outcome.error) else "")
                           for a, r in last_end.items() if r.outcome.kind == OutcomeKind.DEAD)
             cause = f"lost {', '.join(lost)}" + ("; restored from a checkpoint" if plan.checkpoints else "") + \
                 ("; started over from the initial weights" if plan.source == Source.RESTART else "")
             self.books.begin_change("recovery", failed_at, plan.number, step=plan.step if plan.step >= 0 else None,
-                                    cause=cause, reached=reached, source=plan.source)
+                                    cause=cause, reached=reached, source=plan.source, _unheard=unheard)
         elif plan.source == Source.LIVE:
             since = max((r.ended_at for r in last_end.values()), default=time.time())
             self.books.begin_change("reconfiguration", since, plan.number, step=plan.step, **{
@@ -182,6 +183,13 @@ class JobRecord:
                  calls=len(plan.participants) if calls is None else calls)
         if plan.source != Source.INIT:  # counted as they start, as status counts them
             self.metrics.add("elastic_zero_reconfigurations" if plan.source == Source.LIVE else "elastic_zero_recoveries")
+
+    def hear_last_words(self, last_words_of) -> None:
+        """The pending recovery's lost members' last words that came after it began, read by
+        `last_words_of(generation)` (node_watch.last_words) before its generation is booked."""
+        awaited = self.books.words_awaited()
+        if awaited is not None:
+            self.books.last_words_heard(awaited[0], last_words_of(awaited[0]))
 
     def generation_ended(self, plan, results: dict) -> tuple:
         """What `plan`'s reports (actor id -> report) say goes into the books, the metrics and the
