@@ -86,6 +86,14 @@ def add_bench_parsers(sub) -> None:
     so.add_argument("--rounds", type=int, default=4)
     so.add_argument("--dir", default=None, help="where the save is written (default: the system's temp directory)")
     so.add_argument("--json", action="store_true", help="print one JSON object")
+    pin = bench_sub.add_parser("pinning", help="the ways of making a first host copy's pinned buffers, side by side "
+                                               "(CUDA; without it, fresh pages written by 1 and N threads)")
+    pin.add_argument("--mib", type=int, default=1424, help="the buffers' total size (default: GPT-2 124M's fp32 "
+                                                           "master and AdamW moments)")
+    pin.add_argument("--buffers", type=int, default=3)
+    pin.add_argument("--threads", type=int, default=None, help="threads a way may use (default: up to 8, the cores)")
+    pin.add_argument("--rounds", type=int, default=2)
+    pin.add_argument("--json", action="store_true", help="print one JSON object")
     data = bench_sub.add_parser("data", help="the workers' streaming data path against a plain pyarrow.dataset scan")
     data.add_argument("--size-gb", type=float, default=2.0, help="the generated dataset's int32 tokens, in GB")
     data.add_argument("--dir", default="runs/bench-data", help="where the dataset is generated (and reused)")
@@ -227,6 +235,12 @@ def run_bench(args) -> int:
 
         report = run_save_overlap_bench(args.numel, args.rounds, args.dir)
         print(json.dumps(report) if args.json else format_save_overlap(report))
+        return 0
+    if args.bench == "pinning":
+        from elastic_zero.bench.pinning import format_pinning, run_pinning_bench
+
+        report = run_pinning_bench(args.mib, args.buffers, args.threads, args.rounds)
+        print(json.dumps(report) if args.json else format_pinning(report))
         return 0
     if args.bench == "memory":
         from elastic_zero.bench.memory import format_memory, run_memory_bench
