@@ -1,5 +1,7 @@
 """The coordinator's state machine, driven by events alone: no Ray, no clock."""
 
+from dataclasses import replace
+
 from elastic_zero.coordinator.state import (
     CheckpointCommitted, CheckpointNow, CoordinatorState, Fail, FinalWeightsWritten, Finish, GenerationEnded, GenerationStepped, PreemptionNotice,
     RequestSafePoint, Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop, StopRequested, Tick, WorkersReady, decide,
@@ -510,6 +512,32 @@ def test_standby_workers_wait_ready_beside_the_generation_and_replace_a_loss_at_
     # for; one more member and a new standby are asked for
     s, cmds, _ = decide(s, ScaleRequested(3), 13.0)
     assert _cmd(cmds, Spawn) == Spawn(2) and s.safe_point_requested
+
+
+def test_a_standby_that_dies_while_it_waits_is_replaced_then_not_when_a_recovery_takes_it():
+    """A ready worker has no call of ours in flight to say it died: before, a dead standby was found
+    only by the recovery that took it (a generation failed at its start, and another spawned). Found
+    by its last word or its silence, it goes at once and another is asked for; the recovery that
+    follows takes the replacement. While the final weights are written, none is asked for."""
+    from elastic_zero.coordinator.state import ReadyWorkersLost
+
+    s = CoordinatorState(min_workers=1, max_workers=4, target=2, min_wait_s=30, standby=1)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, (start,), _ = decide(s, WorkersReady(_members("w0", "w1", "w2")), 1.0)
+    s, cmds, reason = decide(s, ReadyWorkersLost(("w2",), "its process ended"), 2.0)
+    assert cmds == (Retire(("w2",), lost=True), Spawn(1)) and s.ready == () and s.spawning == 1
+    assert reason == "w2 lost while ready (its process ended): retired; another asked for"
+    s, cmds, _ = decide(s, WorkersReady(_members("w3")), 3.0)
+    assert cmds == () and [m.actor_id for m in s.ready] == ["w3"]
+    s, cmds, _ = _end(s, start.plan, w1="dead")  # the recovery takes the replacement, not the dead one
+    assert [m.actor_id for m in _cmd(cmds, StartGeneration).plan.generation.members] == ["w0", "w3"]
+    # a member, or one no longer ready, is not this event's to retire (the generation's reports are)
+    s2, cmds, reason = decide(s, ReadyWorkersLost(("w0",), "silent"), 4.0)
+    assert cmds == () and s2 == s and "not among the ready workers" in reason
+    # while the final weights are written: out, and none asked for
+    f = replace(s, finishing=True, ready=_members("w4"))
+    f, cmds, _ = decide(f, ReadyWorkersLost(("w4",), "silent"), 5.0)
+    assert cmds == (Retire(("w4",), lost=True),) and f.ready == ()
 
 
 def test_a_scale_up_takes_a_ready_standby_at_once_and_a_standby_that_cannot_start_fails_nothing():

@@ -1,18 +1,18 @@
 """Random walks through the coordinator's state machine: whatever workers report, every plan it
 starts is one the workers can carry out.
 
-Each walk feeds `decide` a random mix of events a real job sees (workers ready, scale requests,
-preemption notices, generations ending in safe points, finishes, failures and deaths with any
-replicas reported, first steps, ticks) and checks every command against what the walk knows:
-who was spawned, who was retired, which plan is running.
+Each walk feeds `decide` a random mix of events a real job sees (workers ready, ready ones lost,
+scale requests, preemption notices, generations ending in safe points, finishes, failures and
+deaths with any replicas reported, first steps, ticks) and checks every command against what the
+walk knows: who was spawned, who was retired, which plan is running.
 """
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elastic_zero.coordinator.state import (
-    CheckpointCommitted, CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, PreemptionNotice, Retire,
-    ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
+    CheckpointCommitted, CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, PreemptionNotice,
+    ReadyWorkersLost, Retire, ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
 )
 from elastic_zero.plan.membership import Member
 from elastic_zero.protocol import Outcome
@@ -105,7 +105,7 @@ def _outcomes(data, plan):
 def test_every_plan_from_a_random_walk_can_be_carried_out(data, min_workers, max_workers, checkpoints):
     target = data.draw(st.integers(min_workers, max_workers))
     world = _World(CoordinatorState(min_workers=min_workers, max_workers=max_workers, target=target,
-                                    min_wait_s=5.0))
+                                    min_wait_s=5.0, standby=data.draw(st.integers(0, 1))))
     world.apply(Start())
     for _ in range(30):
         if world.state.done:
@@ -115,6 +115,8 @@ def test_every_plan_from_a_random_walk_can_be_carried_out(data, min_workers, max
             choices.append("ready")
         if world.plan is not None and world.state.running:
             choices += ["end", "end", "stepped", "preempt"]
+        if world.state.ready:
+            choices.append("ready_lost")
         event = data.draw(st.sampled_from(choices))
         if event == "ready":
             count = data.draw(st.integers(1, world.pending_spawns))
@@ -126,6 +128,9 @@ def test_every_plan_from_a_random_walk_can_be_carried_out(data, min_workers, max
             world.apply(ScaleRequested(data.draw(st.integers(0, max_workers + 1))))
         elif event == "preempt":
             world.apply(PreemptionNotice(data.draw(st.sampled_from(world.plan.participants))))
+        elif event == "ready_lost":  # a standby or a joiner whose process ended while it waited
+            ready = [m.actor_id for m in world.state.ready]
+            world.apply(ReadyWorkersLost(tuple(data.draw(st.sets(st.sampled_from(ready), min_size=1))), "silent"))
         elif event == "commit":
             world.apply(CheckpointCommitted())
         elif event == "stepped":

@@ -131,6 +131,8 @@ def test_event_lines_and_progress_lines():
                      "detail": "", "actor_ids": ["w1", "w2"]}) == \
         "preemption notice from ray-drain for node 6bb0bd6116f5: w1, w2 to leave at a safe point"
     assert describe({"event": "worker_lost", "actor_id": "w1", "silent_s": 1.04}) == "worker w1 lost (silent for 1.0 s)"
+    assert describe({"event": "worker_lost", "actor_id": "w5", "during": "ready", "error": "its process ended"}) == \
+        "worker w5 lost while it waited, ready, outside the generation (its process ended)"
     assert describe({"event": "watcher", "node": "ab" * 20, "message": "no metadata server", "problem": False}) is None
     assert describe({"event": "watcher", "node": "ab" * 20, "message": "a GCP preempted value of 'x'",
                      "problem": True}) == "preemption watcher on node abababababab: a GCP preempted value of 'x'"

@@ -46,6 +46,15 @@ class PreemptionNotice:
 
 
 @dataclass(frozen=True)
+class ReadyWorkersLost:
+    """Workers started and ready beside the generation (standing by, or waiting to join) whose
+    process ended or whose beats stopped: replaced now, not found dead by the plan that takes them."""
+
+    actor_ids: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
 class NodeNotice:
     """A node is to go (a cloud's notice, Ray draining it): the actor turns it into a
     PreemptionNotice for each of the job's workers there; decide() never sees it."""
@@ -99,8 +108,8 @@ class Tick:
     pass
 
 
-Event = Union[Start, WorkersReady, WorkerStartFailed, ScaleRequested, PreemptionNotice, StopRequested, GenerationEnded,
-              GenerationStepped, FinalWeightsWritten, CheckpointCommitted, MemorySeen, Tick]
+Event = Union[Start, WorkersReady, WorkerStartFailed, ReadyWorkersLost, ScaleRequested, PreemptionNotice, StopRequested,
+              GenerationEnded, GenerationStepped, FinalWeightsWritten, CheckpointCommitted, MemorySeen, Tick]
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,7 @@ class StartGeneration:
 @dataclass(frozen=True)
 class Retire:
     actor_ids: tuple[str, ...]
+    lost: bool = False  # dead already: nothing is asked of them on the way out
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,8 @@ class JobLoop:
                 last_tick = time.monotonic()
                 self._refresh_memory()
                 self._notice_unplaceable_workers()
+                if (lost := self.watch.lost_while_ready(self.state.ready, last_tick)) is not None:
+                    self.apply(lost)  # found dead now, not by the recovery that would take them
                 self.apply(Tick())
 
     # ---- a lost coordinator's workers ---------------------------------------------------------------
@@ -262,18 +264,16 @@ class JobLoop:
             self.checkpoint_restored(plan.number, directory)
             if plan.source == Source.CHECKPOINT:
                 self.record.add_checkpoint_logs(directory)
-        for r in results.values():
-            for directory in r.checkpoints:
-                self.checkpoint_committed(directory, plan.number)
+        for directory in [d for r in results.values() for d in r.checkpoints]:
+            self.checkpoint_committed(directory, plan.number)
         outcomes = self.generations.close(run)
-        lost_coordinator = run.taken_over
         members = {m.actor_id for m in plan.generation.members}
         if sum(1 for o in outcomes if o.actor_id in members) < len(members) or \
                 any(o.kind == OutcomeKind.FAILED for o in outcomes):
             self._find_own_commits()  # a commit whose note was lost with rank 0 is restored, not started over
         if any(r.outcome.kind == OutcomeKind.DEAD and is_memory_kill(r.outcome.error) for r in results.values()):
             self._memory_killed(plan)  # before the recovery is planned: not into the same death
-        self.apply(GenerationEnded(outcomes, coordinator_lost=lost_coordinator))
+        self.apply(GenerationEnded(outcomes, coordinator_lost=run.taken_over))
 
     # ---- checkpoints the workers tell of ---------------------------------------------------------------
 
@@ -329,7 +329,7 @@ class JobLoop:
             except ValueError as exc:  # a checkpoint generation's, where no commit can be read
                 self._carry_out(Fail(f"no in-memory copy survived and no checkpoint can be read: {exc}"))
         elif isinstance(command, Retire):
-            self._retire(command.actor_ids, "retired")
+            self._retire(command.actor_ids, "retired", lost=command.lost)
         elif isinstance(command, Finish):
             self._end_with(self.final.finish(self._members(), self.generations.last_plan), finished=True)
         elif isinstance(command, Stop):

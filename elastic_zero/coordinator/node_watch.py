@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import ray
 
-from elastic_zero.coordinator.events import NodeNotice
+from elastic_zero.coordinator.events import NodeNotice, ReadyWorkersLost
 from elastic_zero.plan.liveness import next_look_at, next_silence_at, nodes_gone_silent, silent_members
 from elastic_zero.plan.stuck import Where, judged_members, still_past, stuck_bound_s, stuck_members
 from elastic_zero.preemption.notices import Notice
@@ -124,6 +124,23 @@ class NodeWatch:
             due = next_silence_at(self._heard, watched, read_until, timeout_s)
             return None, next_look_at(now, due, SILENCE_POLL_S, SILENCE_MIN_GAP_S, SILENCE_BEHIND_S)
         return Silence(sorted(lost), reason, {a: self._heard[a] for a in lost}, read_until), now + SILENCE_MIN_GAP_S
+
+    def lost_while_ready(self, ready, now: float) -> ReadyWorkersLost | None:
+        """The `ready` workers (standing by, or waiting to join: no call of ours in flight to say they
+        died) whose process ended, as their beat process's last word says, or whose beats stopped (their
+        node vanished; that node is then avoided, as a participant's); each logged as lost."""
+        ready = [m.actor_id for m in ready]
+        ended = [a for a in ready if (p := self.heartbeats.progress.get(a)) is not None and p.last_word]
+        why = "its process ended" if ended else None
+        timeout_s = self._spec.elastic.heartbeat_timeout_s
+        if not ended and timeout_s and ready:
+            silent, reason = silent_members(self._heard, ready, self.heartbeats.read_until, timeout_s,
+                                            witnesses=(a for a in self._pool if a in self._heard))
+            ended, why = list(silent), f"silent: {reason}"
+            self.nodes_lost(ended, now)
+        for actor_id in ended:
+            self._log("worker_lost", actor_id=actor_id, during="ready", error=why)
+        return ReadyWorkersLost(tuple(ended), why) if ended else None
 
     def look_for_stuck(self, run, median_step_s: float | None) -> Stuck | None:
         """The participants of `run` (generation_run.py) alive but not training while their peers went

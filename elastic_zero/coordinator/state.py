@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 from elastic_zero.coordinator.events import (  # noqa: F401 - the events and commands are part of this module's API
     CheckpointCommitted, CheckpointNow, Event, Fail, FinalWeightsWritten, Finish, GenerationEnded, GenerationStepped,
-    MemorySeen, PreemptionNotice, RequestSafePoint, Retire, ScaleRequested, Spawn, Start, StartGeneration, Stop,
-    StopRequested, Tick, Warn, WorkersReady, WorkerStartFailed,
+    MemorySeen, PreemptionNotice, ReadyWorkersLost, RequestSafePoint, Retire, ScaleRequested, Spawn, Start,
+    StartGeneration, Stop, StopRequested, Tick, Warn, WorkersReady, WorkerStartFailed,
 )
 from elastic_zero.coordinator.memory_rules import fitting_joiners, fitting_min, fitting_world, min_workers, why_more
 from elastic_zero.coordinator.recovery import Recovery, on_failure, try_recover
@@ -140,6 +140,8 @@ def _decide(state: CoordinatorState, event: Event, now: float):
         return _on_ready(replace(state, start_losses=0), event.members, now)
     if isinstance(event, WorkerStartFailed):
         return _on_start_failure(state, event)
+    if isinstance(event, ReadyWorkersLost):
+        return _on_ready_lost(state, event, replace_them=True)
     if isinstance(event, ScaleRequested):
         return _on_scale(state, event.workers, now)
     if isinstance(event, PreemptionNotice):
@@ -191,6 +193,8 @@ def _while_finishing(state, event, now):
                        members_by_id=remember(state, event.members)), (), "ready workers kept while the final weights are written"
     if isinstance(event, WorkerStartFailed):
         return replace(state, spawning=max(0, state.spawning - 1)), (), f"worker {event.actor_id} failed to start"
+    if isinstance(event, ReadyWorkersLost):  # kept as replacements: none is asked for now
+        return _on_ready_lost(state, event, replace_them=False)
     if isinstance(event, Tick):
         return state, (), "nothing to do"
     if isinstance(event, CheckpointCommitted):
@@ -254,6 +258,18 @@ def _on_start_failure(state, event: WorkerStartFailed):
         return replace(state, done=True), (Fail(message, event.bad_input),), "a worker cannot start"
     state, spawn = top_up(replace(state, errors_seen=state.errors_seen | {event.error}))
     return state, spawn, f"{message}; another is asked for"
+
+
+def _on_ready_lost(state, event: ReadyWorkersLost, replace_them: bool):
+    """Ready workers (standing by, or waiting to join) whose process ended or whose node went silent:
+    out of the ready ones, and others asked for in their place, before any plan counts on them."""
+    lost = tuple(m.actor_id for m in state.ready if m.actor_id in event.actor_ids)
+    if not lost:
+        return state, (), f"{', '.join(event.actor_ids)} lost ({event.why}): not among the ready workers"
+    state = replace(state, ready=tuple(m for m in state.ready if m.actor_id not in lost))
+    state, spawn = top_up(state) if replace_them else (state, ())
+    return state, (Retire(lost, lost=True),) + spawn, \
+        f"{', '.join(lost)} lost while ready ({event.why}): retired" + ("; another asked for" if spawn else "")
 
 
 def _on_scale(state, workers, now):

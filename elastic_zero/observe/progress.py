@@ -18,6 +18,8 @@ PLAIN_EVERY_S = 10.0
 def describe(record: dict) -> str | None:
     """One line for an event the user should see, None for the others."""
     kind, r = record.get("event"), record
+    if kind == "worker_lost" and r.get("during") == "ready":
+        return f"worker {r['actor_id']} lost while it waited, ready, outside the generation ({r.get('error')})"
     if kind == "worker_lost":
         return f"worker {r['actor_id']} lost" + (f" (silent for {r['silent_s']:.1f} s)" if r.get("silent_s") else "")
     if kind == "generation_start":
