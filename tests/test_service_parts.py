@@ -116,6 +116,22 @@ def test_the_status_record_has_exactly_the_documented_keys():
     assert last_events(events) == [{"event": "worker_lost", "actor_id": "w1"}]
 
 
+def test_the_status_text_tells_a_worker_starting_from_one_ready_outside_the_generation():
+    """A standby (or a joiner before its safe point) is ready, not starting; one whose hello has not
+    come is starting. Both are outside the generation's members."""
+    from elastic_zero.cli import format_status
+
+    worker = {"actor_id": "w2", "asked_t": 1.0, "node": "n", "node_up_t": 0.5, "ready_t": None, "joined_t": None,
+              "joined_generation": None, "gone": None}
+    record = status_record(job_id="j", name="tiny", state="running", generation=0, world_size=2, target_workers=2,
+                           min_workers=1, max_workers=2, step=3, steps=10, members=[], world_size_history=[[0, 2]],
+                           recoveries=0, reconfigurations=0, restarts=0,
+                           workers=[worker, {**worker, "actor_id": "w3", "ready_t": 4.0}])
+    lines = format_status(record).splitlines()
+    assert [line.split(":")[0] for line in lines if "w2" in line or "w3" in line] == \
+        ["starting", "ready, outside the generation"]
+
+
 def test_event_lines_and_progress_lines():
     assert describe({"event": "worker_lost", "actor_id": "w1"}) == "worker w1 lost"
     assert describe({"event": "decision", "reason": "x"}) is None
