@@ -526,7 +526,7 @@ def test_a_standby_that_dies_while_it_waits_is_replaced_then_not_when_a_recovery
     s, (start,), _ = decide(s, WorkersReady(_members("w0", "w1", "w2")), 1.0)
     s, cmds, reason = decide(s, ReadyWorkersLost(("w2",), "its process ended"), 2.0)
     assert cmds == (Retire(("w2",), lost=True), Spawn(1)) and s.ready == () and s.spawning == 1
-    assert reason == "w2 lost while ready (its process ended): retired; another asked for"
+    assert reason == "w2 lost while ready (its process ended): retired; 1 more asked for"
     s, cmds, _ = decide(s, WorkersReady(_members("w3")), 3.0)
     assert cmds == () and [m.actor_id for m in s.ready] == ["w3"]
     s, cmds, _ = _end(s, start.plan, w1="dead")  # the recovery takes the replacement, not the dead one
@@ -538,6 +538,50 @@ def test_a_standby_that_dies_while_it_waits_is_replaced_then_not_when_a_recovery
     f = replace(s, finishing=True, ready=_members("w4"))
     f, cmds, _ = decide(f, ReadyWorkersLost(("w4",), "silent"), 5.0)
     assert cmds == (Retire(("w4",), lost=True),) and f.ready == ()
+
+
+def test_a_ready_worker_lost_while_a_recovery_waits_is_replaced_one_for_one():
+    """Found by review: while a recovery waits, the failed generation's dead members still count as
+    staying, so topping up after a ready joiner died asked for nobody, and the job failed below
+    min_workers; and with standby workers a top-up asked early for the replacement the recovery puts
+    off until the survivors step. Each lost ready worker is replaced by exactly one."""
+    from elastic_zero.coordinator.state import ReadyWorkersLost
+
+    s, plan = _started(3, min_workers=3)
+    s, cmds, _ = _end(s, plan, w1="dead", w2="dead")
+    assert _cmd(cmds, Spawn) == Spawn(2) and s.recovery is not None
+    s, _, _ = decide(s, WorkersReady(_members("w3")), 11.0)
+    s, cmds, _ = decide(s, ReadyWorkersLost(("w3",), "its process ended"), 12.0)
+    assert cmds == (Retire(("w3",), lost=True), Spawn(1)) and s.spawning == 2
+    s, _, _ = decide(s, WorkersReady(_members("w4")), 13.0)
+    s, cmds, _ = decide(s, WorkersReady(_members("w5")), 14.0)
+    assert sorted(m.actor_id for m in _cmd(cmds, StartGeneration).plan.generation.members) == ["w0", "w4", "w5"]
+    # with a standby: the recovery takes it and puts the replacement off; a second standby lost meanwhile
+    # is replaced alone
+    s = CoordinatorState(min_workers=1, max_workers=4, target=2, min_wait_s=30, standby=2)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, (start,), _ = decide(s, WorkersReady(_members("w0", "w1", "w2", "w3")), 1.0)
+    s, cmds, _ = _end(s, start.plan, w1="dead")
+    assert _cmd(cmds, Spawn) is None and [m.actor_id for m in s.ready] == ["w3"]
+    s, cmds, _ = decide(s, ReadyWorkersLost(("w3",), "silent"), 11.0)
+    assert cmds == (Retire(("w3",), lost=True), Spawn(1))
+    s, cmds, _ = decide(s, GenerationStepped(1), 12.0)
+    assert cmds == (Spawn(1),)  # the one put off, now
+
+
+def test_a_joiners_wait_ends_with_the_last_ready_one():
+    """A joiner waits up to the join window for workers still starting; when it dies, a later joiner's
+    window starts anew rather than from the dead one's."""
+    from elastic_zero.coordinator.state import ReadyWorkersLost
+
+    s, plan = _started(2)
+    s, _, _ = decide(s, ScaleRequested(4), 2.0)
+    s, cmds, _ = decide(s, WorkersReady(_members("w2")), 3.0)
+    assert s.joiners_wait_since is not None and _cmd(cmds, RequestSafePoint) is None
+    s, _, _ = decide(s, ReadyWorkersLost(("w2",), "its process ended"), 4.0)
+    assert s.joiners_wait_since is None and s.spawning == 2
+    s, cmds, _ = decide(s, WorkersReady(_members("w4")), 21.0)
+    assert _cmd(cmds, RequestSafePoint) is None and s.joiners_wait_since == 21.0
 
 
 def test_a_scale_up_takes_a_ready_standby_at_once_and_a_standby_that_cannot_start_fails_nothing():

@@ -26,8 +26,12 @@ def test_each_way_runs_in_a_process_of_its_own_and_one_that_fails_is_reported(mo
     and the other ways go on; --json prints one object."""
     monkeypatch.setattr(pinning, "CPU_WAYS", ("fault-1", "no-such-way", "fault-N"))
     assert main(["bench", "pinning", "--mib", "16", "--buffers", "2", "--threads", "2", "--rounds", "1", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    report = json.loads(out)
     assert report["device"].startswith("cpu (no CUDA") and report["bytes"] == 16 << 20
+    # a line as each way ends (a run cut short by a time limit keeps them)
+    assert [line.split(":")[1].strip() for line in err.splitlines()] == ["round 1, fault-1", "round 1, no-such-way",
+                                                                         "round 1, fault-N"]
     assert list(report["ways"]) == ["fault-1", "no-such-way", "fault-N"]
     for way in ("fault-1", "fault-N"):
         (run,) = report["runs"][way]
@@ -55,3 +59,8 @@ def test_bad_arguments_are_one_line_and_exit_2(args, message, capsys):
     assert main(["bench", "pinning", *args]) == 2
     out, err = capsys.readouterr()
     assert out == "" and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_torch_is_given_a_power_of_two_of_register_threads():
+    """torch's allocator refuses pinned_num_register_threads that is not a power of two (at most 128)."""
+    assert [pinning.register_threads(n) for n in (1, 2, 3, 6, 8, 12, 16, 500)] == [1, 2, 2, 4, 8, 8, 16, 128]

@@ -52,7 +52,7 @@ def test_a_standby_killed_while_it_waits_is_replaced_before_a_recovery_needs_it(
     assert code == 0, summary.get("error")
     lost = [e for e in events if e["event"] == "worker_lost"]
     assert lost[0]["actor_id"] == killed["actor_id"] and lost[0]["during"] == "ready", lost
-    assert lost[0]["t"] - killed["t"] < 3.0, (lost[0], killed)  # the next look after its last word, not a timeout
+    assert lost[0]["t"] - killed["t"] < 5.0, (lost[0], killed)  # the next look after its last word (0.1 s here)
     retired = next(e for e in events if e["event"] == "retire" and killed["actor_id"] in e["actor_ids"])
     spawns = [e for e in events if e["event"] == "spawn"]
     assert spawns[0]["count"] == 3 and spawns[1]["count"] == 1 and spawns[1]["t"] >= retired["t"]

@@ -12,9 +12,9 @@ AdamW moments at world size 1) would take 6 GiB of locked memory.
 The ways measured, each in a fresh process of its own (its own empty host cache and allocator
 settings), rounds alternating:
 - `torch`: torch.empty(..., pin_memory=True), torch's default (cudaHostAlloc);
-- `torch-register`: the same with PYTORCH_CUDA_ALLOC_CONF's
+- `torch-register`: the same with the allocator's
   `pinned_use_cuda_host_register:True,pinned_num_register_threads:N` (malloc, pages faulted by N
-  threads, then cudaHostRegister);
+  threads, then cudaHostRegister; N rounded down to a power of two, as torch asks);
 - `register`: a block mapped exactly to size (as host_pool.py maps unpinned buffers), its pages
   written by N threads, then registered with cudaHostRegister (torch.cuda.cudart()).
 Each reports its seconds, the growth of its process's RSS (the rounding shows there), whether torch
@@ -40,6 +40,13 @@ import time
 CUDA_WAYS = ("torch", "torch-register", "register")
 CPU_WAYS = ("fault-1", "fault-N")
 REGISTER_CONF = "pinned_use_cuda_host_register:True,pinned_num_register_threads:{threads}"
+# torch reads PYTORCH_ALLOC_CONF where set (its newer name), else PYTORCH_CUDA_ALLOC_CONF: the option goes in both
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def register_threads(threads: int) -> int:
+    """The register threads torch's allocator takes: a power of two (it refuses others), at most 128."""
+    return min(128, 1 << (threads.bit_length() - 1))
 
 
 def _rss_bytes() -> int:
@@ -124,6 +131,7 @@ def measure_one(way: str, buffer_bytes: list[int], threads: int) -> dict:
               "bytes": sum(buffer_bytes)}
     if on_cuda:
         result["pinned"] = all(b.is_pinned() for b in buffers)
+        torch.cuda.synchronize()  # the launch thread's kernels, still queued, are not the copy's
         copy_started = time.perf_counter()
         for b, s in zip(buffers, sources):
             b.copy_(s, non_blocking=True)
@@ -155,9 +163,11 @@ def run_pinning_bench(mib: int = 1424, buffers: int = 3, threads: int | None = N
     ways = CUDA_WAYS if on_cuda else CPU_WAYS
     sizes = [total // buffers + (1 if i < total % buffers else 0) for i in range(buffers)]
     runs: dict[str, list] = {way: [] for way in ways}
-    for _ in range(rounds):
+    for round_ in range(rounds):
         for way in ways:
             runs[way].append(_in_a_process(way, sizes, threads))
+            # a line as each ends, so that a run cut short by a time limit keeps what it measured
+            print(f"bench pinning: round {round_ + 1}, {way}: {json.dumps(runs[way][-1])}", file=sys.stderr)
     device = torch.cuda.get_device_name(0) if on_cuda else "cpu (no CUDA: only fresh pages written, by 1 and N threads)"
     return {"device": device, "bytes": total, "buffers": buffers, "threads": threads, "rounds": rounds,
             "ways": {way: _medians(rs) for way, rs in runs.items()}, "runs": runs}
@@ -166,8 +176,9 @@ def run_pinning_bench(mib: int = 1424, buffers: int = 3, threads: int | None = N
 def _in_a_process(way: str, sizes: list[int], threads: int) -> dict:
     env = dict(os.environ)
     if way == "torch-register":
-        conf = REGISTER_CONF.format(threads=threads)
-        env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(c for c in (env.get("PYTORCH_CUDA_ALLOC_CONF"), conf) if c)
+        conf = REGISTER_CONF.format(threads=register_threads(threads))
+        for name in ALLOC_CONF_VARS:
+            env[name] = ",".join(c for c in (env.get(name), conf) if c)
     args = json.dumps({"way": way, "sizes": sizes, "threads": threads})
     proc = subprocess.run([sys.executable, "-m", "elastic_zero.bench.pinning", args], env=env,
                           capture_output=True, text=True, timeout=600)

@@ -266,10 +266,17 @@ def _on_ready_lost(state, event: ReadyWorkersLost, replace_them: bool):
     lost = tuple(m.actor_id for m in state.ready if m.actor_id in event.actor_ids)
     if not lost:
         return state, (), f"{', '.join(event.actor_ids)} lost ({event.why}): not among the ready workers"
-    state = replace(state, ready=tuple(m for m in state.ready if m.actor_id not in lost))
-    state, spawn = top_up(state) if replace_them else (state, ())
-    return state, (Retire(lost, lost=True),) + spawn, \
-        f"{', '.join(lost)} lost while ready ({event.why}): retired" + ("; another asked for" if spawn else "")
+    ready = tuple(m for m in state.ready if m.actor_id not in lost)
+    # (a joiner's wait for the ones still starting ends with the last ready one)
+    state = replace(state, ready=ready, joiners_wait_since=state.joiners_wait_since if ready else None)
+    if not replace_them:
+        return state, (Retire(lost, lost=True),), f"{', '.join(lost)} lost while ready ({event.why}): retired"
+    # one for one: each was asked for by a need that stands. Not top_up(): while a recovery waits, the
+    # failed generation's dead members still count there, and replacements it put off until the
+    # survivors step would be asked for now
+    state = replace(state, spawning=state.spawning + len(lost))
+    return state, (Retire(lost, lost=True), Spawn(len(lost))), \
+        f"{', '.join(lost)} lost while ready ({event.why}): retired; {len(lost)} more asked for"
 
 
 def _on_scale(state, workers, now):
