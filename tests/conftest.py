@@ -61,7 +61,7 @@ def _compile_bytecode() -> None:
 _LONGEST_FIRST = ("test_goodput_bench.py", "test_service.py", "test_demo.py", "test_finetune_example.py", "test_nodes.py",
                   "test_own_model.py", "test_large_model_path.py", "test_runtime.py", "test_chaos.py",
                   "test_bench_memory.py", "test_control_plane_bench.py", "test_runtime_hardening.py",
-                  "test_tracking.py")
+                  "test_tracking.py", "test_standby_loss.py")
 
 
 def pytest_collection_modifyitems(items):
