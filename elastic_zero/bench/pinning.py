@@ -49,11 +49,6 @@ def register_threads(threads: int) -> int:
     return min(128, 1 << (threads.bit_length() - 1))
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def _written_by(buffers, threads: int) -> None:
     """Every page of `buffers` (uint8 tensors) written, split among `threads` threads (torch's
     fill_ lets the GIL go, so the page faults run side by side)."""
@@ -104,6 +99,8 @@ def measure_one(way: str, buffer_bytes: list[int], threads: int) -> dict:
         raise ValueError(f"bench pinning: no way {way!r}: one of {', '.join(CUDA_WAYS + CPU_WAYS)}")
     import torch
 
+    from elastic_zero.node_memory import rss_bytes
+
     torch.set_num_threads(1)
     on_cuda = way in CUDA_WAYS
     if on_cuda:
@@ -112,7 +109,7 @@ def measure_one(way: str, buffer_bytes: list[int], threads: int) -> dict:
             time.sleep(0.3)
         sources = [torch.ones(n, dtype=torch.uint8, device="cuda") for n in buffer_bytes]
         torch.cuda.synchronize()
-    rss, started = _rss_bytes(), time.perf_counter()
+    rss, started = rss_bytes(os.getpid()), time.perf_counter()
     gaps = _LaunchGaps() if on_cuda else None
     with gaps if gaps is not None else contextlib.nullcontext():
         if way in ("torch", "torch-register"):
@@ -127,7 +124,7 @@ def measure_one(way: str, buffer_bytes: list[int], threads: int) -> dict:
                     if int(code) != 0:
                         raise RuntimeError(f"bench pinning: cudaHostRegister of {b.numel()} bytes failed ({code})")
     seconds = time.perf_counter() - started
-    result = {"way": way, "seconds": round(seconds, 4), "rss_growth_bytes": _rss_bytes() - rss,
+    result = {"way": way, "seconds": round(seconds, 4), "rss_growth_bytes": rss_bytes(os.getpid()) - rss,
               "bytes": sum(buffer_bytes)}
     if on_cuda:
         result["pinned"] = all(b.is_pinned() for b in buffers)
