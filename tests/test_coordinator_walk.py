@@ -2,7 +2,8 @@
 starts is one the workers can carry out.
 
 Each walk feeds `decide` a random mix of events a real job sees (workers ready, ready ones lost,
-scale requests, preemption notices, generations ending in safe points, finishes, failures and
+scale requests, preemption notices, memory measured (a standby that may crowd its node),
+generations ending in safe points, finishes, failures and
 deaths with any replicas reported, first steps, ticks) and checks every command against what the
 walk knows: who was spawned, who was retired, which plan is running.
 """
@@ -11,11 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elastic_zero.coordinator.state import (
-    CheckpointCommitted, CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, PreemptionNotice,
-    ReadyWorkersLost, Retire, ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady, decide,
+    CheckpointCommitted, CoordinatorState, Fail, Finish, GenerationEnded, GenerationStepped, MemorySeen,
+    PreemptionNotice, ReadyWorkersLost, Retire, ScaleRequested, Spawn, Start, StartGeneration, Tick, WorkersReady,
+    decide,
 )
 from elastic_zero.plan.membership import Member
+from elastic_zero.plan.memory import GIB, MemoryView, ModelMemory, NodeRoom
 from elastic_zero.protocol import Outcome
+
+
+_MODEL = ModelMemory(unit_numels=(50 * 10**6,) * 2, stage=3, compute_bytes=4, state_vectors=2)  # 1.6 GB of state
 
 
 class _World:
@@ -41,6 +47,7 @@ class _World:
             self.pending_spawns += command.count
         elif isinstance(command, Retire):
             self.retired |= set(command.actor_ids)
+            assert not {m.actor_id for m in self.state.ready} & set(command.actor_ids), "a retired worker kept ready"
         elif isinstance(command, StartGeneration):
             self.check_plan(command.plan)
         elif isinstance(command, (Finish, Fail)):
@@ -110,7 +117,7 @@ def test_every_plan_from_a_random_walk_can_be_carried_out(data, min_workers, max
     for _ in range(30):
         if world.state.done:
             break
-        choices = ["scale", "tick"] + (["commit"] if checkpoints else [])
+        choices = ["scale", "tick", "memory"] + (["commit"] if checkpoints else [])
         if world.pending_spawns:
             choices.append("ready")
         if world.plan is not None and world.state.running:
@@ -123,7 +130,7 @@ def test_every_plan_from_a_random_walk_can_be_carried_out(data, min_workers, max
             world.pending_spawns -= count
             ids = [f"w{world.spawned + i}" for i in range(count)]
             world.spawned += count
-            world.apply(WorkersReady(tuple(Member(i, node=f"n{int(i[1:]) % 3}") for i in ids)))
+            world.apply(WorkersReady(tuple(Member(i, node=f"n{int(i[1:]) % 2}") for i in ids)))
         elif event == "scale":
             world.apply(ScaleRequested(data.draw(st.integers(0, max_workers + 1))))
         elif event == "preempt":
@@ -131,6 +138,10 @@ def test_every_plan_from_a_random_walk_can_be_carried_out(data, min_workers, max
         elif event == "ready_lost":  # a standby or a joiner whose process ended while it waited
             ready = [m.actor_id for m in world.state.ready]
             world.apply(ReadyWorkersLost(tuple(data.draw(st.sets(st.sampled_from(ready), min_size=1))), "silent"))
+        elif event == "memory":  # measured: each node 3-64 GiB, each worker holding 0-2 GiB
+            rooms = {f"n{i}": NodeRoom(data.draw(st.sampled_from([3, 5, 8, 64])) * GIB, 1.0) for i in range(2)}
+            held = {f"w{i}": data.draw(st.sampled_from([0, GIB, 2 * GIB])) for i in range(world.spawned)}
+            world.apply(MemorySeen(MemoryView(_MODEL, rooms, GIB // 2, measured=True, held=held)))
         elif event == "commit":
             world.apply(CheckpointCommitted())
         elif event == "stepped":

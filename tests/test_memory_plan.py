@@ -194,3 +194,73 @@ def test_a_plan_whose_worker_was_killed_for_memory_is_not_made_again():
     taught = view.killed(2, True, at_two.room)
     again = taught.verdict(2, ["n0", "n0"], True)
     assert again.fits and not again.replicas and again.need == view.need(2, False)
+
+
+def _standing_by(room: int, held_by_standby: int, standby_node: str = "n0", measured: bool = True,
+                 overhead_then: int = GIB):
+    """A generation of w0 and w1 on node n0 (`room` bytes, all of it theirs), their replicas kept, and
+    w2 on standby on `standby_node`; then a view in which w2 holds `held_by_standby` bytes and a
+    worker `overhead_then` beside its state."""
+    rooms = {"n0": NodeRoom(room, 1.0), "n1": NodeRoom(room, 1.0)}
+    s = CoordinatorState(min_workers=1, max_workers=4, target=2, standby=1)
+    s, cmds, _ = decide(s, Start(), 0.0)
+    assert cmds == (Spawn(3),)
+    s, _, _ = decide(s, MemorySeen(replace(_view(rooms), measured=measured)), 0.0)
+    s, cmds, _ = decide(s, _ready("w0", "w1", "w2", node=["n0", "n0", standby_node]), 1.0)
+    assert _cmd(cmds, StartGeneration).plan.replicas and [m.actor_id for m in s.ready] == ["w2"]
+    then = replace(_view(rooms, overhead_then), measured=measured, held={"w2": held_by_standby})
+    return decide(s, MemorySeen(then), 2.0)
+
+
+def test_a_standby_that_would_crowd_the_generation_out_of_its_node_is_retired_with_its_numbers():
+    """Each of w0 and w1 needs 4.27 GB with replicas (0.8 engine, 2.4 replicas, 1 GiB beside): 10 GB
+    holds both (5 GB each), but not beside a standby of 2 GB (4 GB each). The members come first: the
+    standby goes, saying why, and none is asked for again."""
+    s, cmds, reason = _standing_by(10 * 10**9, 2 * 10**9)
+    assert _cmd(cmds, Retire).actor_ids == ("w2",) and s.ready == () and s.standby == 0
+    line = ("standby worker(s) w2 retired: 1.86 GiB held beside the generation's 2 worker(s), each of which "
+            "needs 3.98 GiB with replicas, left 3.73 GiB for each on node n0; the job goes on with 0 standby "
+            "worker(s)")
+    assert _cmd(cmds, Warn).message == line and reason.endswith(line)
+    assert _cmd(cmds, StartGeneration) is None and _cmd(cmds, Spawn) is None
+    # a smaller standby fits beside them (5 - 0.5 / 2 = 4.75 GB each), as does one on another node
+    for kept, _, _ in (_standing_by(10 * 10**9, 10**9 // 2), _standing_by(10 * 10**9, 2 * 10**9, standby_node="n1")):
+        assert [m.actor_id for m in kept.ready] == ["w2"] and kept.standby == 1
+    # on an estimate (nothing stepped yet) nothing is retired; nor where the members do not fit even
+    # alone (3 GiB beside the state measured: 6.4 GB each of 5): the standby is not what crowds them
+    for kept, cmds, _ in (_standing_by(10 * 10**9, 2 * 10**9, measured=False),
+                          _standing_by(10 * 10**9, 2 * 10**9, overhead_then=3 * GIB)):
+        assert kept.standby == 1 and _cmd(cmds, Retire) is None
+
+
+def test_a_standby_ready_after_the_generation_began_is_weighed_as_it_comes():
+    """The standby's hello comes in after the generation started, with the view already holding its
+    beats: the same rule, at its WorkersReady."""
+    rooms = {"n0": NodeRoom(10 * 10**9, 1.0)}
+    s = CoordinatorState(min_workers=1, max_workers=4, target=2, standby=1)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, _, _ = decide(s, MemorySeen(replace(_view(rooms), measured=True, held={"w2": 2 * 10**9})), 0.0)
+    s, _, _ = decide(s, _ready("w0", "w1"), 1.0)
+    s, cmds, _ = decide(s, _ready("w2"), 2.0)
+    assert _cmd(cmds, Retire).actor_ids == ("w2",) and s.standby == 0
+
+
+def test_the_memory_watch_counts_a_standbys_beats_against_its_nodes_room():
+    """What a node's workers hold is the job's, not the node's others': a standby's RSS is in the view
+    (held), and the running plan's room in the summary is net of it."""
+    from elastic_zero.coordinator.memory_watch import MemoryWatch
+    from elastic_zero.plan.membership import next_generation
+    from elastic_zero.protocol import GenerationPlan, Source
+    from elastic_zero.wire.heartbeats import Progress
+
+    watch = MemoryWatch()
+    for actor_id in ("w0", "w1", "w2"):
+        watch.hello(actor_id, "n0", {"capacity": 16 * GIB, "threshold": 1.0, "rss": GIB, "model": MODEL})
+    beats = {"w0": Progress(0, 3, 9, 3 * GIB, 3 * GIB, 9 * GIB), "w1": Progress(0, 3, 9, 3 * GIB, 3 * GIB, 9 * GIB),
+             "w2": Progress(-1, -1, 0, 2 * GIB, 2 * GIB, 9 * GIB)}
+    gen = next_generation(None, [Member("w0", node="n0"), Member("w1", node="n0")])
+    plan = GenerationPlan(gen, None, ("w0", "w1"), (), Source.INIT, 0, (), "start", replicas=False)
+    view = watch.view(beats, plan)
+    assert view.held == {"w0": 3 * GIB, "w1": 3 * GIB, "w2": 2 * GIB} and view.rooms["n0"].others == GIB
+    memory = watch.summary(view, plan)["plan"]
+    assert memory["room_gib"] == 6.5 and memory["outside_plan_gib"] == 2.0  # (16 - 1 - 2) / 2

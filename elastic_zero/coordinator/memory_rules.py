@@ -10,11 +10,16 @@ worker said hello), a plan never asks a worker for more than its node (and its G
 - replicas that do not fit beside the engine are dropped from the plan, with one line naming the
   numbers (keeping them would get workers killed: GPT-2 medium's shape on 2 workers of a 24 GB
   machine lost a worker to Ray's memory monitor twice in 3 steps).
+- a standby worker stays only where its node has room for it beside the generation's workers, as
+  measured (`standby_beyond_room`): the members and their replicas come first, and a standby on
+  their node that would crowd them out is retired with one line of numbers.
 Until a generation has stepped the figures are estimates (MemoryView.measured): the job is not
-failed on an estimate alone.
+failed on an estimate alone, nor a standby retired.
 """
 
 from __future__ import annotations
+
+from elastic_zero.plan.memory import GIB
 
 
 def _join_order(state) -> list[str]:
@@ -96,3 +101,37 @@ def with_replicas(state, plan) -> tuple[object, str]:
     if verdict.replicas:
         return plan, ""
     return replace(plan, replicas=False), verdict.line(plan.generation.world_size)
+
+
+def standby_beyond_room(state) -> tuple[tuple[str, ...], str]:
+    """The standby workers (ready beyond the ones the target still takes in) whose node has no room
+    for them beside the running generation's members, as measured, and the line that says so; none
+    where the members do not fit even alone (the standby is not what crowds them: a memory kill
+    teaches the plan). The last to stand by go first."""
+    view, gen = state.memory, state.generation
+    if view is None or not view.measured or gen is None or not state.running or state.recovery is not None:
+        return (), ""
+    standby = list(state.ready[max(0, state.target - state.staying_count()):])
+    nodes = [m.node for m in gen.members]
+    if not standby or not set(nodes) & {m.node for m in standby}:
+        return (), ""
+    kept = state.replicas_kept
+
+    def fits(outside) -> bool:
+        verdict = view.verdict(gen.world_size, nodes, kept, view.held_on_nodes((m.actor_id, m.node) for m in outside))
+        return verdict.fits and verdict.replicas == kept
+
+    if fits(standby) or not fits(()):
+        return (), ""
+    on_theirs = [m for m in standby if m.node in nodes]
+    retired = []
+    while not fits([m for m in standby if m not in retired]):
+        retired.append(on_theirs.pop())
+    held = view.held_on_nodes((m.actor_id, m.node) for m in retired)
+    worst = view.verdict(gen.world_size, nodes, kept, view.held_on_nodes((m.actor_id, m.node) for m in standby))
+    gib = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
+    ids = ", ".join(m.actor_id for m in retired)
+    return tuple(m.actor_id for m in retired), (
+        f"standby worker(s) {ids} retired: {gib(sum(held.values()))} held beside the generation's "
+        f"{gen.world_size} worker(s), each of which needs {gib(worst.need_with_replicas if kept else worst.need)}"
+        f"{' with replicas' if kept else ''}, left {gib(worst.room)} for each on node {worst.node[:12]}")

@@ -5,7 +5,8 @@ the MemoryView its state machine plans with (plan/memory.py, coordinator/memory_
   model's own tensors, its device (and a GPU's memory), and the model's state facts (the same from
   every worker). A node whose capacity could not be read is left out: its room is not known.
 - Each beat carries the worker's RSS, its peak since it began its generation's steps, and its node's
-  used memory: a node's other processes hold its used memory less this job's workers' RSS.
+  used memory: a node's other processes hold its used memory less this job's workers' RSS. Each
+  worker's RSS is in the view too (`held`): one outside the plan (a standby) weighs on its node's room.
 - What a worker holds beside its state is measured in each generation, once the worker has stepped
   twice since the first beat heard of it there: its peak less the state it holds in the node's memory
   (the engine's, where it is not on a GPU, and the replicas: all four copies of a swap, which the
@@ -68,10 +69,12 @@ class MemoryWatch:
         if plan is not None:
             self._measure(progress, plan)
         used, ours = dict.fromkeys(self.nodes, 0), dict.fromkeys(self.nodes, 0)  # per node, in one pass
+        held = {}  # what each worker holds, where its node's used memory counts it as ours
         for actor_id, node in self.node_of.items():
             p = progress.get(actor_id)
             if p is not None and not p.last_word and node in used:
                 used[node], ours[node] = max(used[node], p.node_used), ours[node] + p.rss
+                held[actor_id] = p.rss
         rooms = {}
         for node, (capacity, threshold) in self.nodes.items():
             room = NodeRoom(capacity, threshold, max(0, used[node] - ours[node]))
@@ -82,7 +85,7 @@ class MemoryWatch:
             overhead, measured = self.measured[max(self.measured)], True
         else:
             overhead, measured = max(self.base.values(), default=0) * 3 // 2 + self.model.working_bytes(), False
-        return MemoryView(self.model, rooms, overhead, dict(self.floors), self.device_room, measured)
+        return MemoryView(self.model, rooms, overhead, dict(self.floors), self.device_room, measured, held)
 
     def _measure(self, progress: dict, plan) -> None:
         world = plan.generation.world_size
@@ -100,22 +103,30 @@ class MemoryWatch:
         """A worker of `plan`'s generation was killed for memory: the view that no plan of its shape
         fits the room each of its node's workers had."""
         world = plan.generation.world_size
-        room = view.verdict(world, [m.node for m in plan.generation.members], plan.replicas).room
+        nodes = [m.node for m in plan.generation.members]
+        room = view.verdict(world, nodes, plan.replicas, self._beside(view, plan)).room
         taught = view.killed(world, plan.replicas, room)
         self.floors = dict(taught.floors)
         return taught
+
+    def _beside(self, view: MemoryView, plan) -> dict:
+        """node -> what the job's workers outside `plan` (a standby, a joiner not in yet) hold there."""
+        members = {m.actor_id for m in plan.generation.members}
+        return view.held_on_nodes((a, n) for a, n in self.node_of.items() if a not in members)
 
     def summary(self, view: MemoryView | None, plan=None) -> dict:
         """The summary's and the status's memory: each worker's peak, and what the plan counted on."""
         out = {"peak_rss_gib": {a: round(b / GIB, 3) for a, b in sorted(self.peaks.items())}}
         if view is not None and plan is not None:
             world = plan.generation.world_size
-            verdict = view.verdict(world, [m.node for m in plan.generation.members], plan.replicas)
+            beside = self._beside(view, plan)
+            verdict = view.verdict(world, [m.node for m in plan.generation.members], plan.replicas, beside)
             out["plan"] = {"generation": plan.number, "workers": world, "replicas": plan.replicas,
                            "engine_gib": round(view.model.engine_bytes(world) / GIB, 3),
                            "replicas_gib": round(view.model.replica_bytes(world) / GIB, 3) if plan.replicas else 0.0,
                            "beside_state_gib": round(view.overhead / GIB, 3), "measured": view.measured,
-                           "need_gib": round(verdict.need / GIB, 3), "room_gib": round(verdict.room / GIB, 3)}
+                           "need_gib": round(verdict.need / GIB, 3), "room_gib": round(verdict.room / GIB, 3),
+                           "outside_plan_gib": round(beside.get(verdict.node, 0) / GIB, 3)}
             if view.device_room:
                 out["plan"].update(device_need_gib=round(verdict.device_need / GIB, 3),
                                    device_room_gib=round(view.device_room / GIB, 3))

@@ -14,7 +14,9 @@ from elastic_zero.coordinator.events import (  # noqa: F401 - the events and com
     MemorySeen, PreemptionNotice, ReadyWorkersLost, RequestSafePoint, Retire, ScaleRequested, Spawn, Start,
     StartGeneration, Stop, StopRequested, Tick, Warn, WorkersReady, WorkerStartFailed,
 )
-from elastic_zero.coordinator.memory_rules import fitting_joiners, fitting_min, fitting_world, min_workers, why_more
+from elastic_zero.coordinator.memory_rules import (
+    fitting_joiners, fitting_min, fitting_world, min_workers, standby_beyond_room, why_more,
+)
 from elastic_zero.coordinator.recovery import Recovery, on_failure, try_recover
 from elastic_zero.coordinator.safe_points import ask_for_safe_point_if_needed
 from elastic_zero.coordinator.transitions import begin, fitted, remember, top_up
@@ -137,7 +139,7 @@ def _decide(state: CoordinatorState, event: Event, now: float):
         return replace(state, spawning=count), (Spawn(count),), \
             f"start {state.target} workers" + (f" and {state.standby} on standby" if state.standby else "")
     if isinstance(event, WorkersReady):
-        return _on_ready(replace(state, start_losses=0), event.members, now)
+        return _standby_in_room(*_on_ready(replace(state, start_losses=0), event.members, now))
     if isinstance(event, WorkerStartFailed):
         return _on_start_failure(state, event)
     if isinstance(event, ReadyWorkersLost):
@@ -159,7 +161,7 @@ def _decide(state: CoordinatorState, event: Event, now: float):
     if isinstance(event, CheckpointCommitted):
         return replace(state, committed=True), (), "a checkpoint was committed"
     if isinstance(event, MemorySeen):
-        return replace(state, memory=event.view), (), "memory measured"
+        return _standby_in_room(replace(state, memory=event.view), (), "memory measured")
     if isinstance(event, GenerationStepped):
         if event.number != state.top_up_after:
             return state, (), f"generation {event.number} stepped"
@@ -233,6 +235,17 @@ def _on_ready(state, members, now):
     if state.recovery is not None:
         return try_recover(state, now)
     return ask_for_safe_point_if_needed(state, "workers ready to join", now)
+
+
+def _standby_in_room(state, commands, reason):
+    """`decide`'s answer, less the standby workers the running generation's node has no room for."""
+    retire, line = standby_beyond_room(state)
+    if not retire:
+        return state, commands, reason
+    state = replace(state, ready=tuple(m for m in state.ready if m.actor_id not in retire),
+                    standby=max(0, state.standby - len(retire)))
+    line = f"{line}; the job goes on with {state.standby} standby worker(s)"
+    return state, tuple(commands) + (Warn(line), Retire(retire)), f"{reason}; {line}"
 
 
 def _on_start_failure(state, event: WorkerStartFailed):

@@ -12,9 +12,10 @@ A worker of a generation of `world` ranks holds
   RSS at hello: coordinator/memory_watch.py).
 
 A node has room for its workers together: Ray's memory monitor kills past `threshold` of its
-capacity, and what else runs there (other jobs, Ray itself) is taken off first. On a GPU the engine's
-state is on the device, not the node: the node holds the replicas and what is beside the state, and
-the device the engine's state and the units at work.
+capacity, and what else runs there (other jobs, Ray itself) is taken off first, as is what the
+job's own workers outside a plan hold there (a standby: its interpreter and its model). On a GPU
+the engine's state is on the device, not the node: the node holds the replicas and what is beside
+the state, and the device the engine's state and the units at work.
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ class MemoryView:
     floors: dict = None  # (world, replicas) -> the least a worker of that shape is taken to need (a kill taught it)
     device_room: int = 0  # bytes a worker's GPU has for the engine (0: the engine is in the node's memory)
     measured: bool = False  # the overhead was measured in a generation that stepped (else an estimate)
+    # actor id -> what a worker holds now, by its beats (a node's room is net of the job's workers:
+    # one outside a plan, a standby, weighs on its node's room beside that plan's workers)
+    held: dict = None
 
     def need(self, world: int, replicas: bool) -> int:
         """What a worker will hold of its node's memory at the most."""
@@ -128,14 +132,16 @@ class MemoryView:
         """What a worker will hold of its GPU's memory: the engine's state and the units at work."""
         return self.model.engine_bytes(world) + self.model.working_bytes() if self.device_room else 0
 
-    def verdict(self, world: int, nodes: list[str], replicas: bool) -> Verdict:
+    def verdict(self, world: int, nodes: list[str], replicas: bool, beside: dict | None = None) -> Verdict:
         """Whether `world` workers on `nodes` (one entry per worker) fit: with replicas if asked and
-        they fit, else without."""
+        they fit, else without. `beside`: node -> bytes the job's workers outside the plan hold there."""
         counts: dict[str, int] = {}
         for node in nodes:
             counts[node] = counts.get(node, 0) + 1
-        tight = min(counts, key=lambda n: self._room_of(n) // counts[n]) if counts else ""
-        room = self._room_of(tight) // counts[tight] if counts else 0
+        beside = beside or {}
+        room_of = lambda n: max(0, self._room_of(n) - beside.get(n, 0))  # noqa: E731
+        tight = min(counts, key=lambda n: room_of(n) // counts[n]) if counts else ""
+        room = room_of(tight) // counts[tight] if counts else 0
         with_replicas = self.need(world, True)
         without = self.need(world, False)
         device = self.device_need(world)
@@ -144,6 +150,13 @@ class MemoryView:
             return Verdict(True, True, with_replicas, with_replicas, room, tight, device, self.device_room)
         return Verdict(without <= room and on_device, False, without, with_replicas, room, tight, device,
                        self.device_room)
+
+    def held_on_nodes(self, workers) -> dict:
+        """node -> what `workers` ((actor id, node) pairs) hold there now, by their beats."""
+        on: dict[str, int] = {}
+        for actor_id, node in workers:
+            on[node] = on.get(node, 0) + (self.held or {}).get(actor_id, 0)
+        return on
 
     def _room_of(self, node: str) -> int:
         room = self.rooms.get(node)
