@@ -26,3 +26,16 @@ def test_chaos_ends_with_every_sample_once_and_the_fault_free_weights(tmp_path, 
     assert run["ok"], run["problems"]
     assert run["recoveries"] >= 2, "the schedule must lose workers, or the drill proves nothing"
     assert run["weights_diff"] <= 1e-4
+
+
+def test_a_drill_with_standby_workers_keeps_its_faults_and_asks_for_them():
+    """`--standby-workers N`: the same seeded faults, the job keeping N workers ready beside it; a
+    count outside 0-4 is one line naming the option, before any Ray starts."""
+    from elastic_zero.bench.chaos import chaos_job
+
+    plain, standing = chaos_job(3, 300, 2, "/tmp/ck"), chaos_job(3, 300, 2, "/tmp/ck", standby_workers=1)
+    assert standing["faults"] == plain["faults"] and standing["elastic"]["standby_workers"] == 1
+    assert "standby_workers" not in plain["elastic"]
+    for bad in (-1, 5, True, "1"):
+        with pytest.raises(ValueError, match="--standby-workers: an integer from 0 to 4"):
+            run_chaos([3], 300, [2], "/tmp/never-written", standby_workers=bad)

@@ -27,13 +27,16 @@ EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "chaos
 
 
 def chaos_job(seed: int, steps: int, stage: int, checkpoint_uri: str, checkpoint_every: int = 20,
-              replicate_every: int | str | None = None) -> dict:
-    """The drill's spec (as a dict) for one seed; `replicate_every` in place of the example's."""
+              replicate_every: int | str | None = None, standby_workers: int = 0) -> dict:
+    """The drill's spec (as a dict) for one seed; `replicate_every` in place of the example's, and
+    `standby_workers` kept ready beside the job (the recoveries and scale-ups take them first)."""
     with open(EXAMPLE, "rb") as fh:
         data = tomllib.load(fh)
     e = data["elastic"]
     if replicate_every is not None:
         e["replicate_every"] = replicate_every
+    if standby_workers:
+        e["standby_workers"] = standby_workers
     data["name"] = f"chaos-{seed}-s{stage}"
     data["train"]["steps"] = steps
     data["zero"]["stage"] = stage
@@ -80,16 +83,18 @@ def _checkpoints_that_do_not_load(uri: str) -> list[str]:
 
 
 def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 20,
-              replicate_every: int | str | None = None) -> dict:
+              replicate_every: int | str | None = None, standby_workers: int = 0) -> dict:
     import ray
 
     if replicate_every is not None and replicate_every != "auto" and \
             not (isinstance(replicate_every, int) and not isinstance(replicate_every, bool) and replicate_every >= 0):
         raise ValueError(f'--replicate-every: an integer >= 0 or "auto", got {replicate_every!r}')
+    if not (isinstance(standby_workers, int) and not isinstance(standby_workers, bool) and 0 <= standby_workers <= 4):
+        raise ValueError(f"--standby-workers: an integer from 0 to 4, got {standby_workers!r}")
     own_ray = not ray.is_initialized()
-    if own_ray:
-        ray.init(num_cpus=max(os.cpu_count() or 1, 5), namespace="elastic_zero", include_dashboard=False,
-                 logging_level="ERROR")
+    if own_ray:  # a slot for each worker at the most (4), each standby, and a replacement started beside them
+        ray.init(num_cpus=max(os.cpu_count() or 1, 5 + standby_workers), namespace="elastic_zero",
+                 include_dashboard=False, logging_level="ERROR")
     runs = []
     try:
         for stage in stages:
@@ -101,7 +106,8 @@ def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 2
                 raise RuntimeError(f"the fault-free reference run of stage {stage} failed")
             for seed in seeds:
                 run_dir = os.path.join(workdir, f"seed{seed}-s{stage}")
-                data = chaos_job(seed, steps, stage, os.path.join(run_dir, "ckpt"), checkpoint_every, replicate_every)
+                data = chaos_job(seed, steps, stage, os.path.join(run_dir, "ckpt"), checkpoint_every, replicate_every,
+                                 standby_workers)
                 started = time.monotonic()
                 code, summary, events, weights = _run(data, run_dir)
                 runs.append(_judge(seed, stage, data, code, summary, events, weights, reference,
@@ -110,7 +116,7 @@ def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 2
         if own_ray:
             ray.shutdown()
     stalls = [s for r in runs for s in r["stalls_s"]]
-    return {"steps": steps, "replicate_every": replicate_every, "runs": runs, "failed_runs": [f"seed {r['seed']} stage {r['stage']}" for r in runs if not r["ok"]],
+    return {"steps": steps, "replicate_every": replicate_every, "standby_workers": standby_workers, "runs": runs, "failed_runs": [f"seed {r['seed']} stage {r['stage']}" for r in runs if not r["ok"]],
             "faults_survived": sum(r["faults_fired"] for r in runs if r["ok"]),
             "stall_s_median": round(statistics.median(stalls), 4) if stalls else None, "stall_s_worst": max(stalls, default=None)}
 
@@ -144,7 +150,8 @@ def _judge(seed, stage, data, code, summary, events, weights, reference, wall_s)
 
 def format_chaos(report: dict) -> str:
     every = report.get("replicate_every")
-    lines = [f"chaos drill, {report['steps']} steps per run" + (f", replicate_every {every}" if every is not None else "")]
+    lines = [f"chaos drill, {report['steps']} steps per run" + (f", replicate_every {every}" if every is not None else "")
+             + (f", {report['standby_workers']} standby worker(s)" if report.get("standby_workers") else "")]
     for r in report["runs"]:
         stalls = r["stalls_s"]
         lines.append(f"  seed {r['seed']} stage {r['stage']}: {'ok' if r['ok'] else 'FAILED'}  "

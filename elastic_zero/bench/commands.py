@@ -73,6 +73,8 @@ def add_bench_parsers(sub) -> None:
     chaos.add_argument("--workdir", default="runs/chaos")
     chaos.add_argument("--replicate-every", default=None,
                        help='elastic.replicate_every for the drill: an integer or "auto" (default: the example\'s, 1)')
+    chaos.add_argument("--standby-workers", type=int, default=0,
+                       help="elastic.standby_workers for the drill, 0-4 (default 0): losses and scale-ups take them")
     chaos.add_argument("--json", action="store_true", help="print one JSON object")
     ck = bench_sub.add_parser("checkpoint", help="sharded checkpoints against torch.distributed.checkpoint")
     ck.add_argument("--preset", default="gpt-small")
@@ -214,7 +216,8 @@ def run_bench(args) -> int:
         every = args.replicate_every
         every = int(every) if every is not None and every.lstrip("-").isdigit() else every
         report = run_chaos([int(x) for x in args.seeds.split(",")], args.steps,
-                           [int(x) for x in args.stages.split(",")], args.workdir, args.checkpoint_every, every)
+                           [int(x) for x in args.stages.split(",")], args.workdir, args.checkpoint_every, every,
+                           args.standby_workers)
         print(json.dumps(report) if args.json else format_chaos(report))
         return 0 if not report["failed_runs"] else 1
     if args.bench == "checkpoint":
