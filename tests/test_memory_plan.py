@@ -264,3 +264,63 @@ def test_the_memory_watch_counts_a_standbys_beats_against_its_nodes_room():
     assert view.held == {"w0": 3 * GIB, "w1": 3 * GIB, "w2": 2 * GIB} and view.rooms["n0"].others == GIB
     memory = watch.summary(view, plan)["plan"]
     assert memory["room_gib"] == 6.5 and memory["outside_plan_gib"] == 2.0  # (16 - 1 - 2) / 2
+
+
+def test_a_retired_standbys_memory_on_its_way_out_retires_no_second_one():
+    """Two standby workers of 2 GiB beside members of 4 GiB on a 13 GiB node (1 GiB others): one must
+    go. Until the retired one's process is heard to end, its RSS is still in its node's used memory:
+    read as the node's others, it would retire the second standby for room the first is giving back.
+    Once its last word is heard, it is nobody's."""
+    from elastic_zero.coordinator.memory_watch import MemoryWatch
+    from elastic_zero.wire.heartbeats import LAST_WORD, Progress
+
+    watch = MemoryWatch()
+    for actor_id in ("w0", "w1", "w2", "w3"):
+        watch.hello(actor_id, "n0", {"capacity": 13 * GIB, "threshold": 1.0, "rss": GIB, "model": MODEL})
+    s = CoordinatorState(min_workers=1, max_workers=4, target=2, standby=2)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, cmds, _ = decide(s, _ready("w0", "w1", "w2", "w3"), 1.0)
+    plan = _cmd(cmds, StartGeneration).plan
+    used = GIB + 2 * 4 * GIB + 2 * 2 * GIB
+
+    def beats_at(steps: int, used: int) -> dict:
+        beats = {a: Progress(plan.number, steps, 0, 4 * GIB, int(4.5 * GIB), used) for a in ("w0", "w1")}
+        return {**beats, **{a: Progress(-1, -1, 0, 2 * GIB, 2 * GIB, used) for a in ("w2", "w3")}}
+
+    watch.view(beats_at(3, used), plan)  # the generation's first beats: its measure counts steps from there
+    s, cmds, _ = decide(s, MemorySeen(watch.view(beats_at(5, used), plan)), 2.0)
+    assert _cmd(cmds, Retire).actor_ids == ("w3",) and s.standby == 1
+    watch.forget("w3", now=100.0)
+    later = watch.view(beats_at(6, used), plan, now=101.0)  # w3's process not yet ended: its 2 GiB still in the node's used
+    assert later.rooms["n0"].others == GIB and "w3" not in later.held
+    s, cmds, _ = decide(s, MemorySeen(later), 2.5)
+    assert _cmd(cmds, Retire) is None and [m.actor_id for m in s.ready] == ["w2"]
+    gone = {**beats_at(7, used - 2 * GIB), "w3": Progress(-1, -1, 0, 2 * GIB, 2 * GIB, used, flags=LAST_WORD)}
+    assert watch.view(gone, plan, now=102.0).rooms["n0"].others == GIB and watch.fading == {}
+    # never heard to end (its node vanished, say): after FADING_S its memory is the node's others again
+    watch.forget("w2", now=200.0)
+    assert watch.view(gone, plan, now=229.0).rooms["n0"].others == GIB
+    assert watch.view(gone, plan, now=231.0).rooms["n0"].others == 3 * GIB and watch.fading == {}
+
+
+def test_a_memory_kill_does_not_retire_the_standby_its_recovery_takes():
+    """A member killed for memory teaches the plan, before its generation's end is decided, that its
+    shape needs more than the room it had beside the standby: that lesson (MemorySeen killed) retires
+    nobody, and the recovery takes the standby in the dead worker's place at once."""
+    rooms = {"n0": NodeRoom(16 * GIB, 1.0)}
+    s = CoordinatorState(min_workers=2, max_workers=4, target=2, standby=1)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, _, _ = decide(s, MemorySeen(MemoryView(MODEL, rooms, int(1.5 * GIB), measured=True)), 0.0)
+    s, cmds, _ = decide(s, _ready("w0", "w1", "w2"), 1.0)
+    plan = _cmd(cmds, StartGeneration).plan
+    view = MemoryView(MODEL, rooms, int(1.5 * GIB), measured=True, held={"w2": 2 * GIB})
+    taught = view.killed(2, True, view.verdict(2, ["n0", "n0"], True, {"n0": 2 * GIB}).room)
+    before = s
+    s, cmds, _ = decide(s, MemorySeen(taught, killed=True), 3.0)
+    assert cmds == () and s.standby == 1 and [m.actor_id for m in s.ready] == ["w2"]
+    # (the same lesson heard as a plain measurement retires the standby: it crowds that shape)
+    assert _cmd(decide(before, MemorySeen(taught), 3.0)[1], Retire).actor_ids == ("w2",)
+    survivor = Outcome("w0", "failed", 5, (4, 5), (4, 5), snapshot_generation=plan.number)
+    s, cmds, _ = decide(s, GenerationEnded((survivor,)), 3.0)
+    recovered = _cmd(cmds, StartGeneration).plan
+    assert [m.actor_id for m in recovered.generation.members] == ["w0", "w2"] and recovered.source == "snapshot"

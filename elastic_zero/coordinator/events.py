@@ -98,9 +98,12 @@ class CheckpointCommitted:
 
 @dataclass(frozen=True)
 class MemorySeen:
-    """What the workers measured of memory (plan/memory.py MemoryView), as the actor put it together."""
+    """What the workers measured of memory (plan/memory.py MemoryView), as the actor put it together.
+    `killed`: taught by a worker's memory kill, before its generation's end is decided (the standby
+    that recovery is to take is not weighed against the dead generation)."""
 
     view: object
+    killed: bool = False
 
 
 @dataclass(frozen=True)

@@ -364,7 +364,7 @@ class JobLoop:
     def _retire(self, actor_ids, why: str, lost: bool = False) -> None:
         for actor_id in actor_ids:
             handle = self.pool.remove(actor_id)
-            self.memory.forget(actor_id)
+            self.memory.forget(actor_id, time.monotonic())
             if handle is not None:
                 self.watch.worker_gone(actor_id, handle, lost, job_over=self.result is not None)
                 self.pool.kill(handle)
@@ -388,7 +388,7 @@ class JobLoop:
     def _refresh_memory(self) -> None:
         """The memory the workers measured (their hellos, their beats), for the plans to come."""
         run = self.generations.running
-        view = self.memory.view(self.watch.beats(), run.plan if run is not None else None)
+        view = self.memory.view(self.watch.beats(), run.plan if run is not None else None, time.monotonic())
         if view is not None and view != self.state.memory:
             self.apply(MemorySeen(view))
 
@@ -397,4 +397,4 @@ class JobLoop:
         room its node had again (the recovery then drops replicas, or waits for more workers)."""
         self._refresh_memory()
         if self.state.memory is not None:
-            self.apply(MemorySeen(self.memory.killed(self.state.memory, plan)))
+            self.apply(MemorySeen(self.memory.killed(self.state.memory, plan), killed=True))

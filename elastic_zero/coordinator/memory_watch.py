@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from elastic_zero.plan.memory import GIB, MemoryView, NodeRoom
 
+FADING_S = 30.0  # the longest a retired worker's memory is taken to be on its way out
+
 
 class MemoryWatch:
     def __init__(self, node_limit_bytes: int | None = None) -> None:
@@ -37,6 +39,7 @@ class MemoryWatch:
         self._first_steps: dict[tuple, int] = {}  # (actor id, generation) -> its steps at its first beat there
         self.floors: dict = {}
         self.peaks: dict[str, int] = {}  # actor id -> its highest peak heard, the whole job
+        self.fading: dict[str, tuple[str, float]] = {}  # actor id -> (node, when): retired, not heard to end
 
     def hello(self, actor_id: str, node: str, facts: dict) -> None:
         if not facts:
@@ -51,12 +54,17 @@ class MemoryWatch:
         if self.model is None and facts.get("model") is not None:
             self.model = facts["model"]
 
-    def forget(self, actor_id: str) -> None:
-        """A worker retired: its node's memory is no longer its (its peak stays in the summary)."""
-        self.node_of.pop(actor_id, None)
+    def forget(self, actor_id: str, now: float = 0.0) -> None:
+        """A worker retired: its node's memory is no longer its (its peak stays in the summary). Until
+        its beat process's last word says its process ended (for FADING_S at the most), what it still
+        holds is on its way out: neither the node's others nor any plan's (read as others, a retired
+        standby's memory would retire the next standby for room the first one is giving back)."""
+        node = self.node_of.pop(actor_id, None)
         self.base.pop(actor_id, None)
+        if node is not None:
+            self.fading[actor_id] = (node, now)
 
-    def view(self, progress: dict, plan=None) -> MemoryView | None:
+    def view(self, progress: dict, plan=None, now: float = 0.0) -> MemoryView | None:
         """The view from the beats heard (`progress`: actor id -> heartbeats.Progress, which the
         listener's thread adds to: a copy is read) and the running `plan` (its members' peaks
         measure what they hold beside the state)."""
@@ -75,6 +83,12 @@ class MemoryWatch:
             if p is not None and not p.last_word and node in used:
                 used[node], ours[node] = max(used[node], p.node_used), ours[node] + p.rss
                 held[actor_id] = p.rss
+        for actor_id, (node, since) in list(self.fading.items()):
+            p = progress.get(actor_id)
+            if p is None or p.last_word or now - since > FADING_S:  # (no last word from a vanished node)
+                del self.fading[actor_id]
+            elif node in ours:
+                ours[node] += p.rss
         rooms = {}
         for node, (capacity, threshold) in self.nodes.items():
             room = NodeRoom(capacity, threshold, max(0, used[node] - ours[node]))

@@ -161,6 +161,8 @@ def _decide(state: CoordinatorState, event: Event, now: float):
     if isinstance(event, CheckpointCommitted):
         return replace(state, committed=True), (), "a checkpoint was committed"
     if isinstance(event, MemorySeen):
+        if event.killed:  # the generation is over: its recovery, not a standby's retirement, comes next
+            return replace(state, memory=event.view), (), "memory taught by a kill"
         return _standby_in_room(replace(state, memory=event.view), (), "memory measured")
     if isinstance(event, GenerationStepped):
         if event.number != state.top_up_after:
