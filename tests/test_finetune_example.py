@@ -104,3 +104,42 @@ def _weight_names(directory) -> list[str]:
 
     with safe_open(str(directory / "model.safetensors"), "pt") as f:
         return list(f.keys())
+
+
+@pytest.mark.unit
+def test_a_lora_model_built_on_the_meta_device_starts_as_the_pretrained_one(tmp_path):
+    """`model.new_params` on a meta model: the worker's initial model (init_from the pretrained
+    directory, the adapters named new) and its engine at stage 3. The pretrained weights come from
+    the directory, the adapters from LoRALinear.reset_parameters() unit by unit: B = 0, so the model's
+    logits are the pretrained model's (the oracle), and A within nn.Linear's own bound."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from elastic_zero.job.spec import spec_from_dict
+    from elastic_zero.worker.initial_model import initial_model
+    from elastic_zero.worker.worker_model import WorkerModel
+    from elastic_zero.zero import AdamW
+
+    sys.path.insert(0, ROOT)
+    from examples.finetune_hf.model import LORA_PARAMS, llama_config
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(llama_config(hidden_size=32, layers=2, seq_len=16)).save_pretrained(tmp_path / "base")
+    plain = LlamaForCausalLM.from_pretrained(tmp_path / "base").eval()
+    spec = spec_from_dict({"model": {"factory": "examples.finetune_hf.model:with_lora", "wrap": ["LlamaDecoderLayer"],
+                                     "kwargs": {"path": str(tmp_path / "base"), "rank": 4, "on_meta": True},
+                                     "init_from": str(tmp_path / "base"), "new_params": LORA_PARAMS},
+                           "zero": {"stage": 3}})
+    built = initial_model(spec, torch.device("cpu"))
+    adapters = {n for n, _ in built.model.named_parameters() if n.endswith(("lora_A", "lora_B"))}
+    assert adapters and built.own_init == adapters
+    engine = WorkerModel(spec, torch.device("cpu"), AdamW(), built).new_engine(None)
+    state = engine.full_state_dict()
+    assert all(torch.equal(state[n], v) for n, v in plain.state_dict().items() if n in state)
+    assert all(torch.equal(state[n], torch.zeros_like(state[n])) for n in adapters if n.endswith("lora_B"))
+    a = state["model.layers.0.self_attn.q_proj.lora_A"]
+    assert 0 < a.abs().max() <= 1 / 32 ** 0.5 and a.std() > 0.05  # kaiming_uniform(a=sqrt(5)) over 32 inputs
+    ids = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        assert torch.allclose(engine.module.eval()(input_ids=ids).logits, plain(input_ids=ids).logits, atol=1e-5)

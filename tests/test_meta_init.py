@@ -166,3 +166,84 @@ def test_each_ranks_own_range_read_alone_is_its_chunk_of_the_whole_unit(shapes, 
         chunks.append(unit.own_initial_values(read_flat))
     assert torch.equal(torch.cat(chunks), whole)
     assert sum(reads) == sum(v.numel() for v in values.values())  # every element read once, by one rank
+
+
+def _lacking_block_1(seed=0):
+    """A GPT-2's weights less its block 1 (the parameters a fine-tune adds, say), and their names."""
+    torch.manual_seed(seed)
+    real = transformers.GPT2LMHeadModel(_config())
+    lacking = {n for n, _ in real.named_parameters() if n.startswith("transformer.h.1.")}
+    return {k: v.clone() for k, v in real.state_dict().items() if k not in lacking}, lacking
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_parameters_the_weights_lack_on_purpose_take_the_models_own_initialization(stage):
+    """`model.new_params` on a meta model: the weights to start from give every parameter they hold,
+    bit for bit, and the ones they lack on purpose (`own_init`) take GPT-2's own scheme, unit by
+    unit. A parameter they lack that is not named is one line naming it. Oracles: the weights; the
+    scheme's statistics; the loss going down."""
+    weights, lacking = _lacking_block_1()
+    with meta_init():
+        meta = transformers.GPT2LMHeadModel(_config())
+    with pytest.raises(ValueError, match=r"parameter 'transformer\.h\.1\.ln_1\.weight' is not in the weights to start"):
+        ZeroEngine(meta, AdamW(), stage=stage, init_values=weights)
+    with meta_init():
+        meta = transformers.GPT2LMHeadModel(_config())
+    engine = ZeroEngine(meta, AdamW(lr=1e-2), stage=stage, init_values=weights, own_init=lacking)
+    state = engine.full_state_dict()
+    params = {n for n, _ in meta.named_parameters()}
+    assert all(torch.equal(state[n], weights[n]) for n in params - lacking)
+    assert torch.equal(state["transformer.h.1.ln_1.weight"], torch.ones(32))
+    assert torch.equal(state["transformer.h.1.attn.c_attn.bias"], torch.zeros(96))
+    std = _config().initializer_range
+    assert state["transformer.h.1.mlp.c_fc.weight"].std().item() == pytest.approx(std, rel=0.15)
+    assert state["transformer.h.1.mlp.c_proj.weight"].std().item() == pytest.approx(std / 2, rel=0.2)  # 1/sqrt(2 n_layer)
+    losses = _losses(engine)
+    assert losses[-1] < losses[0]
+
+
+def _losses(engine, steps=5):
+    tokens = torch.randint(0, 96, (4, 17), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for _ in range(steps):
+        out = engine.module(input_ids=tokens[:, :-1]).logits
+        loss = nn.functional.cross_entropy(out.reshape(-1, 96), tokens[:, 1:].reshape(-1))
+        losses.append(loss.item())
+        engine.backward(loss)
+        engine.step()
+        engine.zero_grad()
+    return losses
+
+
+def test_a_frozen_parameter_the_weights_lack_is_refused():
+    """A frozen parameter is in no shard: only the weights can give every worker its value."""
+    weights, lacking = _lacking_block_1()
+    with meta_init():
+        meta = transformers.GPT2LMHeadModel(_config())
+    meta.transformer.h[1].ln_1.weight.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"'transformer\.h\.1\.ln_1\.weight' is frozen .*\(not a model\.new_params one\)"):
+        ZeroEngine(meta, AdamW(), stage=3, init_values=weights, own_init=lacking)
+
+
+def _two_ranks_with_own_init(ctx):
+    from elastic_zero.zero import AdamW as ZeroAdamW, ZeroEngine as Engine
+
+    weights, lacking = _lacking_block_1()
+    torch.manual_seed(100 + ctx.rank)  # each rank's own random state differs: only a broadcast makes them agree
+    with meta_init():
+        meta = transformers.GPT2LMHeadModel(_config())
+    engine = Engine(meta, ZeroAdamW(), stage=3, process_group=ctx.process_group, init_values=weights, own_init=lacking)
+    return engine.full_state_dict()
+
+
+@pytest.mark.runtime
+def test_two_stage_3_ranks_agree_on_the_parameters_that_take_their_own_initialization():
+    """At stage 3 each rank reads its own ranges of the weights; a unit with parameters they lack is
+    initialized once and broadcast, so ranks whose random states differ still hold one model."""
+    from elastic_zero.testing.local_group import run_local_group
+
+    rank0, rank1 = run_local_group(_two_ranks_with_own_init, 2, timeout_s=180)
+    weights, lacking = _lacking_block_1()
+    assert rank0.keys() == rank1.keys() and all(torch.equal(rank0[n], rank1[n]) for n in rank0)
+    assert all(torch.equal(rank0[n], weights[n]) for n in rank0 if n in weights)
+    assert torch.equal(rank0["transformer.h.1.ln_1.weight"], torch.ones(32))

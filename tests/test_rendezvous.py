@@ -102,8 +102,9 @@ def test_the_relay_runs_beside_the_coordinator_and_dies_with_it():
         "from elastic_zero.wire.rendezvous import RendezvousServer, connect, new_secret\n"
         "secret = new_secret()\n"
         "server = RendezvousServer('127.0.0.1', secret, 10)\n"
-        "connect('127.0.0.1', server.port, secret, 10).set('k', 'v')\n"
-        "assert server.store.get('k') == b'v'\n"
+        "client = connect('127.0.0.1', server.port, secret, 10)\n"
+        "client.set('k', 'v')\n"  # (a set has no answer: its get, on the same way in, is what follows it)
+        "assert client.get('k') == b'v' and server.store.get('k') == b'v'\n"
         "print(server._relay.pid, server.port, flush=True)\n"
         "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
     relay_pid, port = map(int, owner.stdout.readline().split())

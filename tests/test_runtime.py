@@ -278,11 +278,12 @@ def test_without_replicas_a_loss_falls_back_to_the_checkpoint_and_handovers_stil
 
 def _slow_at_two_workers(model, batch):
     """The default loss; a micro batch of 4 samples (a rank's share at 2 workers, global batch 8)
-    takes 0.25 s more, so that a scale-up to 3 (shares of 3 and 2) joins long before the last step."""
+    takes 0.5 s more, so that a scale-up to 3 (shares of 3 and 2) joins long before the last step
+    (at 0.25 s, 10 s in all, a joiner under `-n 2` beside a busy process came after it once)."""
     from elastic_zero.losses import next_token_loss
 
     if len(batch["input_ids"]) == 4:
-        time.sleep(0.25)
+        time.sleep(0.5)
     return next_token_loss(model, batch)
 
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from elastic_zero.checkpoint import load_initial_weights, load_into
 from elastic_zero.checkpoint.export import model_extra
-from elastic_zero.checkpoint.interop import check_fits
+from elastic_zero.checkpoint.interop import check_fits, new_parameter_names
 from elastic_zero.job.build import build_model, unit_classes
 from elastic_zero.job.spec import JobSpec
 from elastic_zero.worker.faults import named
@@ -25,23 +25,25 @@ class InitialModel:
     wrap: list  # the module classes model.wrap names: the engine's units
     init_values: dict | None  # a meta model's weights to start from (init_from), until its engine takes them
     extra: dict  # what export needs beyond the layout
+    own_init: frozenset = frozenset()  # a meta model's parameters init_values lacks (model.new_params): its own init
 
 
 def initial_model(spec: JobSpec, device: torch.device) -> InitialModel:
     """Raises with the field to blame in its message (named()): a worker tells it as its start error."""
     model = named("model", lambda: placed(build_model(spec), device))
     wrap = unit_classes(spec, model)
-    init_values = None
+    init_values, own_init = None, frozenset()
     if spec.model.init_from:  # every worker: the same buffers everywhere, a bad file a start error
         weights = named("model.init_from", lambda: load_initial_weights(spec.model.init_from))
         new_params = spec.model.new_params
         if has_meta_parameters(model):  # the engine takes the parameters unit by unit
-            if new_params:  # their values would need the model's own initialization, unit by unit
-                raise ValueError("model.new_params: not supported for a meta model yet; build it on the CPU")
-            named("model.init_from", lambda: check_fits(model, weights))
+            named("model.init_from", lambda: check_fits(model, weights, new_params=new_params))
             buffers = {name for name, _ in model.named_buffers()}
             model.load_state_dict({k: weights[k] for k in buffers if k in weights}, strict=False)
             init_values = weights
+            # the new ones the weights lack take the model's own initialization, unit by unit
+            own_init = frozenset(n for n in new_parameter_names((n for n, _ in model.named_parameters()), new_params)
+                                 if n not in weights)
         else:
             named("model.init_from", lambda: load_into(model, weights, new_params=new_params))
-    return InitialModel(model, wrap, init_values, model_extra(model))
+    return InitialModel(model, wrap, init_values, model_extra(model), own_init)

@@ -20,6 +20,7 @@ class WorkerModel:
     def _take(self, built: InitialModel) -> None:
         self.model, self.wrap, self.extra = built.model, built.wrap, built.extra
         self._init_values = built.init_values  # a meta model's weights to start from, until its engine takes them
+        self._own_init = built.own_init  # and the parameters they lack on purpose (model.new_params)
 
     def new_engine(self, comm, hollow: bool = False) -> ZeroEngine:
         """The worker's engine over `comm` (None: on its own), which replaces the one it had; a meta
@@ -28,7 +29,7 @@ class WorkerModel:
         self.engine = ZeroEngine(self.model, self.optimizer, stage=spec.zero.stage, process_group=comm,
                                  grad_clip=spec.train.grad_clip, wrap=self.wrap,
                                  compute_dtype=DTYPES[spec.zero.compute_dtype], device=self.device,
-                                 init_values=self._init_values, hollow=hollow)
+                                 init_values=self._init_values, own_init=self._own_init, hollow=hollow)
         self._init_values = None
         release_free_memory()  # the model's own tensors, and a meta model's unit-by-unit values, are gone
         return self.engine

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -59,13 +59,15 @@ class ZeroEngine:
         align: int = LAYOUT_ALIGN,
         device: torch.device | str | None = None,
         init_values: Mapping[str, torch.Tensor] | None = None,
+        own_init: Collection[str] = (),
         hollow: bool = False,
     ) -> None:
         """`device`: where a model built on the meta device lives (default cpu; a real model's is its
         parameters'). `init_values`: a meta model's starting weights by name (default: its own
-        initialization, unit by unit; meta.py). `hollow`: allocate no state and set no values, for an
-        engine that reconfigure() fills first (a worker joining a running job: a world-size-1 shard
-        would be the whole model's state)."""
+        initialization, unit by unit; meta.py); `own_init`: the names of parameters they lack on
+        purpose (new adapters, a new head), which take the model's own. `hollow`: allocate no state
+        and set no values, for an engine that reconfigure() fills first (a worker joining a running
+        job: a world-size-1 shard would be the whole model's state)."""
         if stage not in (1, 2, 3):
             raise ValueError(f"stage must be 1, 2 or 3, got {stage!r}")
         if compute_dtype not in _COMPUTE_DTYPES:
@@ -87,7 +89,7 @@ class ZeroEngine:
         self.loss_scale = DynamicLossScale() if compute_dtype == torch.float16 else None
 
         # a model on the meta device gets real (storage-less) parameters now, and values unit by unit below
-        initializer = UnitInitializer(model, torch.device(device or "cpu"), init_values) \
+        initializer = UnitInitializer(model, torch.device(device or "cpu"), init_values, own_init) \
             if has_meta_parameters(model) else None
         unit_modules = find_units(model, wrap)
         specs = param_specs(model, unit_modules)

@@ -9,8 +9,10 @@ frequencies, a causal mask) would have no value after the fact, so a model with 
 The engine (engine.py) then takes each unit's values in turn from a UnitInitializer: from the
 weights to start from (`init_from`), or from the model's own initialization, run on a copy of the
 meta model in which only that unit's parameters are real (a meta copy costs no memory): Hugging
-Face's `_init_weights` over every module, else each owner module's `reset_parameters()`. The values
-go straight into the unit's flat buffer, so the peak while starting is a few units, not the model.
+Face's `_init_weights` over every module, else each owner module's `reset_parameters()`. Both at
+once where the weights lack some parameters on purpose (`own_init`: `model.new_params`, an adapter
+or a new head): those take the model's own initialization. The values go straight into the unit's
+flat buffer, so the peak while starting is a few units, not the model.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-from typing import Callable, Mapping
+from typing import Callable, Collection, Mapping
 
 import torch
 from torch import nn
@@ -93,22 +95,38 @@ class UnitInitializer:
     """The initial values of a meta model's parameters, a unit at a time."""
 
     def __init__(self, model: nn.Module, device: torch.device,
-                 init_values: Mapping[str, torch.Tensor] | None = None) -> None:
+                 init_values: Mapping[str, torch.Tensor] | None = None, own_init: Collection[str] = ()) -> None:
         check_buffers(model)
-        frozen = [name for name, p in model.named_parameters() if not p.requires_grad and p.device.type == "meta"]
-        if frozen and init_values is None:  # no shard holds them: the workers could not agree on values
+        own_init = frozenset(own_init) if init_values is not None else frozenset()
+        on_meta = [(name, p) for name, p in model.named_parameters() if p.device.type == "meta"]
+        frozen = [name for name, p in on_meta if not p.requires_grad and (init_values is None or name in own_init)]
+        if frozen:  # no shard holds them: the workers could not agree on values
             raise ValueError(f"model: parameter {frozen[0]!r} is frozen (requires_grad=False) and on the meta device, "
-                             f"so nothing would give every worker the same value for it: start from model.init_from")
+                             f"so nothing would give every worker the same value for it: start from model.init_from"
+                             + (" with it in the weights (not a model.new_params one)" if init_values is not None else ""))
+        if init_values is not None:
+            lacking = [name for name, _ in on_meta if name not in own_init and name not in init_values]
+            if lacking:
+                raise ValueError(f"model: parameter {lacking[0]!r} is not in the weights to start from")
         self.device = device
         self.init_values = init_values
+        self.own_init = own_init
         # the template stays on meta; the model's own parameters become storage-less real ones
-        self.template = copy.deepcopy(model) if init_values is None else None
+        self.template = copy.deepcopy(model) if init_values is None or own_init else None
         replace_parameters(model, storage_less(device))
+
+    def takes_own_init(self, names) -> bool:
+        """Whether any of `names` takes the model's own initialization."""
+        return self.init_values is None or not self.own_init.isdisjoint(names)
 
     def values(self, names: list[str]) -> dict[str, torch.Tensor]:
         """{name: fp32 values} of the parameters `names` (one unit's)."""
-        if self.init_values is not None:
-            return {n: self.init_values[n].detach().to(self.device, torch.float32) for n in names}
+        own = [n for n in names if self.init_values is None or n in self.own_init]
+        given = {n: self.init_values[n].detach().to(self.device, torch.float32) for n in names if n not in own}
+        return {**given, **self._own_values(own)} if own else given
+
+    def _own_values(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """{name: fp32 values} of `names` by the model's own initialization."""
         model = copy.deepcopy(self.template)
         params = dict(model.named_parameters(remove_duplicate=False))
         wanted = {id(params[n]) for n in names}
@@ -153,14 +171,16 @@ class UnitInitializer:
 
 def _initialize(model: nn.Module, real: set[int]) -> None:
     """Run the model's own initialization; only the parameters in `real` hold memory (on the others,
-    on meta, every operation is a no-op)."""
+    on meta, every operation is a no-op). A Hugging Face model's `_init_weights` first; a module of
+    its that leaves its own parameters unset (one added to it: an adapter) is then reset as any
+    other model's are."""
     init_weights = getattr(model, "_init_weights", None)
-    if callable(init_weights) and hasattr(model, "config"):  # a Hugging Face model
+    hugging_face = callable(init_weights) and hasattr(model, "config")
+    if hugging_face:
         model.apply(init_weights)
-        return
     for name, module in model.named_modules():
         own = [p for p in module._parameters.values() if p is not None and id(p) in real]
-        if not own:
+        if not own or (hugging_face and not any(p.isnan().any() for p in own)):
             continue
         reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
         if not callable(reset):  # (nn.MultiheadAttention has only the latter)

@@ -17,13 +17,14 @@ def take_starting_values(comm, shard: ShardBuffers, units: Sequence[UnitBuffer],
                          initializer, after_bind: Callable[[UnitBuffer], None]) -> None:
     """Every unit's starting values, a unit at a time. From given weights at stage 3, each rank reads
     only its own range (N ranks read the model once). Otherwise rank 0's values are broadcast: a
-    model's own initialization is random, and at stages 1-2 each rank holds whole units anyway.
+    model's own initialization is random (a unit with a parameter the weights lack on purpose is
+    broadcast too), and at stages 1-2 each rank holds whole units anyway.
     `initializer`: a meta model's (meta.py), or None for a model built with its values."""
     own_ranges = initializer is not None and initializer.init_values is not None and stage == 3
     if own_ranges:  # no broadcast makes them agree: ranks reading different files must not fork
         agree_on_all_ranks(comm, initializer.fingerprint(), device, "weights to start from (init_from)")
     for unit in units:
-        if own_ranges:
+        if own_ranges and not initializer.takes_own_init(slot.name for _, slot in unit.members):
             shard.master_of(unit).copy_(unit.own_initial_values(initializer.read_flat))
             unit.bind_params()
         else:

@@ -47,16 +47,30 @@ class LoRALinear(nn.Module):
         self.weight = nn.Parameter(base.weight.detach(), requires_grad=False)
         self.bias = None if base.bias is None else nn.Parameter(base.bias.detach(), requires_grad=False)
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # as nn.Linear's own weight (and PEFT) start
+        self.lora_B = nn.Parameter(torch.empty(base.out_features, rank))
+        self.reset_parameters()
         self.scaling = alpha / rank
+
+    def reset_parameters(self) -> None:
+        """The adapters' start (a model built on the meta device runs it too, unit by unit): A as
+        nn.Linear's own weight (and PEFT) start, B zero so the model begins as the pretrained one."""
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias) + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scaling
 
 
-def with_lora(path: str, rank: int = 8, alpha: float = 16.0, targets: tuple | list = LORA_TARGETS) -> LlamaForCausalLM:
-    """from_directory(path) with every parameter frozen but the LoRA adapters of the `targets`."""
+def with_lora(path: str, rank: int = 8, alpha: float = 16.0, targets: tuple | list = LORA_TARGETS,
+              on_meta: bool = False) -> LlamaForCausalLM:
+    """from_directory(path) with every parameter frozen but the LoRA adapters of the `targets`.
+    `on_meta`: its parameters built on the meta device (a model too large for one process to build):
+    the engine gives the pretrained ones init_from's values and the adapters their reset_parameters()."""
+    if on_meta:
+        from elastic_zero import meta_init
+
+        with meta_init():
+            return with_lora(path, rank, alpha, targets)
     model = from_directory(path)
     for p in model.parameters():
         p.requires_grad_(False)
