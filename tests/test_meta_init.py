@@ -247,3 +247,58 @@ def test_two_stage_3_ranks_agree_on_the_parameters_that_take_their_own_initializ
     assert rank0.keys() == rank1.keys() and all(torch.equal(rank0[n], rank1[n]) for n in rank0)
     assert all(torch.equal(rank0[n], weights[n]) for n in rank0 if n in weights)
     assert torch.equal(rank0["transformer.h.1.ln_1.weight"], torch.ones(32))
+
+
+class _Adapter(nn.Module):
+    """A PEFT-style adapter around a frozen linear layer: two nn.Linear children, `up` zero at the
+    start (so the model begins as the pretrained one), which Hugging Face's _init_weights would
+    draw as any other linear layer."""
+
+    def __init__(self, base: nn.Linear, rank: int = 4) -> None:
+        super().__init__()
+        self.base = base
+        self.down = nn.Linear(base.in_features, rank, bias=False)
+        self.up = nn.Linear(rank, base.out_features, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.up.weight)
+
+    def forward(self, x):
+        return self.base(x) + self.up(self.down(x))
+
+
+def _gpt2_with_adapters(on_meta: bool):
+    torch.manual_seed(0)
+    if on_meta:
+        with meta_init():
+            model = transformers.GPT2LMHeadModel(_config())
+            for block in model.transformer.h:
+                block.mlp.c_fc = _Adapter(nn.Linear(32, 128))
+        return model
+    model = transformers.GPT2LMHeadModel(_config())
+    for block in model.transformer.h:
+        block.mlp.c_fc = _Adapter(nn.Linear(32, 128))
+    return model
+
+
+def test_an_adapter_added_to_a_hugging_face_model_starts_by_its_own_reset_parameters():
+    """Hugging Face's _init_weights knows nn.Linear, not what an adapter made of them means: on the
+    meta device the adapter's own reset_parameters() has the last word, as its constructor has on
+    the CPU (up zero), and its other layers keep HF's scheme. A parameter built for real in a meta
+    model, and lacking from the weights, keeps its own values."""
+    real = _gpt2_with_adapters(on_meta=False)
+    new = {n for n, _ in real.named_parameters() if ".down." in n or ".up." in n}
+    weights = {k: v for k, v in real.state_dict().items() if k not in new}
+    meta = _gpt2_with_adapters(on_meta=True)
+    meta.transformer.h[0].mlp.c_fc.base = nn.Linear(32, 128)  # built for real: it has its values
+    built = meta.transformer.h[0].mlp.c_fc.base.weight.detach().clone()
+    lacking = new | {"transformer.h.0.mlp.c_fc.base.weight"}
+    state = ZeroEngine(meta, AdamW(), stage=3, init_values={k: v for k, v in weights.items() if k not in lacking},
+                       own_init=lacking).full_state_dict()
+    for block in range(2):
+        assert torch.equal(state[f"transformer.h.{block}.mlp.c_fc.up.weight"], torch.zeros(128, 4))
+        down = state[f"transformer.h.{block}.mlp.c_fc.down.weight"]
+        assert down.std().item() == pytest.approx(_config().initializer_range, rel=0.3)  # HF's scheme
+    assert torch.equal(state["transformer.h.0.mlp.c_fc.base.weight"], built)
+    assert torch.equal(state["transformer.h.1.mlp.c_fc.base.weight"], weights["transformer.h.1.mlp.c_fc.base.weight"])

@@ -104,13 +104,17 @@ class UnitInitializer:
             raise ValueError(f"model: parameter {frozen[0]!r} is frozen (requires_grad=False) and on the meta device, "
                              f"so nothing would give every worker the same value for it: start from model.init_from"
                              + (" with it in the weights (not a model.new_params one)" if init_values is not None else ""))
-        if init_values is not None:
-            lacking = [name for name, _ in on_meta if name not in own_init and name not in init_values]
+        if init_values is not None:  # what the engine will ask for: its units' parameters, and frozen ones on meta
+            asked = [name for name, p in model.named_parameters()
+                     if p.requires_grad or (p.device.type == "meta" and p.numel())]
+            lacking = [name for name in asked if name not in own_init and name not in init_values]
             if lacking:
                 raise ValueError(f"model: parameter {lacking[0]!r} is not in the weights to start from")
         self.device = device
         self.init_values = init_values
         self.own_init = own_init
+        # a parameter built for real in a meta model has its own values already (until its unit binds it)
+        self.built = {name: p for name, p in model.named_parameters() if p.device.type != "meta"}
         # the template stays on meta; the model's own parameters become storage-less real ones
         self.template = copy.deepcopy(model) if init_values is None or own_init else None
         replace_parameters(model, storage_less(device))
@@ -123,7 +127,9 @@ class UnitInitializer:
         """{name: fp32 values} of the parameters `names` (one unit's)."""
         own = [n for n in names if self.init_values is None or n in self.own_init]
         given = {n: self.init_values[n].detach().to(self.device, torch.float32) for n in names if n not in own}
-        return {**given, **self._own_values(own)} if own else given
+        given.update({n: self.built[n].detach().to(self.device, torch.float32) for n in own if n in self.built})
+        made = [n for n in own if n not in self.built]
+        return {**given, **self._own_values(made)} if made else given
 
     def _own_values(self, names: list[str]) -> dict[str, torch.Tensor]:
         """{name: fp32 values} of `names` by the model's own initialization."""
@@ -155,11 +161,12 @@ class UnitInitializer:
 
     def fingerprint(self) -> str:
         """What every rank reading the given weights must see alike: their files' headers where
-        they have them, else each tensor's name and shape."""
+        they have them, else each tensor's name and shape; and the parameters they lack on purpose
+        (which units are broadcast rather than read)."""
         own = getattr(self.init_values, "fingerprint", None)
-        if own is not None:
-            return own()
-        return json.dumps({name: list(t.shape) for name, t in self.init_values.items()}, sort_keys=True)
+        given = own() if own is not None else \
+            json.dumps({name: list(t.shape) for name, t in self.init_values.items()}, sort_keys=True)
+        return given + (json.dumps(sorted(self.own_init)) if self.own_init else "")
 
     def fill_frozen(self, model: nn.Module) -> None:
         """Values for the parameters the engine does not train (requires_grad False), from the
@@ -171,13 +178,19 @@ class UnitInitializer:
 
 def _initialize(model: nn.Module, real: set[int]) -> None:
     """Run the model's own initialization; only the parameters in `real` hold memory (on the others,
-    on meta, every operation is a no-op). A Hugging Face model's `_init_weights` first; a module of
-    its that leaves its own parameters unset (one added to it: an adapter) is then reset as any
-    other model's are."""
+    on meta, every operation is a no-op). A Hugging Face model's `_init_weights` first; then a module
+    added to it (its class neither torch's nor transformers': an adapter) that has a reset_parameters()
+    of its own is reset by it, the innermost first (HF's scheme does not know its start: a LoRA B is
+    zero, not normal); then a module that still holds unset parameters is reset as any other
+    model's are."""
     init_weights = getattr(model, "_init_weights", None)
     hugging_face = callable(init_weights) and hasattr(model, "config")
     if hugging_face:
         model.apply(init_weights)
+        added = [m for m in model.modules() if m is not model and not type(m).__module__.startswith(_LIBRARIES)
+                 and callable(getattr(m, "reset_parameters", None)) and any(id(p) in real for p in m.parameters())]
+        for module in reversed(added):  # (modules() lists a parent before its children)
+            module.reset_parameters()
     for name, module in model.named_modules():
         own = [p for p in module._parameters.values() if p is not None and id(p) in real]
         if not own or (hugging_face and not any(p.isnan().any() for p in own)):
@@ -188,3 +201,6 @@ def _initialize(model: nn.Module, real: set[int]) -> None:
                              f"but no reset_parameters(), so they cannot be initialized from the meta device; give it "
                              f"one, or start from model.init_from")
         reset()
+
+
+_LIBRARIES = ("torch.", "transformers.")  # the modules of a Hugging Face model its _init_weights knows
