@@ -65,17 +65,7 @@ def test_a_meta_model_gets_its_own_initialization_unit_by_unit():
     # stage 3: no unit's full buffer is held once the engine is built, and no parameter has bytes of its own
     assert all(u.is_free for u in engine.units)
     assert model.lm_head.weight is model.transformer.wte.weight
-    # and it trains
-    losses = []
-    g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, 96, (4, 17), generator=g)
-    for _ in range(5):
-        out = engine.module(input_ids=tokens[:, :-1]).logits
-        loss = nn.functional.cross_entropy(out.reshape(-1, 96), tokens[:, 1:].reshape(-1))
-        losses.append(loss.item())
-        engine.backward(loss)
-        engine.step()
-        engine.zero_grad()
+    losses = _losses(engine)  # and it trains
     assert losses[-1] < losses[0]
 
 
