@@ -31,6 +31,43 @@ PORT_NAMES = ("port", "dashboard-port", "dashboard-agent-listen-port", "dashboar
               "runtime-env-agent-port", "node-manager-port", "object-manager-port", "ray-client-server-port")
 
 
+def _slot() -> int:
+    """This process's place among those that start clusters side by side: a test process of
+    pytest-xdist's by its number (gw0, gw1, ...: never the same two in one run), anything else by
+    its pid."""
+    xdist = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return 40 + int(xdist[2:]) % 10 if xdist[2:].isdigit() else os.getpid() % 40
+
+
+# The ports the clusters' processes listen on (the GCS, the agents, a node's managers) come from a band
+# of this process's own below the kernel's ephemeral range (32768 on): a port the kernel handed out by
+# bind(0) was free only when asked, and any connection's source port, or another process's bind(0),
+# may take it before Ray binds it (seen under load: a node's runtime env agent found its port taken,
+# and the raylet, which shares its fate, ended 10 s after it had registered).
+LISTEN_BAND, LISTEN_BAND_START = 55, 30000  # 50 slots: 30000-32749
+_listen_cursor = 0
+
+
+def listen_ports(count: int) -> list[int]:
+    """`count` ports of this process's band that are free now, each handed out once in turn (the band
+    wraps: clusters started earlier are stopped by then)."""
+    global _listen_cursor
+    base = LISTEN_BAND_START + _slot() * LISTEN_BAND
+    ports: list[int] = []
+    for _ in range(LISTEN_BAND):
+        port = base + _listen_cursor % LISTEN_BAND
+        _listen_cursor += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # a cluster of this process still holds it, or it lingers closing
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"no {count} free ports left in this process's band {base}-{base + LISTEN_BAND - 1}")
+
+
 def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     for s in sockets:
@@ -121,14 +158,10 @@ class RayHead:
         if auth:
             with open(self.token_path, "w") as fh:
                 fh.write(self.token)
-        # the workers' ports: a range of 200 the others keep out of, one of 50, so that heads started side
-        # by side take ranges apart: a test process of pytest-xdist's by its number (gw0, gw1, ...: never
-        # the same two in one run), anything else by its pid
-        xdist = os.environ.get("PYTEST_XDIST_WORKER", "")
-        slot = 40 + int(xdist[2:]) % 10 if xdist[2:].isdigit() else os.getpid() % 40
-        low = 20000 + slot * 200
-        picked = [p for p in free_ports(len(PORT_NAMES) + 10) if not low <= p < low + 200][:len(PORT_NAMES)]
-        ports = dict(zip(PORT_NAMES, picked))
+        # the workers' ports: a range of 200 of this process's slot (_slot), so that heads started side
+        # by side take ranges apart; the ones its processes listen on, from its band (listen_ports)
+        low = 20000 + _slot() * 200
+        ports = dict(zip(PORT_NAMES, listen_ports(len(PORT_NAMES))))
         self.gcs_port, self.dashboard_port, self.metrics_port = ports["port"], ports["dashboard-port"], ports["metrics-export-port"]
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
         self.gcs_address = f"127.0.0.1:{self.gcs_port}"
@@ -293,7 +326,7 @@ class RayNode:
         names = ("node-manager-port", "object-manager-port", "runtime-env-agent-port", "metrics-export-port",
                  "dashboard-agent-listen-port", "dashboard-agent-grpc-port")
         low = head.worker_ports[0] + 100 + 25 * self.index  # the head's range goes on: [low, low + 24]
-        picked = [p for p in free_ports(len(names) + 10) if not head.worker_ports[0] <= p < head.worker_ports[1]]
+        picked = listen_ports(len(names))
         env = dict(head.server_env)
         args = [*RAY_CLI, "start", "--block", *NO_LOG_MONITOR, "--address", head.gcs_address,
                 "--node-ip-address", "127.0.0.1", "--temp-dir", os.path.join(self.dir, "ray"),
