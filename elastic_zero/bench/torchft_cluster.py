@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from elastic_zero.testing.local_cluster import free_ports
+from elastic_zero.testing.local_cluster import listen_ports
 
 MISSING = "torchft is not installed: pip install -e '.[anchors]' (the comparisons' extra)"
 
@@ -59,7 +59,7 @@ class TorchftCluster:
         self.procs: dict[int, subprocess.Popen] = {}  # slot -> its group's process, while expected to run
         self._stores: dict[int, object] = {}
         self.started = 0
-        (port,) = free_ports(1)
+        (port,) = listen_ports(1)  # not bind(0)'s: another process may take that before the lighthouse binds it
         with open(os.path.join(work_dir, "lighthouse.log"), "wb") as log:  # the child keeps its own descriptor
             self.lighthouse = subprocess.Popen(
                 [lighthouse_command(), "--min_replicas", "1", "--quorum_tick_ms", "100", "--join_timeout_ms", "10000",

@@ -117,21 +117,24 @@ def standby_beyond_room(state) -> tuple[tuple[str, ...], str]:
         return (), ""
     kept = state.replicas_kept
 
-    def fits(outside) -> bool:
-        verdict = view.verdict(gen.world_size, nodes, kept, view.held_on_nodes((m.actor_id, m.node) for m in outside))
-        return verdict.fits and verdict.replicas == kept
+    def verdict(outside):
+        return view.verdict(gen.world_size, nodes, kept, view.held_on_nodes((m.actor_id, m.node) for m in outside))
 
-    if fits(standby) or not fits(()):
+    def fits(outside) -> bool:
+        v = verdict(outside)
+        return v.fits and v.replicas == kept
+
+    worst = verdict(standby)
+    if (worst.fits and worst.replicas == kept) or not fits(()):
         return (), ""
     on_theirs = [m for m in standby if m.node in nodes]
     retired = []
     while not fits([m for m in standby if m not in retired]):
         retired.append(on_theirs.pop())
-    held = view.held_on_nodes((m.actor_id, m.node) for m in retired)
-    worst = view.verdict(gen.world_size, nodes, kept, view.held_on_nodes((m.actor_id, m.node) for m in standby))
+    held = sum(view.held_on_nodes((m.actor_id, m.node) for m in retired).values())
     gib = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
     ids = ", ".join(m.actor_id for m in retired)
     return tuple(m.actor_id for m in retired), (
-        f"standby worker(s) {ids} retired: {gib(sum(held.values()))} held beside the generation's "
+        f"standby worker(s) {ids} retired: {gib(held)} held beside the generation's "
         f"{gen.world_size} worker(s), each of which needs {gib(worst.need_with_replicas if kept else worst.need)}"
         f"{' with replicas' if kept else ''}, left {gib(worst.room)} for each on node {worst.node[:12]}")

@@ -68,16 +68,6 @@ def listen_ports(count: int) -> list[int]:
     raise RuntimeError(f"no {count} free ports left in this process's band {base}-{base + LISTEN_BAND - 1}")
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def descendants(pid: int) -> list[int]:
     """Every process below `pid`, read from /proc."""
     children: dict[int, list[int]] = {}

@@ -98,15 +98,15 @@ class UnitInitializer:
                  init_values: Mapping[str, torch.Tensor] | None = None, own_init: Collection[str] = ()) -> None:
         check_buffers(model)
         own_init = frozenset(own_init) if init_values is not None else frozenset()
-        on_meta = [(name, p) for name, p in model.named_parameters() if p.device.type == "meta"]
-        frozen = [name for name, p in on_meta if not p.requires_grad and (init_values is None or name in own_init)]
+        params = list(model.named_parameters())
+        frozen = [name for name, p in params if p.device.type == "meta" and not p.requires_grad
+                  and (init_values is None or name in own_init)]
         if frozen:  # no shard holds them: the workers could not agree on values
             raise ValueError(f"model: parameter {frozen[0]!r} is frozen (requires_grad=False) and on the meta device, "
                              f"so nothing would give every worker the same value for it: start from model.init_from"
                              + (" with it in the weights (not a model.new_params one)" if init_values is not None else ""))
         if init_values is not None:  # what the engine will ask for: its units' parameters, and frozen ones on meta
-            asked = [name for name, p in model.named_parameters()
-                     if p.requires_grad or (p.device.type == "meta" and p.numel())]
+            asked = [name for name, p in params if p.requires_grad or (p.device.type == "meta" and p.numel())]
             lacking = [name for name in asked if name not in own_init and name not in init_values]
             if lacking:
                 raise ValueError(f"model: parameter {lacking[0]!r} is not in the weights to start from")
@@ -114,7 +114,7 @@ class UnitInitializer:
         self.init_values = init_values
         self.own_init = own_init
         # a parameter built for real in a meta model has its own values already (until its unit binds it)
-        self.built = {name: p for name, p in model.named_parameters() if p.device.type != "meta"}
+        self.built = {name: p for name, p in params if p.device.type != "meta"}
         # the template stays on meta; the model's own parameters become storage-less real ones
         self.template = copy.deepcopy(model) if init_values is None or own_init else None
         replace_parameters(model, storage_less(device))
