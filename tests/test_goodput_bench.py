@@ -23,7 +23,7 @@ def test_elastic_zero_rides_out_the_goodput_schedule(tmp_path):
     # before training began
     # the smallest model, its steps paced (tests/paced.py): the schedule, not the speed, is under test,
     # and the job leaves the CPU to the tests beside it
-    report = run_goodput_bench(preset="gpt-tiny", window_s=45, seed=1, notice_s=4, checkpoint_every=50,
+    report = run_goodput_bench(preset="gpt-tiny", window_s=36, seed=1, notice_s=3, checkpoint_every=50,
                                systems=("elastic_zero",), work_root=str(tmp_path), clock="first_step",
                                loss_file=os.path.join(os.path.dirname(__file__), "paced.py"))
     r = report["elastic_zero"]
