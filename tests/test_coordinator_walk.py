@@ -27,6 +27,7 @@ _MODEL = ModelMemory(unit_numels=(50 * 10**6,) * 2, stage=3, compute_bytes=4, st
 class _World:
     def __init__(self, state: CoordinatorState) -> None:
         self.state = state
+        self.standby_asked = state.standby
         self.spawned = 0
         self.pending_spawns = 0
         self.retired: set[str] = set()
@@ -38,6 +39,8 @@ class _World:
         self.now += 1.0
         self.state, commands, reason = decide(self.state, event, self.now)
         assert isinstance(reason, str) and reason
+        # standby workers retired for room and asked back never outnumber those the job asked for
+        assert self.state.standby + self.state.standby_short.count <= self.standby_asked, reason
         for command in commands:
             self.check(command)
 
@@ -118,6 +121,8 @@ def test_every_plan_from_a_random_walk_can_be_carried_out(data, min_workers, max
         if world.state.done:
             break
         choices = ["scale", "tick", "memory"] + (["commit"] if checkpoints else [])
+        if world.state.standby_short.count:  # a standby retired for room: room may come back
+            choices += ["memory", "memory"]
         if world.pending_spawns:
             choices.append("ready")
         if world.plan is not None and world.state.running:

@@ -14,6 +14,7 @@ from elastic_zero.coordinator.state import (
     Warn, WorkersReady, decide,
 )
 from elastic_zero.plan.membership import Member
+from elastic_zero.coordinator.memory_rules import StandbyShort
 from elastic_zero.plan.memory import GIB, MemoryView, ModelMemory, NodeRoom
 from elastic_zero.protocol import Outcome
 
@@ -215,12 +216,12 @@ def _standing_by(room: int, held_by_standby: int, standby_node: str = "n0", meas
 def test_a_standby_that_would_crowd_the_generation_out_of_its_node_is_retired_with_its_numbers():
     """Each of w0 and w1 needs 4.27 GB with replicas (0.8 engine, 2.4 replicas, 1 GiB beside): 10 GB
     holds both (5 GB each), but not beside a standby of 2 GB (4 GB each). The members come first: the
-    standby goes, saying why, and none is asked for again."""
+    standby goes, saying why (it is asked for again when room comes back: below)."""
     s, cmds, reason = _standing_by(10 * 10**9, 2 * 10**9)
     assert _cmd(cmds, Retire).actor_ids == ("w2",) and s.ready == () and s.standby == 0
     line = ("standby worker(s) w2 retired: 1.86 GiB held beside the generation's 2 worker(s), each of which "
             "needs 3.98 GiB with replicas, left 3.73 GiB for each on node n0; the job goes on with 0 standby "
-            "worker(s)")
+            "worker(s), asked for again when their node has room")
     assert _cmd(cmds, Warn).message == line and reason.endswith(line)
     assert _cmd(cmds, StartGeneration) is None and _cmd(cmds, Spawn) is None
     # a smaller standby fits beside them (5 - 0.5 / 2 = 4.75 GB each), as does one on another node
@@ -231,6 +232,77 @@ def test_a_standby_that_would_crowd_the_generation_out_of_its_node_is_retired_wi
     for kept, cmds, _ in (_standing_by(10 * 10**9, 2 * 10**9, measured=False),
                           _standing_by(10 * 10**9, 2 * 10**9, overhead_then=3 * GIB)):
         assert kept.standby == 1 and _cmd(cmds, Retire) is None
+
+
+def _room_again(capacity: int, measured: bool = True):
+    """The retired standby's state (see above), then a view in which node n0 has `capacity` bytes (10 GB
+    when w2 was retired), and its decision."""
+    s, _, _ = _standing_by(10 * 10**9, 2 * 10**9)
+    assert s.standby == 0 and s.standby_short == StandbyShort(count=1, rounds=1, held=2 * 10**9)
+    rooms = {"n0": NodeRoom(capacity, 1.0), "n1": NodeRoom(10 * 10**9, 1.0)}
+    return decide(s, MemorySeen(replace(_view(rooms), measured=measured)), 3.0)
+
+
+def test_a_standby_retired_for_room_is_asked_for_again_once_its_node_has_room_and_a_margin():
+    """w2 (2 GB) was retired beside members of 4.27 GB each on 10 GB. At 14 GB (the node's others gone,
+    say) one of 2.5 GB (the margin: 1.25x) fits beside them: one is asked for, and it stays when it
+    comes. At 11 GB, 2 GB would fit (4.5 GB each) but not with the margin (4.25): nobody is asked for,
+    so that a few MB coming and going do not retire and ask for workers over and over."""
+    s, cmds, reason = _room_again(14 * 10**9)
+    assert _cmd(cmds, Spawn) == Spawn(1) and (s.standby, s.standby_short.count, s.spawning) == (1, 0, 1)
+    assert reason.endswith("room again for 1 standby worker(s) of 1.86 GiB beside the generation's 2 worker(s): "
+                           "asked for again")
+    rooms = {"n0": NodeRoom(14 * 10**9, 1.0), "n1": NodeRoom(10 * 10**9, 1.0)}
+    s, cmds, _ = decide(s, _ready("w3"), 4.0)
+    s, cmds, _ = decide(s, MemorySeen(replace(_view(rooms), measured=True, held={"w3": 2 * 10**9})), 5.0)
+    assert _cmd(cmds, Retire) is None and [m.actor_id for m in s.ready] == ["w3"] and s.standby == 1
+    for still_tight in (_room_again(11 * 10**9), _room_again(14 * 10**9, measured=False)):  # nor on an estimate
+        assert _cmd(still_tight[1], Spawn) is None and still_tight[0].standby_short.count == 1
+    # two short, room for one: one is asked for, and no more while it starts (what it will hold is not
+    # in the view yet: the same view would ask for the second too)
+    s, _, _ = _standing_by(10 * 10**9, 2 * 10**9)
+    view = replace(_view({"n0": NodeRoom(int(12.5 * 10**9), 1.0)}), measured=True)
+    s, cmds, _ = decide(replace(s, standby_short=replace(s.standby_short, count=2)), MemorySeen(view), 3.0)
+    assert _cmd(cmds, Spawn) == Spawn(1) and s.standby_short.count == 1
+    s, cmds, _ = decide(s, MemorySeen(replace(view, overhead=GIB + 1)), 3.5)
+    assert _cmd(cmds, Spawn) is None and s.standby == 1
+
+
+def test_a_standby_is_asked_back_only_where_every_node_of_the_members_has_room():
+    """Ray places a new worker: one asked back must fit on whichever node of the generation's it lands.
+    With a member on n0 (room again) and one on n1 (still tight), nobody is asked for."""
+    rooms = {"n0": NodeRoom(14 * 10**9, 1.0), "n1": NodeRoom(5 * 10**9, 1.0)}
+    s = CoordinatorState(min_workers=1, max_workers=4, target=2, standby=1)
+    s, _, _ = decide(s, Start(), 0.0)
+    s, _, _ = decide(s, MemorySeen(replace(_view(rooms), measured=True)), 0.0)
+    s, _, _ = decide(s, _ready("w0", "w1", "w2", node=["n0", "n1", "n0"]), 1.0)
+    tight = {"n0": NodeRoom(5 * 10**9, 1.0), "n1": NodeRoom(5 * 10**9, 1.0)}
+    s, cmds, _ = decide(s, MemorySeen(replace(_view(tight), measured=True, held={"w2": 2 * 10**9})), 2.0)
+    assert _cmd(cmds, Retire).actor_ids == ("w2",) and s.standby_short.count == 1
+    s, cmds, _ = decide(s, MemorySeen(replace(_view(rooms), measured=True)), 3.0)
+    assert _cmd(cmds, Spawn) is None and s.standby_short.count == 1
+    roomy = {"n0": NodeRoom(14 * 10**9, 1.0), "n1": NodeRoom(14 * 10**9, 1.0)}
+    s, cmds, _ = decide(s, MemorySeen(replace(_view(roomy), measured=True)), 4.0)
+    assert _cmd(cmds, Spawn) == Spawn(1) and s.standby == 1
+
+
+def test_after_three_retirements_for_room_no_standby_is_asked_for_again():
+    """A node whose room comes and goes: the standby is retired and asked back, up to three retirements;
+    the third says that none is asked for again, and none is."""
+    tight = {"n0": NodeRoom(10 * 10**9, 1.0), "n1": NodeRoom(10 * 10**9, 1.0)}
+    roomy = {"n0": NodeRoom(14 * 10**9, 1.0), "n1": NodeRoom(10 * 10**9, 1.0)}
+    s, cmds, _ = _standing_by(10 * 10**9, 2 * 10**9)
+    for round_ in (2, 3):
+        s, cmds, _ = decide(s, MemorySeen(replace(_view(roomy), measured=True)), round_ * 10.0)
+        assert _cmd(cmds, Spawn) == Spawn(1)
+        joiner = f"w{round_ + 1}"
+        s, _, _ = decide(s, _ready(joiner), round_ * 10.0 + 1)
+        s, cmds, _ = decide(s, MemorySeen(replace(_view(tight), measured=True, held={joiner: 2 * 10**9})), round_ * 10.0 + 2)
+        assert _cmd(cmds, Retire).actor_ids == (joiner,) and s.standby_short.rounds == round_
+    assert _cmd(cmds, Warn).message.endswith("the job goes on with 0 standby worker(s), none asked for again after "
+                                             "3 retirements for room")
+    s, cmds, _ = decide(s, MemorySeen(replace(_view(roomy), measured=True)), 40.0)
+    assert _cmd(cmds, Spawn) is None and s.standby == 0
 
 
 def test_a_standby_ready_after_the_generation_began_is_weighed_as_it_comes():

@@ -12,14 +12,43 @@ worker said hello), a plan never asks a worker for more than its node (and its G
   machine lost a worker to Ray's memory monitor twice in 3 steps).
 - a standby worker stays only where its node has room for it beside the generation's workers, as
   measured (`standby_beyond_room`): the members and their replicas come first, and a standby on
-  their node that would crowd them out is retired with one line of numbers.
+  their node that would crowd them out is retired with one line of numbers, and asked for again
+  once every node of theirs has room for it and a margin (`standby_back_in_room`), up to
+  STANDBY_ROUNDS retirements.
 Until a generation has stepped the figures are estimates (MemoryView.measured): the job is not
 failed on an estimate alone, nor a standby retired.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from elastic_zero.plan.memory import GIB
+
+# a standby asked back is taken to hold this much more than the one retired held, so that a few MB
+# of a node's others coming and going do not retire and ask for a worker over and over
+STANDBY_MARGIN = 1.25
+STANDBY_ROUNDS = 3  # retirements for room after which no standby is asked for again
+
+
+@dataclass(frozen=True)
+class StandbyShort:
+    """The standby workers retired for room: how many are short of those the job asked for, in how
+    many retirements, and the most one of them held (what one asked back is taken to need)."""
+
+    count: int = 0
+    rounds: int = 0
+    held: int = 0
+
+    def retired(self, count: int, held: int) -> "StandbyShort":
+        return replace(self, count=self.count + count, rounds=self.rounds + 1, held=max(self.held, held)) if count else self
+
+    def asked_back(self, count: int) -> "StandbyShort":
+        return replace(self, count=self.count - count)
+
+    def again(self) -> str:
+        return ("asked for again when their node has room" if self.rounds < STANDBY_ROUNDS else
+                f"none asked for again after {STANDBY_ROUNDS} retirements for room")
 
 
 def _join_order(state) -> list[str]:
@@ -138,3 +167,29 @@ def standby_beyond_room(state) -> tuple[tuple[str, ...], str]:
         f"standby worker(s) {ids} retired: {gib(held)} held beside the generation's "
         f"{gen.world_size} worker(s), each of which needs {gib(worst.need_with_replicas if kept else worst.need)}"
         f"{' with replicas' if kept else ''}, left {gib(worst.room)} for each on node {worst.node[:12]}")
+
+
+def standby_back_in_room(state) -> tuple[int, str]:
+    """How many of the standby workers retired for room to ask for again, and the line that says so:
+    as many as fit, each taken to hold STANDBY_MARGIN x what a retired one held, beside the running
+    generation's members and its ready workers, on whichever node of the members' a new worker lands
+    (Ray places it), as measured. None while workers are starting (what they will hold is not in the
+    view yet), nor after STANDBY_ROUNDS retirements."""
+    view, gen, short = state.memory, state.generation, state.standby_short
+    if (not short.count or short.rounds >= STANDBY_ROUNDS or view is None or not view.measured
+            or gen is None or not state.running or state.recovery is not None or state.spawning
+            or state.stop_requested):
+        return 0, ""
+    nodes, kept = [m.node for m in gen.members], state.replicas_kept
+    outside = view.held_on_nodes((m.actor_id, m.node) for m in state.ready)
+    each = int(short.held * STANDBY_MARGIN)
+
+    def fits_with(count: int, node: str) -> bool:
+        v = view.verdict(gen.world_size, nodes, kept, {**outside, node: outside.get(node, 0) + count * each})
+        return v.fits and v.replicas == kept
+
+    for count in range(short.count, 0, -1):
+        if all(fits_with(count, node) for node in set(nodes)):
+            return count, (f"room again for {count} standby worker(s) of {short.held / GIB:.2f} GiB beside the "
+                           f"generation's {gen.world_size} worker(s): asked for again")
+    return 0, ""

@@ -15,7 +15,8 @@ from elastic_zero.coordinator.events import (  # noqa: F401 - the events and com
     StartGeneration, Stop, StopRequested, Tick, Warn, WorkersReady, WorkerStartFailed,
 )
 from elastic_zero.coordinator.memory_rules import (
-    fitting_joiners, fitting_min, fitting_world, min_workers, standby_beyond_room, why_more,
+    StandbyShort, fitting_joiners, fitting_min, fitting_world, min_workers, standby_back_in_room, standby_beyond_room,
+    why_more,
 )
 from elastic_zero.coordinator.recovery import Recovery, on_failure, try_recover
 from elastic_zero.coordinator.safe_points import ask_for_safe_point_if_needed
@@ -59,6 +60,7 @@ class CoordinatorState:
     # good from them at once, not after a worker's start; a scale-up takes them too, and both are
     # topped back up
     standby: int = 0
+    standby_short: StandbyShort = StandbyShort()  # those retired for room, to be asked for again (memory_rules.py)
     first_generation: int = 0  # a restarted coordinator numbers on after its predecessor's generations
     generation: Generation | None = None
     previous: Generation | None = None  # the layout the running generation was built from
@@ -240,13 +242,20 @@ def _on_ready(state, members, now):
 
 
 def _standby_in_room(state, commands, reason):
-    """`decide`'s answer, less the standby workers the running generation's node has no room for."""
+    """`decide`'s answer, less the standby workers the running generation's node has no room for, or
+    with those retired for room asked for again where it has come back."""
     retire, line = standby_beyond_room(state)
     if not retire:
-        return state, commands, reason
+        back, line = standby_back_in_room(state)
+        if not back:
+            return state, commands, reason
+        state, spawn = top_up(replace(state, standby=state.standby + back, standby_short=state.standby_short.asked_back(back)))
+        return state, tuple(commands) + spawn, f"{reason}; {line}"
+    held = max((state.memory.held or {}).get(a, 0) for a in retire)
+    short = min(len(retire), state.standby)  # (a ready worker beyond the target and the standby is no standby's)
     state = replace(state, ready=tuple(m for m in state.ready if m.actor_id not in retire),
-                    standby=max(0, state.standby - len(retire)))
-    line = f"{line}; the job goes on with {state.standby} standby worker(s)"
+                    standby=state.standby - short, standby_short=state.standby_short.retired(short, held))
+    line = f"{line}; the job goes on with {state.standby} standby worker(s), {state.standby_short.again()}"
     return state, tuple(commands) + (Warn(line), Retire(retire)), f"{reason}; {line}"
 
 

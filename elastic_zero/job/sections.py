@@ -187,7 +187,7 @@ class ElasticSpec:
     workers: int = 2  # the workers the job starts with and tops back up to
     min_workers: int = 1  # below it training waits (min_wait_s) for replacements, then fails
     max_workers: int = 4  # the most `scale` may ask for; at most global_batch
-    standby_workers: int = 0  # workers kept started and ready beside the job's (each on a device of its own): a lost worker is replaced from them at once, not after a worker's start, and they are topped back up (one that dies while it waits too, at once); one whose node, as measured, has no room for it beside the job's workers is retired with a warning
+    standby_workers: int = 0  # workers kept started and ready beside the job's (each on a device of its own): a lost worker is replaced from them at once, not after a worker's start, and they are topped back up (one that dies while it waits too, at once); one whose node, as measured, has no room for it beside the job's workers is retired with a warning, and asked for again when every node of the job's workers has room for it and a quarter more (up to three retirements)
     replicate_every: Union[int, str] = "auto"  # steps between buddy replicas (every safe point replicates too); "auto": the most frequent cadence whose copies take at most 5% of the steps' time, measured in each generation; 0: none, a lost worker is recovered from the latest checkpoint (with none committed: the job starts over from its initial weights)
     use_gpu: bool = False  # one GPU per worker and NCCL, else one CPU and gloo
     collective_timeout_s: float = 30.0  # a collective waiting longer fails the generation; its hung member is killed
