@@ -272,6 +272,51 @@ def _gpt2_with_adapters(on_meta: bool):
     return model
 
 
+class _CountedWeights(dict):
+    """Weights to start from that count the elements a rank reads: whole (`[name]`) or by range."""
+
+    read = 0
+
+    def __getitem__(self, name):
+        self.read += super().__getitem__(name).numel()
+        return super().__getitem__(name)
+
+    def read_flat(self, name, lo, hi):
+        self.read += hi - lo
+        return super().__getitem__(name).reshape(-1)[lo:hi].float()
+
+
+def _adapters_on_two_ranks(ctx):
+    from elastic_zero.zero import AdamW as ZeroAdamW, ZeroEngine as Engine
+
+    real = _gpt2_with_adapters(on_meta=False)
+    new = {n for n, _ in real.named_parameters() if ".down." in n or ".up." in n}
+    weights = _CountedWeights({k: v for k, v in real.state_dict().items() if k not in new})
+    torch.manual_seed(100 + ctx.rank)  # each rank's own random state: only a broadcast makes the adapters agree
+    meta = _gpt2_with_adapters(on_meta=True)
+    engine = Engine(meta, ZeroAdamW(), stage=3, process_group=ctx.process_group, init_values=weights, own_init=new)
+    given = sum(v.numel() for n, v in dict.items(weights) if n in dict(meta.named_parameters()))
+    return engine.full_state_dict(), weights.read, given
+
+
+@pytest.mark.runtime
+def test_stage_3_ranks_read_their_own_ranges_of_a_unit_that_mixes_given_and_new_parameters():
+    """Adapters in every block: each block's unit holds pretrained weights and new parameters. Each
+    rank reads only its own ranges of the pretrained ones (two ranks: about half each, the model once
+    between them); rank 0 makes the adapters and broadcasts them alone. Oracles: the pretrained
+    weights bit for bit, the adapters' start (up zero), and the two ranks agreeing."""
+    from elastic_zero.testing.local_group import run_local_group
+
+    (state0, read0, given), (state1, read1, _) = run_local_group(_adapters_on_two_ranks, 2, timeout_s=180)
+    real = _gpt2_with_adapters(on_meta=False)
+    assert state0.keys() == state1.keys() and all(torch.equal(state0[n], state1[n]) for n in state0)
+    for name, value in real.named_parameters():
+        if ".down." not in name and ".up." not in name:
+            assert torch.equal(state0[name], value), name
+    assert all(torch.equal(state0[f"transformer.h.{b}.mlp.c_fc.up.weight"], torch.zeros(128, 4)) for b in range(2))
+    assert 0.4 * given < read0 < 0.6 * given and 0.4 * given < read1 < 0.6 * given, (read0, read1, given)
+
+
 def test_an_adapter_added_to_a_hugging_face_model_starts_by_its_own_reset_parameters():
     """Hugging Face's _init_weights knows nn.Linear, not what an adapter made of them means: on the
     meta device the adapter's own reset_parameters() has the last word, as its constructor has on

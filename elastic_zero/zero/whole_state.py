@@ -16,16 +16,18 @@ from elastic_zero.zero.unit_buffer import UnitBuffer
 def take_starting_values(comm, shard: ShardBuffers, units: Sequence[UnitBuffer], stage: int, device: torch.device,
                          initializer, after_bind: Callable[[UnitBuffer], None]) -> None:
     """Every unit's starting values, a unit at a time. From given weights at stage 3, each rank reads
-    only its own range (N ranks read the model once). Otherwise rank 0's values are broadcast: a
-    model's own initialization is random (a unit with a parameter the weights lack on purpose is
-    broadcast too), and at stages 1-2 each rank holds whole units anyway.
+    only its own range (N ranks read the model once); the parameters the weights lack on purpose (an
+    adapter's) are made by rank 0 and broadcast, those alone. Otherwise rank 0's values are broadcast
+    whole: a model's own initialization is random, and at stages 1-2 each rank holds whole units.
     `initializer`: a meta model's (meta.py), or None for a model built with its values."""
     own_ranges = initializer is not None and initializer.init_values is not None and stage == 3
     if own_ranges:  # no broadcast makes them agree: ranks reading different files must not fork
         agree_on_all_ranks(comm, initializer.fingerprint(), device, "weights to start from (init_from)")
     for unit in units:
-        if own_ranges and not initializer.takes_own_init(slot.name for _, slot in unit.members):
-            shard.master_of(unit).copy_(unit.own_initial_values(initializer.read_flat))
+        if own_ranges:
+            made = [slot for _, slot in unit.members if initializer.takes_own_init((slot.name,))]
+            read_flat = _made_by_rank_0(comm, initializer, made, device) if made else initializer.read_flat
+            shard.master_of(unit).copy_(unit.own_initial_values(read_flat))
             unit.bind_params()
         else:
             full32 = unit.initial_values(initializer.values if initializer is not None else None)
@@ -35,6 +37,25 @@ def take_starting_values(comm, shard: ShardBuffers, units: Sequence[UnitBuffer],
             unit.take_values(full32)
             del full32
         after_bind(unit)
+
+
+def _made_by_rank_0(comm, initializer, made, device: torch.device) -> Callable[[str, int, int], torch.Tensor]:
+    """A `read_flat` that gives the parameters `made` (slots) the values rank 0's initialization
+    made for them, broadcast in one buffer, and reads the others' ranges from the weights."""
+    flat = torch.empty(sum(slot.numel for slot in made), dtype=torch.float32, device=device)
+    if comm.rank == 0:
+        values = initializer.values([slot.name for slot in made])
+        torch.cat([values[slot.name].reshape(-1) for slot in made], out=flat)
+    comm.broadcast(flat, 0)
+    starts, at = {}, 0
+    for slot in made:
+        starts[slot.name], at = at, at + slot.numel
+
+    def read_flat(name: str, lo: int, hi: int) -> torch.Tensor:
+        if name in starts:
+            return flat[starts[name] + lo : starts[name] + hi]
+        return initializer.read_flat(name, lo, hi)
+    return read_flat
 
 
 def gather_state_dict(comm, shard: ShardBuffers, units: Sequence[UnitBuffer], module: nn.Module,
