@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elastic_zero.coordinator.state import (
-    CoordinatorState, Fail, GenerationEnded, MemorySeen, Retire, ScaleRequested, Spawn, Start, StartGeneration, Tick,
-    Warn, WorkersReady, decide,
+    CoordinatorState, Fail, GenerationEnded, GenerationStepped, MemorySeen, Retire, ScaleRequested, Spawn, Start,
+    StartGeneration, Tick, Warn, WorkersReady, decide,
 )
 from elastic_zero.plan.membership import Member
 from elastic_zero.coordinator.memory_rules import StandbyShort
@@ -286,6 +286,31 @@ def test_a_standby_is_asked_back_only_where_every_node_of_the_members_has_room()
     assert _cmd(cmds, Spawn) == Spawn(1) and s.standby == 1
 
 
+def test_no_standby_is_asked_back_while_a_recovered_generation_waits_to_step():
+    """A member lost after the standby was retired: the survivor goes on alone, and its replacement is
+    asked for once that generation has stepped (a worker starting beside it would slow the recovery
+    step). The room the loss leaves asks no standby back before then: it would start the replacement
+    too. After the step, the replacement; the standby once it is in."""
+    s, _, _ = _standing_by(10 * 10**9, 2 * 10**9)
+    plan = s.generation
+    survivor = Outcome("w0", "failed", 5, (4, 5), (4, 5), snapshot_generation=plan.number)
+    s, cmds, _ = decide(s, GenerationEnded((survivor,)), 3.0)
+    recovered = _cmd(cmds, StartGeneration).plan
+    assert recovered.generation.world_size == 1 and _cmd(cmds, Spawn) is None and s.top_up_after == recovered.number
+    roomy = replace(_view({"n0": NodeRoom(14 * 10**9, 1.0)}), measured=True)
+    s, cmds, _ = decide(s, MemorySeen(roomy), 4.0)
+    assert _cmd(cmds, Spawn) is None and s.standby_short.count == 1
+    s, cmds, _ = decide(s, GenerationStepped(recovered.number), 5.0)
+    assert _cmd(cmds, Spawn) == Spawn(1) and s.standby == 0  # the replacement alone
+    s, _, _ = decide(s, _ready("w3"), 6.0)
+    s, cmds, _ = decide(s, MemorySeen(replace(roomy, overhead=GIB + 1)), 7.0)  # w3 joins at the next safe point
+    assert _cmd(cmds, Spawn) is None
+    s, cmds, _ = decide(s, GenerationEnded(tuple(Outcome(a, "ok", 7, (6, 7), (6, 7)) for a in ("w0",))), 8.0)
+    assert [m.actor_id for m in _cmd(cmds, StartGeneration).plan.generation.members] == ["w0", "w3"]
+    s, cmds, _ = decide(s, MemorySeen(replace(roomy, overhead=GIB + 2)), 9.0)
+    assert _cmd(cmds, Spawn) == Spawn(1) and s.standby == 1
+
+
 def test_after_three_retirements_for_room_no_standby_is_asked_for_again():
     """A node whose room comes and goes: the standby is retired and asked back, up to three retirements;
     the third says that none is asked for again, and none is."""
@@ -303,6 +328,22 @@ def test_after_three_retirements_for_room_no_standby_is_asked_for_again():
                                              "3 retirements for room")
     s, cmds, _ = decide(s, MemorySeen(replace(_view(roomy), measured=True)), 40.0)
     assert _cmd(cmds, Spawn) is None and s.standby == 0
+
+
+
+def test_a_standby_asked_back_that_cannot_start_is_not_asked_for_again():
+    """Asked back, it fails to start (its own error, not a lost node): as for any standby that cannot
+    start, the job trains on without standby workers, and room coming back asks for none."""
+    from elastic_zero.coordinator.state import WorkerStartFailed
+
+    s, _, _ = _standing_by(10 * 10**9, 2 * 10**9)
+    room_for_one = replace(_view({"n0": NodeRoom(int(12.5 * 10**9), 1.0)}), measured=True)
+    s, cmds, _ = decide(replace(s, standby_short=replace(s.standby_short, count=2)), MemorySeen(room_for_one), 3.0)
+    assert _cmd(cmds, Spawn) == Spawn(1) and s.standby_short.count == 1
+    s, cmds, _ = decide(s, WorkerStartFailed("w3", "ImportError: no module named 'x'"), 4.0)
+    roomy = replace(_view({"n0": NodeRoom(20 * 10**9, 1.0)}), measured=True)
+    s, cmds, _ = decide(s, MemorySeen(roomy), 5.0)
+    assert _cmd(cmds, Spawn) is None and s.standby == 0 and s.standby_short.count == 0
 
 
 def test_a_standby_ready_after_the_generation_began_is_weighed_as_it_comes():

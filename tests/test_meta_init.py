@@ -317,6 +317,40 @@ def test_stage_3_ranks_read_their_own_ranges_of_a_unit_that_mixes_given_and_new_
     assert 0.4 * given < read0 < 0.6 * given and 0.4 * given < read1 < 0.6 * given, (read0, read1, given)
 
 
+class _Scale(nn.Module):
+    """A parameter and no reset_parameters(): nothing can initialize it on the meta device."""
+
+    def __init__(self):
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(8))
+
+    def forward(self, x):
+        return x * self.gain
+
+
+def _refused_on_each_rank(ctx):
+    from elastic_zero.zero import AdamW as ZeroAdamW, ZeroEngine as Engine
+
+    weights = {"0.weight": torch.ones(8, 8), "0.bias": torch.zeros(8)}
+    with meta_init():
+        meta = nn.Sequential(nn.Linear(8, 8), _Scale())
+    try:
+        Engine(meta, ZeroAdamW(), stage=3, process_group=ctx.process_group, init_values=weights, own_init={"1.gain"})
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.runtime
+def test_a_new_parameter_nothing_can_initialize_is_refused_by_every_rank_alike():
+    """Rank 0's values are broadcast, but every rank makes them: a model whose initialization fails
+    fails on every rank with the same line, rather than on rank 0 while the others wait."""
+    from elastic_zero.testing.local_group import run_local_group
+
+    said = run_local_group(_refused_on_each_rank, 2, timeout_s=60)
+    assert said[0] == said[1] and "module '1' (_Scale) has parameters but no reset_parameters()" in said[0], said
+
+
 def test_an_adapter_added_to_a_hugging_face_model_starts_by_its_own_reset_parameters():
     """Hugging Face's _init_weights knows nn.Linear, not what an adapter made of them means: on the
     meta device the adapter's own reset_parameters() has the last word, as its constructor has on

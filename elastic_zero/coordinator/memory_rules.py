@@ -174,10 +174,13 @@ def standby_back_in_room(state) -> tuple[int, str]:
     as many as fit, each taken to hold STANDBY_MARGIN x what a retired one held, beside the running
     generation's members and its ready workers, on whichever node of the members' a new worker lands
     (Ray places it), as measured. None while workers are starting (what they will hold is not in the
-    view yet), nor after STANDBY_ROUNDS retirements."""
+    view yet) or the generation is short of its target (replacements wait for a recovered generation
+    to step, or for starts that kept failing: a standby asked now would start them too), nor after
+    STANDBY_ROUNDS retirements."""
     view, gen, short = state.memory, state.generation, state.standby_short
     if (not short.count or short.rounds >= STANDBY_ROUNDS or view is None or not view.measured
             or gen is None or not state.running or state.recovery is not None or state.spawning
+            or state.staying_count() < state.target or state.top_up_after is not None or state.start_losses
             or state.stop_requested):
         return 0, ""
     nodes, kept = [m.node for m in gen.members], state.replicas_kept

@@ -269,7 +269,8 @@ def _on_start_failure(state, event: WorkerStartFailed):
     have = state.staying_count() + len(state.ready) + state.spawning
     if state.generation is not None and state.standby and have >= state.target and not event.lost:
         # it was to stand by: the job trains on without it, and without standby workers from now on
-        return replace(state, standby=max(0, have - state.target), errors_seen=state.errors_seen | {event.error}), \
+        return replace(state, standby=max(0, have - state.target), standby_short=StandbyShort(),
+                       errors_seen=state.errors_seen | {event.error}), \
             (Warn(f"{message}; the job goes on with {max(0, have - state.target)} standby worker(s)"),), \
             f"{message}: a standby worker; none asked for again"
     if event.lost:  # not the worker's own doing (a node lost under it): ask again, a few times in a row

@@ -41,11 +41,12 @@ def take_starting_values(comm, shard: ShardBuffers, units: Sequence[UnitBuffer],
 
 def _made_by_rank_0(comm, initializer, made, device: torch.device) -> Callable[[str, int, int], torch.Tensor]:
     """A `read_flat` that gives the parameters `made` (slots) the values rank 0's initialization
-    made for them, broadcast in one buffer, and reads the others' ranges from the weights."""
-    flat = torch.empty(sum(slot.numel for slot in made), dtype=torch.float32, device=device)
-    if comm.rank == 0:
-        values = initializer.values([slot.name for slot in made])
-        torch.cat([values[slot.name].reshape(-1) for slot in made], out=flat)
+    made for them, broadcast in one buffer, and reads the others' ranges from the weights. Every rank
+    makes them (no file is read for them): a model whose initialization fails fails on every rank
+    alike, not on rank 0 while the others wait in the broadcast."""
+    values = initializer.values([slot.name for slot in made])
+    flat = torch.cat([values[slot.name].reshape(-1).to(device, torch.float32) for slot in made])
+    del values
     comm.broadcast(flat, 0)
     starts, at = {}, 0
     for slot in made:
