@@ -178,6 +178,10 @@ def format_status(r: dict) -> str:
                      f"{num(r['samples_per_s'], '.1f')} samples/s{eta}")
         lines.append("workers: " + ", ".join(f"{m['actor_id']} (rank {m['rank']}, node {m['node'][:12]})" for m in r["members"]))
         lines.append("world size: " + " -> ".join(f"{n} at step {'?' if s is None else s}" for s, n in r["world_size_history"]))
+        standby = r.get("standby") or {}
+        if standby.get("asked"):
+            lines.append(f"standby workers: {standby['kept']} kept of {standby['asked']} asked"
+                         + (f", {standby['short_for_room']} retired for room" if standby["short_for_room"] else ""))
         for w in [w for w in r.get("workers") or [] if w["joined_t"] is None]:  # a replacement, or a standby
             what = "starting" if w["ready_t"] is None else "ready, outside the generation"
             lines.append(f"{what}: {w['actor_id']}, asked {_clock(w['asked_t'])}, node up {_clock(w['node_up_t'])}, "

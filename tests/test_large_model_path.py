@@ -14,6 +14,8 @@ from torch_oracle import AdamWTrajectory
 pytestmark = [pytest.mark.runtime, pytest.mark.usefixtures("local_ray")]
 transformers = pytest.importorskip("transformers")
 
+STEPS = 160
+
 
 def _config():
     return transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
@@ -33,14 +35,15 @@ def gpt2_loss(model, batch):
 
 
 def slow_gpt2_loss(model, batch):
-    """The same loss, with every micro batch of 4 samples taking 40 ms more: below 3 workers (a rank's
-    share of the global batch of 8 is then 4 or 8) the drill's steps last at least 40 ms, so that the
-    joiners (torch and transformers to import, on a loaded machine) come before its 300th; once the
-    scale-up to 3 has them all (shares of 3 and 2), the rest runs unpaced."""
+    """The same loss, with every micro batch of 4 samples taking 80 ms more: below 3 workers (a rank's
+    share of the global batch of 8 is then 4 or 8) the drill's steps last at least 80 ms, so that the
+    joiners (torch and transformers to import, on a loaded machine) come before its last; once the
+    scale-up to 3 has them all (shares of 3 and 2), the rest runs unpaced. (Its steps at 3 are what
+    the drill costs CPU: 300 steps at 40 ms took 34-66 s of CI's test time.)"""
     import time
 
     if len(batch["input_ids"]) == 4:
-        time.sleep(0.04)
+        time.sleep(0.08)
     return gpt2_loss(model, batch)
 
 
@@ -48,7 +51,7 @@ def _job(name, on_meta, init_from, faults=()):
     return ez.Job(name=name, model={"factory": tiny_gpt2, "kwargs": {"on_meta": on_meta}, "wrap": ["GPT2Block"],
                                     "init_from": init_from},
                   data={"source": "synthetic", "seq_len": 16, "vocab_size": 64},
-                  train={"steps": 300, "global_batch": 8, "micro_batch": 4,
+                  train={"steps": STEPS, "global_batch": 8, "micro_batch": 4,
                          "loss": slow_gpt2_loss if faults else gpt2_loss},
                   zero={"stage": 3}, faults=list(faults),
                   # joiners join as soon as each is ready: the tiny job's steps take milliseconds
@@ -65,7 +68,7 @@ def test_a_meta_model_trains_through_kills_and_joiners_and_exports_for_hugging_f
         model.load_state_dict(torch.load(start, weights_only=True))
         return model
 
-    oracle = AdamWTrajectory(_job("real", False, start), built_for_real).weights_at(300)
+    oracle = AdamWTrajectory(_job("real", False, start), built_for_real).weights_at(STEPS)
     drill = [{"at_step": 8, "action": "kill", "rank": 1}, {"at_step": 12, "action": "scale", "workers": 3}]
     meta = ez.run(_job("meta", True, start, drill), ez.RunConfig(run_dir=str(tmp_path / "meta"), progress=False))
     assert meta.ok, meta.error

@@ -170,7 +170,7 @@ def test_job_on_a_token_auth_head(auth_head, workdir):
 
     # status through the Jobs API (a control job): the documented schema
     record = json.loads(_ok(_cli(head, cwd, "status", job_id, "--json", "--address", head.address)))
-    assert list(record) == list(STATUS_KEYS) and record["schema"] == 5
+    assert list(record) == list(STATUS_KEYS) and record["schema"] == 6
     assert record["ray_job_status"] == "RUNNING" and record["world_size"] == 2 and record["name"] == "svc"
     assert [m["rank"] for m in record["members"]] == [0, 1] and all(m["node"] for m in record["members"])
     assert "generation" in _ok(_cli(head, cwd, "status", job_id, "--address", head.address))

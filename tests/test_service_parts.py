@@ -106,7 +106,7 @@ def test_live_figures_rate_and_eta():
 
 def test_the_status_record_has_exactly_the_documented_keys():
     record = status_record(job_id="j", state="running", step=3)
-    assert list(record) == list(STATUS_KEYS) and record["schema"] == 5 and record["loss"] is None
+    assert list(record) == list(STATUS_KEYS) and record["schema"] == 6 and record["loss"] is None
     with pytest.raises(KeyError, match="not in the status schema"):
         status_record(jobid="typo")
     docs = open(os.path.join(os.path.dirname(__file__), "..", "docs", "service.md")).read()
@@ -126,10 +126,14 @@ def test_the_status_text_tells_a_worker_starting_from_one_ready_outside_the_gene
     record = status_record(job_id="j", name="tiny", state="running", generation=0, world_size=2, target_workers=2,
                            min_workers=1, max_workers=2, step=3, steps=10, members=[], world_size_history=[[0, 2]],
                            recoveries=0, reconfigurations=0, restarts=0,
-                           workers=[worker, {**worker, "actor_id": "w3", "ready_t": 4.0}])
+                           workers=[worker, {**worker, "actor_id": "w3", "ready_t": 4.0}],
+                           standby={"asked": 2, "kept": 1, "short_for_room": 1})
     lines = format_status(record).splitlines()
     assert [line.split(":")[0] for line in lines if "w2" in line or "w3" in line] == \
         ["starting", "ready, outside the generation"]
+    assert "standby workers: 1 kept of 2 asked, 1 retired for room" in lines
+    record["standby"] = {"asked": 0, "kept": 0, "short_for_room": 0}  # none asked: no line
+    assert not [line for line in format_status(record).splitlines() if line.startswith("standby")]
 
 
 def test_event_lines_and_progress_lines():

@@ -61,6 +61,7 @@ def status_of(job) -> dict:
                      "node": ray.get_runtime_context().get_node_id()},
         error=(job.result or {}).get("error"), last_events=last_events(records),
         replicas=job.record.replicas(gen, current=True), workers=still_here(worker_timeline(records)),
+        standby={"asked": e.standby_workers, "kept": st.standby, "short_for_room": st.standby_short.count},
         memory={**job.memory.summary(st.memory, job.generations.last_plan),
                 "rss_gib": {a: round(p.rss / 2**30, 3) for a, p in sorted(beats.items())
                             if a in job.pool and not p.last_word}})

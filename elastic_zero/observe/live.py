@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 RATE_WINDOW_S = 10.0
 STEP_TIMES_KEPT = 21  # the step times the median of the measured step is taken over (plan/stuck.py)
-STATUS_SCHEMA = 5  # 2: "eval"; 3: "memory"; 4: "replicas"; 5: "workers"
+STATUS_SCHEMA = 6  # 2: "eval"; 3: "memory"; 4: "replicas"; 5: "workers"; 6: "standby"
 # every status record has exactly these keys (None where unknown), in this order
 STATUS_KEYS = ("schema", "job_id", "name", "state", "ray_job_status", "generation", "world_size", "target_workers",
                "min_workers", "max_workers", "members", "step", "steps", "loss", "eval", "samples_per_s", "eta_s",
                "world_size_history", "recoveries", "reconfigurations", "restarts", "checkpoint", "run_dir",
-               "coordinator", "error", "last_events", "memory", "replicas", "workers")
+               "coordinator", "error", "last_events", "memory", "replicas", "workers", "standby")
 QUIET_EVENTS = frozenset({"decision", "spawn", "worker_ready", "retire"})  # left out of last_events
 
 
