@@ -2,7 +2,7 @@
 
 `call` talks to the coordinator from a process connected to the cluster (`ray.init`). A client that
 has only the cluster's Jobs API address (http://HEAD:8265) runs this module there as a short job
-(`python -m elastic_zero.service.control OP JOB ARGS`), which prints the answer on one marked line.
+(`control_entrypoint`: `main(OP, JOB, ARGS)`), which prints the answer on one marked line.
 """
 
 from __future__ import annotations

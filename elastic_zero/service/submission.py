@@ -40,8 +40,13 @@ def job_runtime_env(spec: dict, working_dir: str | None, excludes=()) -> dict:
     return env
 
 
+CONTROL_MAIN = "import sys; from elastic_zero.service.control import main; sys.exit(main(sys.argv[1:]))"
+
+
 def control_entrypoint(op: str, job_id: str, **args) -> str:
-    return f"python -m elastic_zero.service.control {shlex.quote(op)} {shlex.quote(job_id)} {shlex.quote(json.dumps(args))}"
+    # (-c, not -m: the package's __init__ imports control.py first, and runpy warns on every run)
+    return (f"python -c {shlex.quote(CONTROL_MAIN)} {shlex.quote(op)} {shlex.quote(job_id)} "
+            f"{shlex.quote(json.dumps(args))}")
 
 
 def control_answer(value=None, error: str | None = None, missing: bool = False) -> str:

@@ -17,7 +17,7 @@ def take_starting_values(comm, shard: ShardBuffers, units: Sequence[UnitBuffer],
                          initializer, after_bind: Callable[[UnitBuffer], None]) -> None:
     """Every unit's starting values, a unit at a time. From given weights at stage 3, each rank reads
     only its own range (N ranks read the model once); the parameters the weights lack on purpose (an
-    adapter's) are made by rank 0 and broadcast, those alone. Otherwise rank 0's values are broadcast
+    adapter's) take rank 0's initialization, broadcast, those alone. Otherwise rank 0's values are broadcast
     whole: a model's own initialization is random, and at stages 1-2 each rank holds whole units.
     `initializer`: a meta model's (meta.py), or None for a model built with its values."""
     own_ranges = initializer is not None and initializer.init_values is not None and stage == 3
