@@ -119,13 +119,13 @@ class UnitInitializer:
         self.template = copy.deepcopy(model) if init_values is None or own_init else None
         replace_parameters(model, storage_less(device))
 
-    def takes_own_init(self, names) -> bool:
-        """Whether any of `names` takes the model's own initialization."""
-        return self.init_values is None or not self.own_init.isdisjoint(names)
+    def takes_own_init(self, name: str) -> bool:
+        """Whether parameter `name` takes the model's own initialization (not the given weights')."""
+        return self.init_values is None or name in self.own_init
 
     def values(self, names: list[str]) -> dict[str, torch.Tensor]:
         """{name: fp32 values} of the parameters `names` (one unit's)."""
-        own = [n for n in names if self.init_values is None or n in self.own_init]
+        own = [n for n in names if self.takes_own_init(n)]
         given = {n: self.init_values[n].detach().to(self.device, torch.float32) for n in names if n not in own}
         given.update({n: self.built[n].detach().to(self.device, torch.float32) for n in own if n in self.built})
         made = [n for n in own if n not in self.built]

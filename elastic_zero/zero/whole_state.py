@@ -25,8 +25,8 @@ def take_starting_values(comm, shard: ShardBuffers, units: Sequence[UnitBuffer],
         agree_on_all_ranks(comm, initializer.fingerprint(), device, "weights to start from (init_from)")
     for unit in units:
         if own_ranges:
-            made = [slot for _, slot in unit.members if initializer.takes_own_init((slot.name,))]
-            read_flat = _made_by_rank_0(comm, initializer, made, device) if made else initializer.read_flat
+            made = [slot for _, slot in unit.members if initializer.takes_own_init(slot.name)]
+            read_flat = _with_rank_0s_own_init(comm, initializer, made, device) if made else initializer.read_flat
             shard.master_of(unit).copy_(unit.own_initial_values(read_flat))
             unit.bind_params()
         else:
@@ -39,7 +39,7 @@ def take_starting_values(comm, shard: ShardBuffers, units: Sequence[UnitBuffer],
         after_bind(unit)
 
 
-def _made_by_rank_0(comm, initializer, made, device: torch.device) -> Callable[[str, int, int], torch.Tensor]:
+def _with_rank_0s_own_init(comm, initializer, made, device: torch.device) -> Callable[[str, int, int], torch.Tensor]:
     """A `read_flat` that gives the parameters `made` (slots) the values rank 0's initialization
     made for them, broadcast in one buffer, and reads the others' ranges from the weights. Every rank
     makes them (no file is read for them): a model whose initialization fails fails on every rank
