@@ -272,43 +272,37 @@ def _gpt2_with_adapters(on_meta: bool):
     return model
 
 
-class _CountedWeights(dict):
-    """Weights to start from that count the elements a rank reads: whole (`[name]`) or by range."""
-
-    read = 0
-
-    def __getitem__(self, name):
-        self.read += super().__getitem__(name).numel()
-        return super().__getitem__(name)
-
-    def read_flat(self, name, lo, hi):
-        self.read += hi - lo
-        return super().__getitem__(name).reshape(-1)[lo:hi].float()
-
-
-def _adapters_on_two_ranks(ctx):
+def _adapters_on_two_ranks(ctx, path):
+    """A meta GPT-2 with adapters on this rank, started at stage 3 from the safetensors file at `path`
+    (the pretrained weights, without the adapters): its weights, and the bytes this rank read of them."""
+    from elastic_zero.checkpoint import load_initial_weights
     from elastic_zero.zero import AdamW as ZeroAdamW, ZeroEngine as Engine
 
-    real = _gpt2_with_adapters(on_meta=False)
-    new = {n for n, _ in real.named_parameters() if ".down." in n or ".up." in n}
-    weights = _CountedWeights({k: v for k, v in real.state_dict().items() if k not in new})
+    weights = load_initial_weights(path)
     torch.manual_seed(100 + ctx.rank)  # each rank's own random state: only a broadcast makes the adapters agree
     meta = _gpt2_with_adapters(on_meta=True)
+    new = {n for n, _ in meta.named_parameters() if ".down." in n or ".up." in n}
     engine = Engine(meta, ZeroAdamW(), stage=3, process_group=ctx.process_group, init_values=weights, own_init=new)
-    given = sum(v.numel() for n, v in dict.items(weights) if n in dict(meta.named_parameters()))
-    return engine.full_state_dict(), weights.read, given
+    return engine.full_state_dict(), weights.bytes_read
 
 
 @pytest.mark.runtime
-def test_stage_3_ranks_read_their_own_ranges_of_a_unit_that_mixes_given_and_new_parameters():
+def test_stage_3_ranks_read_their_own_ranges_of_a_unit_that_mixes_given_and_new_parameters(tmp_path):
     """Adapters in every block: each block's unit holds pretrained weights and new parameters. Each
-    rank reads only its own ranges of the pretrained ones (two ranks: about half each, the model once
-    between them); rank 0 makes the adapters and broadcasts them alone. Oracles: the pretrained
+    rank reads only its own ranges of the pretrained ones from their safetensors file (two ranks: about
+    half each, the model once between them); rank 0's adapters are broadcast, they alone. Oracles: the pretrained
     weights bit for bit, the adapters' start (up zero), and the two ranks agreeing."""
+    import pyarrow.fs as pafs
+
+    from elastic_zero.checkpoint.safetensors_format import write_all
     from elastic_zero.testing.local_group import run_local_group
 
-    (state0, read0, given), (state1, read1, _) = run_local_group(_adapters_on_two_ranks, 2, timeout_s=180)
     real = _gpt2_with_adapters(on_meta=False)
+    pretrained = {k: v for k, v in real.state_dict().items() if ".down." not in k and ".up." not in k}
+    path = str(tmp_path / "pretrained.safetensors")
+    write_all(pafs.LocalFileSystem(), path, pretrained)
+    given = sum(p.numel() * 4 for n, p in real.named_parameters() if n in pretrained)
+    (state0, read0), (state1, read1) = run_local_group(_adapters_on_two_ranks, 2, args=(path,), timeout_s=180)
     assert state0.keys() == state1.keys() and all(torch.equal(state0[n], state1[n]) for n in state0)
     for name, value in real.named_parameters():
         if ".down." not in name and ".up." not in name:
