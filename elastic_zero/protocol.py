@@ -59,6 +59,7 @@ class Hello:
     # it, and the model's state facts (plan/memory.py ModelMemory): what the coordinator plans with
     memory: dict = field(default_factory=dict)
     node_up_at: float | None = None  # when its node's raylet started (epoch seconds; None: unknown)
+    start_s: dict = field(default_factory=dict)  # its start by phase (worker/start_clock.py; empty: not told)
 
 
 @dataclass(frozen=True)

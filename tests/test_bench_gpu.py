@@ -7,6 +7,7 @@ import json
 import pytest
 
 from elastic_zero.bench.gpu import format_gpu, run_gpu_bench
+from elastic_zero.worker.start_clock import PHASES as START_PHASES
 
 
 @pytest.mark.runtime
@@ -32,5 +33,11 @@ def test_the_gpu_bench_runs_on_the_cpu_and_finds_every_figure(tmp_path):
     assert len(row["save_blocking_s"]) == 2 and len(row["steps_during_write_s"]) == 2
     # the first generation's one worker is killed before its report: the first step on record is the recovery's
     assert row["time_to_first_step_s"] > 0 and "read_checkpoint" in row["first_step_phases_s"]
+    # the first step on record (the recovery's) waited for the standby, the last worker ready: its start by
+    # phase. The recovery waited for it too where it was still starting at the kill (tiny steps are quick)
+    assert list(row["first_worker_start_s"]) == list(START_PHASES) and row["first_worker_start_s"]["imports"] > 0
+    waited = row["recovery"]["worker_start_s"]
+    assert waited is None or waited == row["first_worker_start_s"]
+    assert ("the new worker's start: ray" in format_gpu(report)) == (waited is not None)
     assert all(v is None or v > 0 for v in row["ratios"].values())
-    assert "recovery from the checkpoint" in format_gpu(report)
+    assert "recovery from the checkpoint" in format_gpu(report) and "the last worker's start: ray" in format_gpu(report)

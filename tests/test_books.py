@@ -39,6 +39,32 @@ def test_a_change_records_what_its_busiest_receiver_took_in():
     assert recovery["received_bytes"] == 700
 
 
+def test_a_start_and_a_recovery_name_the_start_of_the_worker_they_waited_for():
+    """The first generation waited for its last worker to say hello; a recovery, for the workers that
+    said it after the failure (a standby ready before it was not waited for); a worker that told no
+    start (a simulated one) is left out."""
+    books = Books(global_batch=8, steps=4, started_at=0.0)
+    books.worker_ready("w1", 3.0, {"ray": 0.5, "imports": 1.5})
+    books.worker_ready("w0", 2.0, {"ray": 0.4, "imports": 1.2})
+    books.worker_ready("w2", 4.0, {"ray": 0.6, "imports": 1.4})  # a standby: ready, outside the generation
+    books.worker_ready("w9", 5.0, {})
+    books.add_generation_results(0, [_report("w0", 0, [0.5], [0.0]), _report("w1", 1, [0.5], [0.0])])
+    assert books.summary(None)["start"]["worker_start_s"] == {"ray": 0.5, "imports": 1.5}
+    books.begin_change("recovery", 12.0, step=1, cause="lost w1", reached=1)
+    books.add_generation_results(1, [_report("w0", 0, [0.5], [0.0], first_step_at=13.0),
+                                     _report("w2", 1, [0.5], [0.0], first_step_at=13.0)])
+    books.begin_change("recovery", 20.0, step=2, cause="lost w2", reached=2)
+    books.worker_ready("w3", 22.5, {"ray": 0.7, "imports": 1.1, "model": 0.2})
+    books.worker_ready("w4", 23.0, {"ray": 0.3, "imports": 1.3, "model": 0.3})
+    books.add_generation_results(2, [_report("w0", 0, [0.5], [0.0], first_step_at=24.0),
+                                     _report("w3", 1, [0.5], [0.0], first_step_at=24.0),
+                                     _report("w4", 2, [0.5], [0.0], first_step_at=24.0),
+                                     _report("w9", 3, [0.5], [0.0], first_step_at=24.0)])
+    by_standby, by_new_workers = books.summary(None)["recoveries"]
+    assert by_standby["worker_start_s"] is None
+    assert by_new_workers["worker_start_s"] == {"ray": 0.3, "imports": 1.3, "model": 0.3}  # w4: the last ready
+
+
 def test_without_rank_0s_report_another_ranks_clock_is_used():
     books = Books(global_batch=8, steps=2, started_at=0.0)
     books.add_generation_results(0, [_report("w1", 1, [0.7, 0.6], [0.1, 0.1])])
@@ -95,7 +121,7 @@ def test_a_change_whose_generation_stepped_then_was_lost_whole_is_kept():
     books.add_generation_results(2, [Report(**{**vars(report), "log": ((350, 0, 2800, 8),)})])
     first, second = books.summary(None)["recoveries"]
     assert first == {"step": 62, "cause": "lost w1, w3", "lost_steps": 1, "recomputed_steps": 2, "failed_at": 19.0,
-                     "stall_s": None, "to_next_step_done_s": 0.7, "first_step_s": None}
+                     "stall_s": None, "to_next_step_done_s": 0.7, "first_step_s": None, "worker_start_s": None}
     assert second["step"] == 350 and second["lost_steps"] == 20 and second["stall_s"] == 2.0
     assert books.summary(None)["world_size_history"] == [[62, 2], [350, 1]]
 

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from elastic_zero.worker.start_clock import PHASES
 from runtime_jobs import exactly_once, job, relative
 
 pytestmark = [pytest.mark.runtime, pytest.mark.usefixtures("local_ray")]
@@ -101,7 +102,9 @@ def test_with_no_replica_a_job_starts_over_when_nothing_is_committed_and_counts_
       the counts are exact, from what each lost worker's beat process said as its process ended
       (before: lost 0, recomputed 1, guessed); the checkpoint's restore is in the events before the
       commits that follow it.
-    Oracle: torch's AdamW on one process."""
+    - The first generation and each recovery waited for new workers to start: the summary tells the
+      start of the one ready last, by phase, as its hello said it.
+    Oracle: torch's AdamW on one process; for the starts, the events' times of the ask and the hello."""
     reference = torch_adamw(16)
     drill = [{"at_step": 5, "action": "kill", "rank": 1},
              {"at_step": 11, "action": "kill_after_save", "rank": 0},
@@ -121,6 +124,15 @@ def test_with_no_replica_a_job_starts_over_when_nothing_is_committed_and_counts_
     assert "replication is off (elastic.replicate_every = 0), and no checkpoint was committed" in said["reason"]
     assert restore["source"] == "checkpoint" and restore["step"] == 10
     assert restore["lost_steps"] == 1 and restore["recomputed_steps"] == 2  # step 10 done, 11 in flight
+    asked = {a: e["asked_t"] for e in events if e["event"] == "spawn" for a in e["actor_ids"]}
+    ready = {e["actor_id"]: e for e in events if e["event"] == "worker_ready"}
+    for waited, generation, since in ((summary["start"], starts[0], 0.0), (restart, starts[1], restart["failed_at"]),
+                                      (restore, starts[2], restore["failed_at"])):
+        last = max((a for a in generation["workers"] if ready[a]["t"] > since), key=lambda a: ready[a]["t"])
+        phases = waited["worker_start_s"]
+        assert phases == ready[last]["start_s"] and list(phases) == list(PHASES), (phases, last)
+        took = ready[last]["t"] - asked[last]  # from the ask to the hello heard: the phases and the answer's way
+        assert 0.5 * took <= sum(phases.values()) <= took + 0.01, (phases, took)
     kinds = [(e["event"], e.get("directory", "").rsplit("/", 1)[-1]) for e in events]
     restored = kinds.index(("checkpoint_restored", "step-0000000010"))
     assert restored < kinds.index(("checkpoint_committed", "step-0000000016"))

@@ -181,7 +181,8 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str,
     if steady:
         plain = _job("plain", shape, micro_batch, steps, work)["summary"]
         row.update(job_step_s=_steady(plain), time_to_first_step_s=plain["time_to_first_step_s"],
-                   first_step_phases_s=(plain.get("start") or {}).get("phases_s", {}))
+                   first_step_phases_s=(plain.get("start") or {}).get("phases_s", {}),
+                   first_worker_start_s=(plain.get("start") or {}).get("worker_start_s"))
         kept()
         replicas = _job("replicas", shape, micro_batch, steps, work, elastic={"replicate_every": 1})["summary"]
         row["replicas_step_s"] = _steady(replicas)
@@ -207,14 +208,16 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str,
     recovery = saved["recoveries"][0] if saved["recoveries"] else {}
     if plain is None:
         row.update(time_to_first_step_s=saved["time_to_first_step_s"],
-                   first_step_phases_s=(saved.get("start") or {}).get("phases_s", {}))
+                   first_step_phases_s=(saved.get("start") or {}).get("phases_s", {}),
+                   first_worker_start_s=(saved.get("start") or {}).get("worker_start_s"))
     row.update({
         "save_blocking_s": [round(protect[s], 4) for s in saves],
         "saves_skipped": saved.get("checkpoints_skipped", []),  # due while the last was still being written
         "steps_during_write_s": [round(t, 4) for t in during],
         "recovery": {"source": recovery.get("source"), "stall_s": recovery.get("stall_s"), "standby_workers": standby,
                      "to_next_step_done_s": recovery.get("to_next_step_done_s"),
-                     "phases_s": recovery.get("phases_s", {}), "lost_steps": recovery.get("lost_steps")},
+                     "phases_s": recovery.get("phases_s", {}), "lost_steps": recovery.get("lost_steps"),
+                     "worker_start_s": recovery.get("worker_start_s")},  # the new worker it waited for (no standby)
     })
 
 
@@ -284,6 +287,11 @@ def _model_row(name: str, micro_batch: int, steps: int, warmup: int, save_every:
     }
 
 
+def _worker_start(what: str, phases: dict | None) -> str:
+    """A worker's start by phase (worker/start_clock.py), or nothing where none was waited for."""
+    return f"{what}: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()) if phases else ""
+
+
 def format_gpu(report: dict) -> str:
     lines = [f"bench gpu on {report['device']}, torch {report['torch']}, micro batch {report['micro_batch']}, "
              f"{report['steps']} steps a job"]
@@ -296,7 +304,8 @@ def format_gpu(report: dict) -> str:
             f"stage 2); with its host copy {ms(r['engine_host_copy_step_s'])} ({q['host_copy_vs_engine']}x)",
             f"  job {ms(r['job_step_s'])} ({q['job_vs_engine']}x the engine); with replicas every step "
             f"{ms(r['replicas_step_s'])} ({q['replicas_vs_job']}x the job); first step after "
-            f"{r['time_to_first_step_s']} s ({', '.join(f'{k} {v:.2f} s' for k, v in r['first_step_phases_s'].items())})",
+            f"{r['time_to_first_step_s']} s ({', '.join(f'{k} {v:.2f} s' for k, v in r['first_step_phases_s'].items())})"
+            + _worker_start("; the last worker's start", r.get("first_worker_start_s")),
             f"  with replicas at the default cadence {ms(r['auto_replicas_step_s'])} ({q['auto_replicas_vs_job']}x "
             f"the job): {(r['auto_cadence'] or {}).get('reason') or '-'}",
             f"  saves block {', '.join(ms(s) for s in r['save_blocking_s'])}; the steps while one writes "
@@ -304,7 +313,8 @@ def format_gpu(report: dict) -> str:
             f"  recovery from the {r['recovery']['source']}"
             f"{' by a standby worker' if r['recovery'].get('standby_workers') else ''}: stall {r['recovery']['stall_s']} s, next step done "
             f"after {r['recovery']['to_next_step_done_s']} s ("
-            + ", ".join(f"{k} {v:.2f} s" for k, v in r["recovery"]["phases_s"].items()) + ")",
+            + ", ".join(f"{k} {v:.2f} s" for k, v in r["recovery"]["phases_s"].items()) + ")"
+            + _worker_start("; the new worker's start", r["recovery"].get("worker_start_s")),
         ]
     return "\n".join(lines)
 

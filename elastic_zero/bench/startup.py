@@ -8,7 +8,8 @@ TorchTrainer on the same Ray. elastic_zero's time is split by the run's own reco
   coordinator     from there until the coordinator actor began (its process, imports, store)
   to_spawn        from there until it spawned the workers (its checks of the checkpoint store)
   workers_ready   from the coordinator's spawn until the last worker said hello (processes, imports,
-                  the model built on each)
+                  the model built on each); that worker's own start by phase is printed under it
+                  (worker/start_clock.py: Ray's start of it, its imports, beats, device, model, setup, hello)
   to_generation   from there until the first generation started
   generation      from the first generation's start until its first step began (process groups,
                   the engine and its buffers)
@@ -27,6 +28,7 @@ import tempfile
 import time
 
 from elastic_zero.observe.event_log import read_events
+from elastic_zero.worker.start_clock import PHASES as START_PHASES
 
 PHASES = ("ray_init", "coordinator", "to_spawn", "workers_ready", "to_generation", "generation", "first_step")
 
@@ -67,6 +69,7 @@ def _elastic_zero_round(preset: str, workers: int, work: str) -> dict:
             raise RuntimeError(f"the startup run failed: {result.error}")
         summary = dict(result.metrics, started_at_epoch=t0)
         ours = startup_phases(t0, ray_ready, read_events(run_dir), summary)
+        ours["worker_start_s"] = (summary.get("start") or {}).get("worker_start_s") or {}
         theirs = _ray_train_to_first_step(preset, workers, work)
     finally:
         ray.shutdown()
@@ -102,9 +105,12 @@ def run_startup_bench(preset: str = "gpt-small", workers: int = 3, rounds: int =
             shutil.rmtree(work, ignore_errors=True)
     medians = {k: round(statistics.median(r["elastic_zero"][k] for r in runs), 3)
                for k in PHASES + ("total_to_first_step_done",)}
+    starts = [r["elastic_zero"]["worker_start_s"] for r in runs]
+    worker = {p: round(statistics.median(w[p] for w in starts if p in w), 3) for p in START_PHASES
+              if any(p in w for w in starts)}
     theirs = round(statistics.median(r["ray_train_to_first_step_done"] for r in runs), 3)
     return {"preset": preset, "workers": workers, "rounds": rounds, "elastic_zero_median_s": medians,
-            "ray_train_to_first_step_done_median_s": theirs, "runs": runs}
+            "last_worker_start_median_s": worker, "ray_train_to_first_step_done_median_s": theirs, "runs": runs}
 
 
 def format_startup(r: dict) -> str:
@@ -112,6 +118,9 @@ def format_startup(r: dict) -> str:
     lines = [f"bench startup: {r['preset']}, {r['workers']} workers, embedded local Ray, medians of {r['rounds']} round(s)"]
     for phase in PHASES:
         lines.append(f"  {phase:<14} {m[phase]:7.2f} s")
+        if phase == "workers_ready" and r["last_worker_start_median_s"]:
+            lines.append("    the last worker's start: " + ", ".join(
+                f"{k} {v:.2f} s" for k, v in r["last_worker_start_median_s"].items()))
     lines.append(f"  {'to first step done':<14} {m['total_to_first_step_done']:7.2f} s  (Ray Train, Ray already up: "
                  f"{r['ray_train_to_first_step_done_median_s']:.2f} s)")
     return "\n".join(lines)

@@ -38,6 +38,8 @@ class Books:
     checkpoint_errors: list = field(default_factory=list)
     checkpoints_skipped: list = field(default_factory=list)  # steps whose periodic save came due while the last wrote
     warnings: list = field(default_factory=list)  # what the job could not do as asked, e.g. place buddies by node
+    # actor id -> (when it said hello, epoch; its start by phase: worker/start_clock.py)
+    worker_starts: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.samples = SampleLedger(self.global_batch)
@@ -46,12 +48,13 @@ class Books:
         firsts = [r.first_step_at for r in results if r.first_step_at]
         if firsts and self.first_step_at is None:
             self.first_step_at = min(firsts)
-            self.start = {"phases_s": _slowest_phases(results), "received_bytes": max(r.received_bytes for r in results)}
+            self.start = {"phases_s": _slowest_phases(results), "received_bytes": max(r.received_bytes for r in results),
+                          "worker_start_s": self._start_waited_for(results)}
         if not firsts and self.pending_change is not None and results and \
                 all(r.outcome.kind == OutcomeKind.FINISHED for r in results):
             self._close_change_without_a_step(results)
         elif not firsts and self.pending_change is not None and self.pending_stepped_at is not None:
-            self._close_change_of_a_lost_generation()
+            self._close_change_of_a_lost_generation(results)
         if firsts and self.pending_change is not None:
             change = self.pending_change
             since = change.pop("_since")
@@ -70,6 +73,7 @@ class Books:
             change["first_step_s"] = round(max(r.step_times[0] for r in results if r.step_times), 4) if done else None
             change["phases_s"] = _slowest_phases(results)
             change["received_bytes"] = max(r.received_bytes for r in results)  # the busiest receiver's
+            change["worker_start_s"] = self._start_waited_for(results, after=since)  # a new worker's, if it waited
             entered = [r.entered_at for r in results if r.entered_at]
             if entered:  # from the failure (or the safe point) until the last participant began the next generation
                 change["phases_s"]["to_enter"] = round(max(entered) - since, 4)
@@ -96,6 +100,18 @@ class Books:
                 ends.setdefault(step, end)
         self.step_seconds.update(seconds)
         self.step_ends.update(ends)
+
+    def worker_ready(self, actor_id: str, at: float, start_s: dict) -> None:
+        """`actor_id` said hello at `at` (epoch), its start by phase `start_s` (empty: not told)."""
+        if start_s:
+            self.worker_starts[actor_id] = (at, dict(start_s))
+
+    def _start_waited_for(self, results: list[Report], after: float | None = None) -> dict | None:
+        """The start by phase of the participant that said hello last, of those that said it after
+        `after` (epoch: the workers a change waited for); None where there is none, or none told it."""
+        starts = [self.worker_starts.get(r.outcome.actor_id) for r in results]
+        starts = [s for s in starts if s is not None and (after is None or s[0] > after)]
+        return max(starts, key=lambda s: s[0])[1] if starts else None
 
     def _close_change_without_a_step(self, results: list[Report]) -> None:
         """A recovery with no step left to run (a member lost in the final save): its stall lasts
@@ -163,10 +179,11 @@ class Books:
         if self.pending_change is not None and generation == self.pending_generation:
             self.pending_stepped_at = at
 
-    def _close_change_of_a_lost_generation(self) -> None:
+    def _close_change_of_a_lost_generation(self, results: list[Report]) -> None:
         """A change whose generation trained, then lost every member before reporting (a second node
-        lost, say): it is kept with what the coordinator saw itself, the step it restarted from and
-        when rank 0 said its first step was done; when that step began is not known."""
+        lost, say): it is kept with what the coordinator saw itself, the step it restarted from, when
+        rank 0 said its first step was done and the workers it waited for; when that step began is not
+        known."""
         change = self.pending_change
         since = change.pop("_since")
         _count_lost_steps(change, change.pop("reached", None))
@@ -174,6 +191,7 @@ class Books:
         change["stall_s"] = None
         change["to_next_step_done_s"] = round(self.pending_stepped_at - since, 4)
         change["first_step_s"] = None  # its start is not known
+        change["worker_start_s"] = self._start_waited_for(results, after=since)
         self._file_pending()
 
     def summary(self, param_count: int | None, end_step: int | None = None, memory: dict | None = None) -> dict:

@@ -203,8 +203,7 @@ class JobLoop:
             self.log("worker_start_failed", actor_id=actor_id, error=came.error)
             self.apply(WorkerStartFailed(actor_id, came.error, lost=came.lost))
             return
-        self.log("worker_ready", actor_id=actor_id, node=hello.member.node, pid=hello.pid,
-                 node_up_t=None if hello.node_up_at is None else round(hello.node_up_at, 3))
+        self.record.worker_ready(actor_id, hello)
         if hello.member.node in self.watch.nodes_that_go():  # placed there before Ray or we knew: another is asked for
             self._retire((actor_id,), "it started on a node that goes")
             self.apply(WorkerStartFailed(actor_id, "it started on a node that goes", lost=True))
@@ -317,7 +316,8 @@ class JobLoop:
         if isinstance(command, Spawn):
             asked_t = time.time()  # before the requests: an autoscaler may answer before the event is written
             joiner = self.state.generation is not None  # it will receive its shard by handover
-            asked = self.pool.spawn(command.count, self.watch.placement(), joiner=joiner, **self._worker_args)
+            asked = self.pool.spawn(command.count, self.watch.placement(), joiner=joiner, asked_at=asked_t,
+                                    **self._worker_args)
             self.log("spawn", count=command.count, actor_ids=asked, asked_t=round(asked_t, 4))
         elif isinstance(command, CheckpointNow):
             self.generations.checkpoint_before_leaving(self.state.generation, self.state.leaving)

@@ -53,6 +53,13 @@ class JobRecord:
             self.books.warnings.append(message)
         self.log("warning", **fields, message=message)
 
+    def worker_ready(self, actor_id: str, hello) -> None:
+        """A worker said hello: where it runs, and its start by phase (for the summary's first start
+        and for a recovery that waited for it)."""
+        self.log("worker_ready", actor_id=actor_id, node=hello.member.node, pid=hello.pid,
+                 node_up_t=None if hello.node_up_at is None else round(hello.node_up_at, 3), start_s=hello.start_s)
+        self.books.worker_ready(actor_id, time.time(), hello.start_s)
+
     # ---- checkpoints --------------------------------------------------------------------------------
 
     def committed(self, directory: str, generation: int | None) -> bool:

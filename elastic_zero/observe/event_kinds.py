@@ -47,7 +47,8 @@ KINDS: dict[str, EventKind] = {k.name: k for k in (
     _kind("eval", "generation step loss metrics samples perplexity seconds", "an evaluation of the weights"),
     # workers
     _kind("spawn", "count actor_ids asked_t", "workers asked of Ray"),
-    _kind("worker_ready", "actor_id node pid node_up_t", "a worker said hello: where it runs"),
+    _kind("worker_ready", "actor_id node pid node_up_t start_s",
+          "a worker said hello: where it runs, and its start by phase (worker/start_clock.py)"),
     _kind("worker_start_failed", "actor_id error", "a worker could not start"),
     _kind("worker_lost", "actor_id error during silent_s cause", "a worker died, went silent or was found stuck"),
     _kind("worker_stuck", "actor_id still_s where", "a live worker stood still behind its peers: killed"),

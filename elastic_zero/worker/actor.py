@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from elastic_zero.protocol import OutcomeKind, unpack_plan
 from elastic_zero.wire.standing_calls import stand_by
+from elastic_zero.worker.start_clock import StartClock
 
 if TYPE_CHECKING:
     from elastic_zero.protocol import Hello, Report
@@ -21,11 +22,13 @@ if TYPE_CHECKING:
 class TrainingWorker:
     def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int, store_secret: bytes,
                  coordinator: str | None = None, namespace: str | None = None, joiner: bool = False,
-                 heartbeat_port: int | None = None) -> None:
+                 heartbeat_port: int | None = None, asked_at: float | None = None) -> None:
+        start = StartClock(asked_at)  # `asked_at`: when the coordinator asked Ray for this worker
         from elastic_zero.worker.trainer import Trainer
 
+        start.lap("imports")
         self._trainer = Trainer(spec, actor_id, store_host, store_port, store_secret, coordinator, namespace, joiner,
-                                heartbeat_port)
+                                heartbeat_port, start)
         # the plan of the generation trained last and its report, kept for a coordinator that replaces
         # a lost one (which never heard the report): given to it by take_over()
         self._training = threading.Lock()

@@ -77,17 +77,20 @@ class NodeDuties:
             threading.Event().wait()
         self._hang_in, self._collectives_armed = action.removeprefix("hang_in_"), 0
 
-    def hello(self, memory: dict) -> Hello:
-        """Where this worker runs, once its first beat is out; `memory`: memory_facts() of its model."""
+    def hello(self, memory: dict, start=None) -> Hello:
+        """Where this worker runs, once its first beat is out; `memory`: memory_facts() of its model;
+        `start`: the clock of its start (start_clock.py), whose last phase ends here."""
         node, warning = os.environ.get("ELASTIC_ZERO_NODE"), ""
         actor_id = self._actor_id
         if not node:
             node, problem = ray_node_id()
             if node is None:  # buddies may then share this machine: said, not hidden
                 node, warning = f"unknown-{actor_id}", f"the Ray node of {actor_id} is unknown ({problem})"
-        return Hello(Member(actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")),
-                     "; ".join(filter(None, (warning, self._beats_started()))), os.getpid(), memory,
-                     raylet_started_at())
+        warnings = "; ".join(filter(None, (warning, self._beats_started())))
+        if start is not None and "hello" not in start.phases:
+            start.lap("hello")
+        return Hello(Member(actor_id, node=node, zone=os.environ.get("ELASTIC_ZERO_ZONE", "")), warnings, os.getpid(),
+                     memory, raylet_started_at(), start.told() if start is not None else {})
 
     def start_beating(self, coordinator_host: str, heartbeat_port: int | None, secret: bytes) -> None:
         """First thing in the worker's start: its beat process starts while the model is built."""

@@ -18,7 +18,6 @@ import time
 import torch
 
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
-from elastic_zero.job.build import build_loss, build_optimizer, build_source
 from elastic_zero.node_memory import reset_peak
 from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
 from elastic_zero.plan.evaluation import eval_due
@@ -27,11 +26,8 @@ from elastic_zero.job.spec import spec_from_dict
 from elastic_zero.worker.cadence_meter import CadenceMeter
 from elastic_zero.worker.drill_runner import DrillRunner
 from elastic_zero.worker.entry import GenerationEntry, committed_key
-from elastic_zero.worker.evaluation import Evaluator
-from elastic_zero.worker.device import worker_device
-from elastic_zero.worker.faults import WorkerStartError, is_communication_failure, is_device_failure, named
+from elastic_zero.worker.faults import WorkerStartError, is_communication_failure, is_device_failure
 from elastic_zero.worker.generation_gate import GenerationGate, abort_all
-from elastic_zero.worker.initial_model import initial_model
 from elastic_zero.worker.groups import GenerationGroups
 from elastic_zero.worker.coordinator_link import CoordinatorLink
 from elastic_zero.worker.coordinator_notes import CoordinatorNotes
@@ -41,42 +37,36 @@ from elastic_zero.worker.checkpoint_records import CheckpointRecords
 from elastic_zero.worker.commits import StepCommits
 from elastic_zero.worker.replication import Replicator
 from elastic_zero.worker.saves import CheckpointSaves
-from elastic_zero.worker.step_batches import StepBatches
+from elastic_zero.worker.start_clock import StartClock
+from elastic_zero.worker.start_parts import build_start_parts
 from elastic_zero.worker.warnings_relay import relay_warnings
-from elastic_zero.worker.worker_model import WorkerModel
 from elastic_zero.zero import TorchComm, ZeroEngine
-from elastic_zero.zero.host_memory import large_allocations_to_the_system, release_free_memory
+from elastic_zero.zero.host_memory import large_allocations_to_the_system
 
 
 class Trainer:
     def __init__(self, spec: dict, actor_id: str, store_host: str, store_port: int, store_secret: bytes,
                  coordinator: str | None = None, namespace: str | None = None, joiner: bool = False,
-                 heartbeat_port: int | None = None) -> None:
+                 heartbeat_port: int | None = None, start: StartClock | None = None) -> None:
         torch.set_num_threads(1)
         large_allocations_to_the_system()  # before the model: freed tensors leave the process
+        self.start = start or StartClock()  # the phases of this worker's start, told in its hello
         self.spec = spec_from_dict(spec)
         self.actor_id = actor_id
         self.cadence = CadenceMeter(self.spec.elastic.replicate_every)  # how often a step commits
         self.use_gpu = self.spec.elastic.use_gpu
         self.duties = NodeDuties(self.spec, actor_id, coordinator, namespace)
         self.duties.start_beating(store_host, heartbeat_port, store_secret)
+        self.start.lap("beats")
         self.backend = "nccl" if self.use_gpu else "gloo"
+        # float16 overflows are the loss scaler's to skip; elsewhere a non-finite loss is a bug
+        self._finite_loss = self.spec.zero.compute_dtype != "float16"
         # a start failure is kept and told by hello(), as one line naming the field: raised here,
         # it would reach the coordinator as an actor death with a traceback
         self.start_error = ""
         try:
-            self.device = worker_device(self.use_gpu)
-            built = initial_model(self.spec, self.device)
-            self.source = named("data.source", lambda: build_source(self.spec, built.model))
-            t = self.spec.train
-            self.batches = StepBatches(self.source, t.global_batch, t.micro_batch, t.steps, self.device)
-            self.loss_fn = build_loss(self.spec)
-            self.evaluator = named("eval.source", lambda: Evaluator(self.spec, built.model)) \
-                if self.spec.eval.source else None
-            # float16 overflows are the loss scaler's to skip; elsewhere a non-finite loss is a bug
-            self._finite_loss = self.spec.zero.compute_dtype != "float16"
-            self.held = WorkerModel(self.spec, self.device, build_optimizer(self.spec), built)
-            release_free_memory()  # a meta model's construction made and freed every parameter
+            self.device, self.held, self.source, self.batches, self.loss_fn, self.evaluator = \
+                build_start_parts(self.spec, self.start)
         except Exception as exc:
             self.start_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return
@@ -118,6 +108,7 @@ class Trainer:
         if coordinator:
             self.duties.take_sigterm_as_notice()
             relay_warnings(self.notes.warning)
+        self.start.lap("setup")
 
     @property
     def engine(self) -> ZeroEngine | None:
@@ -131,7 +122,7 @@ class Trainer:
         if self.start_error:
             raise WorkerStartError(self.start_error)
         held = self.held
-        return self.duties.hello(memory_facts(self.spec, held.model, held.wrap, held.optimizer, self.device))
+        return self.duties.hello(memory_facts(self.spec, held.model, held.wrap, held.optimizer, self.device), self.start)
 
     def watch_node(self, node: str) -> None:
         """Watch this node's cloud metadata server for the job (the coordinator picks one worker per node)."""
