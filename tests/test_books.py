@@ -80,7 +80,7 @@ def test_a_recovery_with_no_step_left_is_closed_when_its_generation_finishes():
                                      _report("w2", 1, [], [], first_step_at=None)])
     (recovery,) = books.summary(None)["recoveries"]
     assert recovery == {"step": 3, "cause": "lost w1", "lost_steps": 0, "recomputed_steps": 0, "failed_at": 15.0,
-                        "stall_s": 5.0, "to_next_step_done_s": None, "first_step_s": None}
+                        "stall_s": 5.0, "to_next_step_done_s": None, "first_step_s": None, "worker_start_s": None}
     assert books.pending_change is None
 
 
@@ -198,3 +198,19 @@ def test_a_checkpoints_records_of_the_run_this_job_resumed_from_are_not_this_job
     summary = books.summary(None)
     assert summary["resumed_from_step"] == 100 and summary["samples_consumed"] == 20 * 8
     assert summary["duplicate_samples"] == 0
+
+
+def test_a_coordinator_that_takes_over_reads_its_predecessors_worker_starts(tmp_path):
+    """The workers it adopts said hello to the coordinator before it: their starts come from the
+    job's log, so a recovery it closes still names the start it waited for."""
+    from elastic_zero.coordinator.job_record import JobRecord
+    from elastic_zero.job.spec import spec_from_dict
+    from elastic_zero.observe.event_log import EventLog
+
+    spec_dict = {"name": "taken", "model": {"preset": "gpt-tiny"}, "train": {"steps": 4, "global_batch": 8}}
+    earlier = EventLog(str(tmp_path))
+    earlier.add("worker_ready", actor_id="w3", node="n", pid=1, node_up_t=None, start_s={"ray": 0.2, "imports": 1.1})
+    earlier.add("worker_ready", actor_id="w4", node="n", pid=2, node_up_t=None, start_s={})  # told none
+    record = JobRecord(spec_from_dict(spec_dict), spec_dict, "taken", str(tmp_path), 0.0, restarted=True)
+    assert list(record.books.worker_starts) == ["w3"]
+    assert record.books.worker_starts["w3"][1] == {"ray": 0.2, "imports": 1.1}

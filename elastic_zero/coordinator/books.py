@@ -123,6 +123,7 @@ class Books:
         change["failed_at"] = round(since, 4)
         change["stall_s"] = round(max(r.ended_at for r in results) - since, 4)
         change["to_next_step_done_s"] = change["first_step_s"] = None  # there is no next step
+        change["worker_start_s"] = self._start_waited_for(results, after=since)
         self._file_pending()
 
     def _file_pending(self) -> None:

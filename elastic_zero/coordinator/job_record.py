@@ -36,9 +36,11 @@ class JobRecord:
         if self.tracking is not None:
             self.events.listener = self.tracking.event
         self._commits_told = {r["directory"] for r in self.events.records if r.get("event") == "checkpoint_committed"}
-        for r in self.events.records:  # an earlier coordinator's: what its generations trained
+        for r in self.events.records:  # an earlier coordinator's: what its generations trained, its workers' starts
             if r.get("event") == "generation_end" and r.get("samples"):
                 self.books.add_earlier_rows(decode_runs(r["samples"]))
+            elif r.get("event") == "worker_ready" and r.get("start_s"):
+                self.books.worker_ready(r["actor_id"], r["t"], r["start_s"])
         self._restores_told: set = set()
         self._candidate_logs: list = []  # (directory, sample records) of a checkpoint generation's candidates
 

@@ -1,8 +1,9 @@
 """A worker's start, by phase, told in its hello: how long Ray took to begin it (from the
 coordinator's ask to the actor's constructor: a node, a process, Ray's own imports), then its own
-imports (torch and the project), its beat process, its device (on a GPU, CUDA's context), its model,
-data and optimizer, the rest of its setup (store, groups, writer), and its hello (its memory facts,
-the wait for its first beat to be out).
+imports (torch and the project), its beat process (with the trainer's first settings: its spec read,
+its threads), its device (on a GPU, CUDA's context), its model, data and optimizer, the rest of its
+setup (store, groups, writer; a joiner's hollow engine, laid out for the handover), and its hello
+(its memory facts, the wait for its first beat to be out).
 
 Why: a recovery that finds no worker ready waits for a new one's whole start (on an H200, 5-8 s of a
 6.9-12.8 s stall), and which phase to shorten depends on the machine: the summary's recoveries and
