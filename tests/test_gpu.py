@@ -137,8 +137,12 @@ def test_a_job_on_one_gpu_trains_like_the_cpu(tmp_path, local_ray):
     one = dict(workers=1, min_workers=1, max_workers=1)
     code, summary, _, on_gpu = job(tmp_path, "gpu", train={"steps": 30}, elastic={**one, "use_gpu": True})
     assert code == 0, summary.get("error")
-    code, _, _, on_cpu = job(tmp_path, "cpu", train={"steps": 30}, elastic=one)
+    code, on_cpu_summary, _, on_cpu = job(tmp_path, "cpu", train={"steps": 30}, elastic=one)
     assert code == 0 and relative(on_cpu, on_gpu) <= 1e-3
+    # CUDA's context is made in the worker's device phase (worker/start_clock.py), which on the CPU is nothing
+    on_gpu_start, on_cpu_start = summary["start"]["worker_start_s"], on_cpu_summary["start"]["worker_start_s"]
+    assert on_gpu_start["device"] > 10 * on_cpu_start["device"] and on_gpu_start["device"] > 0.01, \
+        (on_gpu_start, on_cpu_start)
 
 
 @needs_a_gpu

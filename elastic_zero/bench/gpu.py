@@ -9,7 +9,8 @@ one run, for each model shape:
 - the job with replicas every step, and at the default cadence ("auto": the cadence and why);
 - the job with a checkpoint every few steps that loses its worker once: the blocking seconds of
   each save, the steps while a save writes, and the recovery from the checkpoint by phase (by a
-  standby worker where a second device is there for one, as on the CPU).
+  standby worker where a second device is there for one, as on the CPU; there, once more without
+  one, as on one GPU: the recovery then waits for a new worker's start, told by phase).
 
 Without CUDA it runs the same on tiny shapes on the CPU, and says so: the absolute times then mean
 nothing, the ratios move the way they move on a GPU (CI runs it so). On a GPU machine without a
@@ -197,15 +198,18 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str,
     # report is lost with its worker). A standby worker takes its place at once where a second device is
     # there for it (on the CPU, always): the recovery waits for no worker's start
     standby = _standby_devices()
-    saved = _job("checkpoints", shape, micro_batch, steps, work,
-                 checkpoint={"uri": os.path.join(work, "ckpt"), "every": save_every, "keep": 2},
-                 elastic={"standby_workers": standby},
-                 faults=[{"at_step": save_every + 1, "action": "kill_after_save", "rank": 0}])["summary"]
+
+    def killed_after_save(name: str, standby_workers: int) -> dict:
+        return _job(name, shape, micro_batch, steps, work,
+                    checkpoint={"uri": os.path.join(work, name, "ckpt"), "every": save_every, "keep": 2},
+                    elastic={"standby_workers": standby_workers},
+                    faults=[{"at_step": save_every + 1, "action": "kill_after_save", "rank": 0}])["summary"]
+
+    saved = killed_after_save("checkpoints", standby)
     protect = dict(saved["protect_time_curve"])
     times = dict(saved["step_time_curve"])
     saves = [s for s in protect if s > 1 and (s + 1) % save_every == 0 and s + 1 < steps]
     during = [times[s + 1] for s in saves if s + 1 in times]
-    recovery = saved["recoveries"][0] if saved["recoveries"] else {}
     if plain is None:
         row.update(time_to_first_step_s=saved["time_to_first_step_s"],
                    first_step_phases_s=(saved.get("start") or {}).get("phases_s", {}),
@@ -214,11 +218,21 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str,
         "save_blocking_s": [round(protect[s], 4) for s in saves],
         "saves_skipped": saved.get("checkpoints_skipped", []),  # due while the last was still being written
         "steps_during_write_s": [round(t, 4) for t in during],
-        "recovery": {"source": recovery.get("source"), "stall_s": recovery.get("stall_s"), "standby_workers": standby,
-                     "to_next_step_done_s": recovery.get("to_next_step_done_s"),
-                     "phases_s": recovery.get("phases_s", {}), "lost_steps": recovery.get("lost_steps"),
-                     "worker_start_s": recovery.get("worker_start_s")},  # the new worker it waited for (no standby)
+        "recovery": _recovery(saved, standby),
+        "recovery_without_standby": None,
     })
+    if steady and standby:  # what one GPU sees: the recovery waits for a new worker's whole start
+        kept()
+        row["recovery_without_standby"] = _recovery(killed_after_save("no-standby", 0), 0)
+
+
+def _recovery(summary: dict, standby: int) -> dict:
+    """A job's first recovery: its stall by phase, and the start of the new worker it waited for (None
+    where a standby was ready)."""
+    recovery = summary["recoveries"][0] if summary["recoveries"] else {}
+    return {"source": recovery.get("source"), "stall_s": recovery.get("stall_s"), "standby_workers": standby,
+            "to_next_step_done_s": recovery.get("to_next_step_done_s"), "phases_s": recovery.get("phases_s", {}),
+            "lost_steps": recovery.get("lost_steps"), "worker_start_s": recovery.get("worker_start_s")}
 
 
 def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None = None, steps: int | None = None,
@@ -287,6 +301,13 @@ def _model_row(name: str, micro_batch: int, steps: int, warmup: int, save_every:
     }
 
 
+def _recovery_line(rec: dict) -> str:
+    return (f"  recovery from the {rec['source']}{' by a standby worker' if rec.get('standby_workers') else ''}: "
+            f"stall {rec['stall_s']} s, next step done after {rec['to_next_step_done_s']} s ("
+            + ", ".join(f"{k} {v:.2f} s" for k, v in rec["phases_s"].items()) + ")"
+            + _worker_start("; the new worker's start", rec.get("worker_start_s")))
+
+
 def _worker_start(what: str, phases: dict | None) -> str:
     """A worker's start by phase (worker/start_clock.py), or nothing where none was waited for."""
     return f"{what}: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()) if phases else ""
@@ -310,12 +331,10 @@ def format_gpu(report: dict) -> str:
             f"the job): {(r['auto_cadence'] or {}).get('reason') or '-'}",
             f"  saves block {', '.join(ms(s) for s in r['save_blocking_s'])}; the steps while one writes "
             f"{', '.join(ms(s) for s in r['steps_during_write_s'])}",
-            f"  recovery from the {r['recovery']['source']}"
-            f"{' by a standby worker' if r['recovery'].get('standby_workers') else ''}: stall {r['recovery']['stall_s']} s, next step done "
-            f"after {r['recovery']['to_next_step_done_s']} s ("
-            + ", ".join(f"{k} {v:.2f} s" for k, v in r["recovery"]["phases_s"].items()) + ")"
-            + _worker_start("; the new worker's start", r["recovery"].get("worker_start_s")),
+            _recovery_line(r["recovery"]),
         ]
+        if r.get("recovery_without_standby"):
+            lines.append(_recovery_line(r["recovery_without_standby"]) + " (without a standby, as on one GPU)")
     return "\n".join(lines)
 
 

@@ -23,8 +23,8 @@ def worker_device(use_gpu: bool) -> torch.device:
                          f"{torch.cuda.device_count()} (CUDA_VISIBLE_DEVICES={visible!r})")
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)  # on this thread; train() sets it again on the thread it runs on
-    # CUDA's context now, not in the model's first allocation: set_device makes none where the
-    # device is already the current one (index 0), and the worker's start times them apart
+    # CUDA's context now, so that the worker's start counts it as the device's and not the model's
+    # (worker/start_clock.py): set_device alone need not make it
     torch.empty(1, device=device)
     return device
 

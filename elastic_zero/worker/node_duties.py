@@ -27,6 +27,7 @@ from elastic_zero.protocol import Hello
 from elastic_zero.zero.memory_facts import model_memory, own_tensor_bytes
 from elastic_zero.worker.faults import ray_node_id
 from elastic_zero.worker.node_age import raylet_started_at
+from elastic_zero.worker.start_clock import StartClock
 
 
 BEAT_START_TIMEOUT_S = 30.0  # a Python process's start, on a machine as busy as CI's: well under this
@@ -77,7 +78,7 @@ class NodeDuties:
             threading.Event().wait()
         self._hang_in, self._collectives_armed = action.removeprefix("hang_in_"), 0
 
-    def hello(self, memory: dict, start=None) -> Hello:
+    def hello(self, memory: dict, start: StartClock | None = None) -> Hello:
         """Where this worker runs, once its first beat is out; `memory`: memory_facts() of its model;
         `start`: the clock of its start (start_clock.py), whose last phase ends here."""
         node, warning = os.environ.get("ELASTIC_ZERO_NODE"), ""

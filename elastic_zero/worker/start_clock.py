@@ -5,9 +5,9 @@ its threads), its device (on a GPU, CUDA's context), its model, data and optimiz
 setup (store, groups, writer; a joiner's hollow engine, laid out for the handover), and its hello
 (its memory facts, the wait for its first beat to be out).
 
-Why: a recovery that finds no worker ready waits for a new one's whole start (on an H200, 5-8 s of a
-6.9-12.8 s stall), and which phase to shorten depends on the machine: the summary's recoveries and
-`bench gpu`, `bench startup` show it.
+Why: a recovery that finds no worker ready waits for a new one's whole start (on an H200 that wait
+was inside `to_enter`, 5.2 and 8.1 s of 6.9 and 12.8 s stalls, before it was split), and which phase
+to shorten depends on the machine: the summary's recoveries, `bench gpu` and `bench startup` show it.
 
 Standard library only: actor.py makes the clock before it imports torch.
 """
