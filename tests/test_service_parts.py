@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from elastic_zero.observe.event_log import EventLog
-from elastic_zero.observe.live import STATUS_KEYS, LiveProgress, last_events, status_record
+from elastic_zero.observe.live import STATUS_KEYS, LiveProgress, last_events, status_record, world_size_history
 from elastic_zero.observe.progress import ProgressView, describe, progress_text
 from elastic_zero.observe.ray_noise import is_worker_death_note, quiet_worker_deaths
 from elastic_zero.service.auth import explain, token_source
@@ -120,6 +120,22 @@ def test_the_status_record_has_exactly_the_documented_keys():
         assert f"`{key}`" in docs, key
     events = [{"event": "decision"}, {"event": "worker_lost", "actor_id": "w1"}, {"event": "spawn"}]
     assert last_events(events) == [{"event": "worker_lost", "actor_id": "w1"}]
+
+
+def test_the_world_size_history_takes_a_restored_checkpoints_step_once_it_was_read():
+    """A generation that restores a checkpoint begins at a step known only once it has read it (the
+    status said "at step ?" for the rest of the job, where the summary said the step)."""
+    def start(generation, step, workers, **more):
+        return {"event": "generation_start", "generation": generation, "step": step, "workers": workers, **more}
+
+    records = [start(0, 0, ["w0", "w1"], source="init", resume="latest"),
+               {"event": "checkpoint_restored", "generation": 0, "directory": "d/step-0000000020", "step": 20},
+               start(1, 31, ["w0"], source="snapshot"), start(2, -1, ["w0", "w2"], source="checkpoint")]
+    assert world_size_history(records) == [[20, 2], [31, 1], [None, 2]]  # generation 2 has not read it yet
+    records.append({"event": "checkpoint_restored", "generation": 2, "directory": "d/step-0000000030", "step": 30})
+    assert world_size_history(records) == [[20, 2], [31, 1], [30, 2]]
+    fresh = [start(0, 0, ["w0"], source="init", resume="latest")]  # nothing committed to resume: not read
+    assert world_size_history(fresh) == [[None, 1]]
 
 
 def test_the_status_text_tells_a_worker_starting_from_one_ready_outside_the_generation():

@@ -10,7 +10,7 @@ import os
 
 import ray
 
-from elastic_zero.observe.live import final_status_key, last_events, status_record
+from elastic_zero.observe.live import final_status_key, last_events, status_record, world_size_history
 from elastic_zero.observe.worker_timeline import still_here, worker_timeline
 
 NAMESPACE_KV = "elastic_zero"
@@ -51,9 +51,7 @@ def status_of(job) -> dict:
         step=live.step, steps=job.spec.train.steps, loss=live.loss, eval=live.eval,
         samples_per_s=_round(live.samples_per_s()), eta_s=_round(live.eta_s()),
         # from the events: counted as each change starts, and across coordinator restarts
-        # (a generation that restores a checkpoint knows its step once it has read it)
-        world_size_history=[[r["step"] if r["step"] >= 0 and not r.get("resume") else None, len(r["workers"])]
-                            for r in starts],
+        world_size_history=world_size_history(records),
         recoveries=sum(r["source"] in ("snapshot", "checkpoint", "restart") for r in starts),
         reconfigurations=sum(r["source"] == "live" for r in starts), restarts=job.restarts,
         checkpoint=newest, run_dir=job.run_dir,

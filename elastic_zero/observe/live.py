@@ -83,3 +83,12 @@ def status_record(**values) -> dict:
 
 def last_events(records: list[dict], count: int = 10) -> list[dict]:
     return [r for r in records if r.get("event") not in QUIET_EVENTS and r.get("problem", True)][-count:]
+
+
+def world_size_history(records: list[dict]) -> list[list]:
+    """[step, world size] of each generation the job's events began, the step None while unknown: a
+    generation that restores a checkpoint knows its step once it has read it (its
+    `checkpoint_restored` event), as does a job that resumes one."""
+    restored = {r["generation"]: r.get("step") for r in records if r.get("event") == "checkpoint_restored"}
+    return [[restored.get(r["generation"]) if r["step"] < 0 or r.get("resume") else r["step"], len(r["workers"])]
+            for r in records if r.get("event") == "generation_start"]
