@@ -13,7 +13,6 @@ the rank goes on with its recovery.
 
 from __future__ import annotations
 
-import datetime
 import json
 import threading
 import time
@@ -24,6 +23,8 @@ from elastic_zero.checkpoint.manifest import datafile_from_dict, datafile_to_dic
 from elastic_zero.checkpoint.sample_runs import encode_runs
 from elastic_zero.checkpoint.store import commit, free_step_dir, make_manifest, open_store, write_rank_file
 from elastic_zero.zero.shard import ShardState
+
+POSTS_LOOK_S = 0.02  # how often a rank waiting for its peers' parts looks for them (one store exchange a look)
 
 
 class SaveAbandoned(Exception):
@@ -122,17 +123,15 @@ class AsyncCheckpointWriter:
             self._error(tag, f"{type(exc).__name__}: {exc}")
 
     def _wait_for(self, keys: list[str], abandoned) -> list[bytes]:
-        """The values of `keys` once all are set; bounded waits, so an abandon is seen promptly."""
+        """The values of `keys` once all are set, looked for every POSTS_LOOK_S; an abandon ends the
+        wait at once. Not the store's own wait with a timeout: torch's client logs two warning lines
+        for each wait that times out, which a rank slower to post its part made hundreds of."""
         deadline = time.monotonic() + self.timeout_s
         while not self.store.check(keys):
-            if abandoned.is_set():
+            if abandoned.wait(POSTS_LOOK_S):
                 raise SaveAbandoned("the generation failed before every rank posted its part")
             if time.monotonic() > deadline:
                 raise SaveAbandoned(f"not every rank posted its part within {self.timeout_s:.0f} s")
-            try:
-                self.store.wait(keys, datetime.timedelta(seconds=0.2))
-            except Exception:  # noqa: BLE001 - the store's wait timed out (its only error here): look again
-                pass
         return [self.store.get(k) for k in keys]
 
     def _error(self, tag: str, message: str) -> None:
