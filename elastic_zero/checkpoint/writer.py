@@ -24,7 +24,9 @@ from elastic_zero.checkpoint.sample_runs import encode_runs
 from elastic_zero.checkpoint.store import commit, free_step_dir, make_manifest, open_store, write_rank_file
 from elastic_zero.zero.shard import ShardState
 
-POSTS_LOOK_S = 0.02  # how often a rank waiting for its peers' parts looks for them (one store exchange a look)
+# how often a rank waiting for its peers' parts (or rank 0's directory) looks for them, one store exchange
+# a look: soon at first, then less and less often, at most as often as the store's waits used to ask
+POSTS_FIRST_LOOK_S, POSTS_LOOK_MAX_S = 0.005, 0.1
 
 
 class SaveAbandoned(Exception):
@@ -123,15 +125,19 @@ class AsyncCheckpointWriter:
             self._error(tag, f"{type(exc).__name__}: {exc}")
 
     def _wait_for(self, keys: list[str], abandoned) -> list[bytes]:
-        """The values of `keys` once all are set, looked for every POSTS_LOOK_S; an abandon ends the
-        wait at once. Not the store's own wait with a timeout: torch's client logs two warning lines
-        for each wait that times out, which a rank slower to post its part made hundreds of."""
+        """The values of `keys` once all are set, looked for at growing intervals (POSTS_*); an
+        abandon ends the wait at once. Not the store's own wait with a timeout: torch's client logs
+        two warning lines for each wait that times out, which a rank slower to post its part made
+        hundreds of. At 1,024 ranks, those waiting for rank 0's directory ask the store at most ten
+        times a second each, as the waits did (a check and a wait every 0.2 s)."""
         deadline = time.monotonic() + self.timeout_s
+        look_s = POSTS_FIRST_LOOK_S
         while not self.store.check(keys):
-            if abandoned.wait(POSTS_LOOK_S):
+            if abandoned.wait(look_s):
                 raise SaveAbandoned("the generation failed before every rank posted its part")
             if time.monotonic() > deadline:
                 raise SaveAbandoned(f"not every rank posted its part within {self.timeout_s:.0f} s")
+            look_s = min(2 * look_s, POSTS_LOOK_MAX_S)
         return [self.store.get(k) for k in keys]
 
     def _error(self, tag: str, message: str) -> None:
