@@ -200,9 +200,10 @@ def test_a_checkpoints_records_of_the_run_this_job_resumed_from_are_not_this_job
     assert summary["duplicate_samples"] == 0
 
 
-def test_a_coordinator_that_takes_over_reads_its_predecessors_worker_starts(tmp_path):
+def test_a_coordinator_that_takes_over_reads_its_predecessors_worker_starts_and_restores(tmp_path):
     """The workers it adopts said hello to the coordinator before it: their starts come from the
-    job's log, so a recovery it closes still names the start it waited for."""
+    job's log, so a recovery it closes still names the start it waited for; and a restore its
+    predecessor told is not told again without its step."""
     from elastic_zero.coordinator.job_record import JobRecord
     from elastic_zero.job.spec import spec_from_dict
     from elastic_zero.observe.event_log import EventLog
@@ -211,6 +212,12 @@ def test_a_coordinator_that_takes_over_reads_its_predecessors_worker_starts(tmp_
     earlier = EventLog(str(tmp_path))
     earlier.add("worker_ready", actor_id="w3", node="n", pid=1, node_up_t=None, start_s={"ray": 0.2, "imports": 1.1})
     earlier.add("worker_ready", actor_id="w4", node="n", pid=2, node_up_t=None, start_s={})  # told none
+    earlier.add("checkpoint_restored", generation=3, directory="c/step-0000000020", step=20)
     record = JobRecord(spec_from_dict(spec_dict), spec_dict, "taken", str(tmp_path), 0.0, restarted=True)
     assert list(record.books.worker_starts) == ["w3"]
     assert record.books.worker_starts["w3"][1] == {"ray": 0.2, "imports": 1.1}
+    # the generation it took over ends naming the checkpoint it restored: told once, by its predecessor
+    assert not record.restored(3, "c/step-0000000020", None)
+    assert record.restored(4, "c/step-0000000030", None)  # reports before rank 0's note: the name's step
+    told = [r for r in record.events.records if r["event"] == "checkpoint_restored"]
+    assert [(r["generation"], r["step"]) for r in told] == [(3, 20), (4, 30)]

@@ -136,6 +136,11 @@ def test_the_world_size_history_takes_a_restored_checkpoints_step_once_it_was_re
     assert world_size_history(records) == [[20, 2], [31, 1], [30, 2]]
     fresh = [start(0, 0, ["w0"], source="init", resume="latest")]  # nothing committed to resume: not read
     assert world_size_history(fresh) == [[None, 1]]
+    # a telling without the step does not hide one with it; a start over that read the resumed checkpoint
+    records += [{"event": "checkpoint_restored", "generation": 2, "directory": "d/step-0000000030", "step": None},
+                start(3, 0, ["w0", "w3"], source="restart"),
+                {"event": "checkpoint_restored", "generation": 3, "directory": "d/step-0000000020", "step": 20}]
+    assert world_size_history(records) == [[20, 2], [31, 1], [30, 2], [20, 2]]
 
 
 def test_the_status_text_tells_a_worker_starting_from_one_ready_outside_the_generation():

@@ -41,7 +41,9 @@ class JobRecord:
                 self.books.add_earlier_rows(decode_runs(r["samples"]))
             elif r.get("event") == "worker_ready" and r.get("start_s"):
                 self.books.worker_ready(r["actor_id"], r["t"], r["start_s"])
-        self._restores_told: set = set()
+        # (a coordinator that takes a generation over has its predecessor's told already)
+        self._restores_told = {(r["generation"], r["directory"]) for r in self.events.records
+                               if r.get("event") == "checkpoint_restored"}
         self._candidate_logs: list = []  # (directory, sample records) of a checkpoint generation's candidates
 
     def log(self, kind: str, **fields) -> None:
@@ -89,6 +91,8 @@ class JobRecord:
         if (generation, directory) in self._restores_told:
             return False
         self._restores_told.add((generation, directory))
+        if step is None:  # told by the reports before rank 0's note came: the directory's name says it
+            step = step_of_directory(directory)
         self.log("checkpoint_restored", generation=generation, directory=directory, step=step)
         if step is not None:
             self.books.restored(generation, step)

@@ -88,7 +88,9 @@ def last_events(records: list[dict], count: int = 10) -> list[dict]:
 def world_size_history(records: list[dict]) -> list[list]:
     """[step, world size] of each generation the job's events began, the step None while unknown: a
     generation that restores a checkpoint knows its step once it has read it (its
-    `checkpoint_restored` event), as does a job that resumes one."""
-    restored = {r["generation"]: r.get("step") for r in records if r.get("event") == "checkpoint_restored"}
-    return [[restored.get(r["generation"]) if r["step"] < 0 or r.get("resume") else r["step"], len(r["workers"])]
-            for r in records if r.get("event") == "generation_start"]
+    `checkpoint_restored` event), as does a job that resumes one, or starts over from the one it
+    resumed."""
+    restored = {r["generation"]: r["step"] for r in records
+                if r.get("event") == "checkpoint_restored" and r.get("step") is not None}
+    return [[restored.get(r["generation"], None if r["step"] < 0 or r.get("resume") else r["step"]),
+             len(r["workers"])] for r in records if r.get("event") == "generation_start"]
