@@ -65,6 +65,22 @@ def test_a_start_and_a_recovery_name_the_start_of_the_worker_they_waited_for():
     assert by_new_workers["worker_start_s"] == {"ray": 0.3, "imports": 1.3, "model": 0.3}  # w4: the last ready
 
 
+def test_a_start_over_that_read_the_resumed_checkpoint_restarted_from_its_step():
+    """A job resumed from another run's checkpoint (step 20) loses a worker before it commits one of
+    its own, with no replicas: it starts over, which reads that checkpoint again. The change restarted
+    from step 20, not 0: 5 steps lost, not 25."""
+    books = Books(global_batch=8, steps=40, started_at=0.0)
+    books.world_size_history.append([20, 2])
+    books.begin_change("recovery", 12.0, 1, step=0, cause="lost w1; started over", source="restart", reached=25)
+    books.world_size_history.append([0, 2])
+    books.restored(1, 20)
+    books.add_generation_results(1, [_report("w0", 0, [0.5], [0.0], first_step_at=13.0),
+                                     _report("w2", 1, [0.5], [0.0], first_step_at=13.0)])
+    (recovery,) = books.summary(None)["recoveries"]
+    assert recovery["step"] == 20 and recovery["lost_steps"] == 5
+    assert books.summary(None)["world_size_history"][-1] == [20, 2]
+
+
 def test_without_rank_0s_report_another_ranks_clock_is_used():
     books = Books(global_batch=8, steps=2, started_at=0.0)
     books.add_generation_results(0, [_report("w1", 1, [0.7, 0.6], [0.1, 0.1])])

@@ -168,11 +168,15 @@ class Books:
         self.pending_change["_unheard"] = (generation, unheard) if unheard else None
 
     def restored(self, generation: int, step: int) -> None:
-        """`generation` restored a checkpoint of `step` (rank 0's note): the step its change restarted from."""
-        if self.pending_change is not None and generation == self.pending_generation and \
-                self.pending_change.get("step") is None:
-            self.pending_change["step"] = step
-            if self.world_size_history and self.world_size_history[-1][0] < 0:
+        """`generation` restored a checkpoint of `step` (rank 0's note): the step its change restarted
+        from, which a start over that read the job's resumed checkpoint (checkpoint.resume) planned as 0."""
+        change = self.pending_change
+        if change is None or generation != self.pending_generation:
+            return
+        over = change.get("source") == "restart"
+        if change.get("step") is None or over:
+            change["step"] = step
+            if self.world_size_history and (self.world_size_history[-1][0] < 0 or over):
                 self.world_size_history[-1][0] = step
 
     def generation_stepped(self, generation: int, at: float) -> None:
