@@ -39,7 +39,7 @@ def test_the_gpu_bench_runs_on_the_cpu_and_finds_every_figure(tmp_path):
     assert list(row["first_worker_start_s"]) == list(START_PHASES) and row["first_worker_start_s"]["imports"] > 0
     waited = row["recovery"]["worker_start_s"]
     assert waited is None or waited == row["first_worker_start_s"]
-    assert ("the new worker's start: ray" in format_gpu(report)) == (waited is not None)
+    assert ("s after the failure, started: ray" in format_gpu(report)) == (waited is not None)
     assert all(v is None or v > 0 for v in row["ratios"].values())
     assert "recovery from the checkpoint" in format_gpu(report) and "the last worker's start: ray" in format_gpu(report)
 
@@ -50,7 +50,8 @@ def test_the_recovery_without_a_standby_is_printed_with_the_new_workers_start():
     more without one, as one GPU has it: the line names the new worker's start by phase."""
     recovery = {"source": "checkpoint", "stall_s": 0.3, "standby_workers": 1, "to_next_step_done_s": 0.4,
                 "phases_s": {"to_enter": 0.1}, "lost_steps": 1, "worker_start_s": None}
-    alone = {**recovery, "standby_workers": 0, "stall_s": 2.5, "worker_start_s": {"ray": 0.6, "imports": 1.3}}
+    alone = {**recovery, "standby_workers": 0, "stall_s": 2.5, "worker_start_s": {"ray": 0.6, "imports": 1.3},
+             "worker_ready_after_s": 2.1}
     ms = dict.fromkeys(("torch_step_s", "engine_stage1_step_s", "engine_stage2_step_s", "engine_stage3_step_s",
                         "engine_host_copy_step_s", "job_step_s", "replicas_step_s", "auto_replicas_step_s"), 0.1)
     ratios = dict.fromkeys(("engine_vs_torch", "host_copy_vs_engine", "job_vs_engine", "replicas_vs_job",
@@ -60,6 +61,6 @@ def test_the_recovery_without_a_standby_is_printed_with_the_new_workers_start():
            "recovery_without_standby": alone}
     lines = format_gpu({"device": "cpu", "torch": "x", "micro_batch": 4, "steps": 30, "models": {"tiny": row}})
     by_standby, without = lines.splitlines()[-2:]
-    assert "by a standby worker: stall 0.3 s" in by_standby and "new worker's start" not in by_standby
+    assert "by a standby worker: stall 0.3 s" in by_standby and "new worker" not in by_standby
     assert without.startswith("  recovery from the checkpoint: stall 2.5 s") and without.endswith(
-        "; the new worker's start: ray 0.60 s, imports 1.30 s (without a standby, as on one GPU)")
+        "; the new worker, ready 2.1 s after the failure, started: ray 0.60 s, imports 1.30 s (without a standby, as on one GPU)")

@@ -61,8 +61,9 @@ def test_a_start_and_a_recovery_name_the_start_of_the_worker_they_waited_for():
                                      _report("w4", 2, [0.5], [0.0], first_step_at=24.0),
                                      _report("w9", 3, [0.5], [0.0], first_step_at=24.0)])
     by_standby, by_new_workers = books.summary(None)["recoveries"]
-    assert by_standby["worker_start_s"] is None
+    assert by_standby["worker_start_s"] is None and by_standby["worker_ready_after_s"] is None
     assert by_new_workers["worker_start_s"] == {"ray": 0.3, "imports": 1.3, "model": 0.3}  # w4: the last ready
+    assert by_new_workers["worker_ready_after_s"] == 3.0  # its hello, 3 s after the failure
 
 
 def test_a_start_over_that_read_the_resumed_checkpoint_restarted_from_its_step():
@@ -96,7 +97,8 @@ def test_a_recovery_with_no_step_left_is_closed_when_its_generation_finishes():
                                      _report("w2", 1, [], [], first_step_at=None)])
     (recovery,) = books.summary(None)["recoveries"]
     assert recovery == {"step": 3, "cause": "lost w1", "lost_steps": 0, "recomputed_steps": 0, "failed_at": 15.0,
-                        "stall_s": 5.0, "to_next_step_done_s": None, "first_step_s": None, "worker_start_s": None}
+                        "stall_s": 5.0, "to_next_step_done_s": None, "first_step_s": None, "worker_start_s": None,
+                        "worker_ready_after_s": None}
     assert books.pending_change is None
 
 
@@ -137,7 +139,8 @@ def test_a_change_whose_generation_stepped_then_was_lost_whole_is_kept():
     books.add_generation_results(2, [Report(**{**vars(report), "log": ((350, 0, 2800, 8),)})])
     first, second = books.summary(None)["recoveries"]
     assert first == {"step": 62, "cause": "lost w1, w3", "lost_steps": 1, "recomputed_steps": 2, "failed_at": 19.0,
-                     "stall_s": None, "to_next_step_done_s": 0.7, "first_step_s": None, "worker_start_s": None}
+                     "stall_s": None, "to_next_step_done_s": 0.7, "first_step_s": None, "worker_start_s": None,
+                     "worker_ready_after_s": None}
     assert second["step"] == 350 and second["lost_steps"] == 20 and second["stall_s"] == 2.0
     assert books.summary(None)["world_size_history"] == [[62, 2], [350, 1]]
 

@@ -26,9 +26,10 @@ def test_chaos_ends_with_every_sample_once_and_the_fault_free_weights(tmp_path, 
     assert run["ok"], run["problems"]
     assert run["recoveries"] >= 2, "the schedule must lose workers, or the drill proves nothing"
     assert run["weights_diff"] <= 1e-4
-    # a change that found no worker ready names the new worker's start (Ray's and its own), whole
-    assert all(s > 0 for s in run["worker_starts_s"])
-    assert report["changes_that_waited_for_a_start"] == len(run["worker_starts_s"])
+    # a change that took in a worker ready only after it began names that worker's start (Ray's and its
+    # own), whole, and how far into the change it was ready
+    assert all(s > 0 for s in run["worker_starts_s"]) and all(s > 0 for s in run["workers_ready_after_s"])
+    assert report["changes_with_a_worker_ready_after_them"] == len(run["worker_starts_s"])
 
 
 def test_a_drill_with_standby_workers_keeps_its_faults_and_asks_for_them():

@@ -133,6 +133,9 @@ def test_with_no_replica_a_job_starts_over_when_nothing_is_committed_and_counts_
         assert phases == ready[last]["start_s"] and list(phases) == list(PHASES), (phases, last)
         took = ready[last]["t"] - asked[last]  # from the ask to the hello heard: the phases and the answer's way
         assert 0.5 * took <= sum(phases.values()) <= took + 0.01, (phases, took)
+        if waited is not summary["start"]:  # its hello came within the change, before the generation began
+            assert 0 < waited["worker_ready_after_s"] <= ready[last]["t"] - since + 0.01, waited
+            assert waited["stall_s"] is None or waited["worker_ready_after_s"] <= waited["stall_s"], waited
     kinds = [(e["event"], e.get("directory", "").rsplit("/", 1)[-1]) for e in events]
     restored = kinds.index(("checkpoint_restored", "step-0000000010"))
     assert restored < kinds.index(("checkpoint_committed", "step-0000000016"))

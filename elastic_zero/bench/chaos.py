@@ -117,11 +117,13 @@ def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 2
             ray.shutdown()
     stalls = [s for r in runs for s in r["stalls_s"]]
     starts = [s for r in runs for s in r["worker_starts_s"]]
+    ready_after = [s for r in runs for s in r["workers_ready_after_s"]]
     return {"steps": steps, "replicate_every": replicate_every, "standby_workers": standby_workers, "runs": runs, "failed_runs": [f"seed {r['seed']} stage {r['stage']}" for r in runs if not r["ok"]],
             "faults_survived": sum(r["faults_fired"] for r in runs if r["ok"]),
             "stall_s_median": round(statistics.median(stalls), 4) if stalls else None, "stall_s_worst": max(stalls, default=None),
-            "changes_that_waited_for_a_start": len(starts),
-            "worker_start_s_median": round(statistics.median(starts), 4) if starts else None}
+            "changes_with_a_worker_ready_after_them": len(starts),
+            "worker_start_s_median": round(statistics.median(starts), 4) if starts else None,
+            "worker_ready_after_s_median": round(statistics.median(ready_after), 4) if ready_after else None}
 
 
 def _judge(seed, stage, data, code, summary, events, weights, reference, wall_s) -> dict:
@@ -147,8 +149,10 @@ def _judge(seed, stage, data, code, summary, events, weights, reference, wall_s)
             "workers_lost": kinds.count("worker_lost"), "preemption_notices": kinds.count("preemption_notice"),
             "recoveries": len(summary.get("recoveries", [])), "reconfigurations": len(summary.get("reconfigurations", [])),
             "stalls_s": [c["stall_s"] for c in changes if c.get("stall_s") is not None],
-            # the changes that waited for a new worker to start (no standby was ready): that start, whole
+            # the changes that took in a worker ready only after they began: its start, whole, and how far
+            # into the change it was ready (a replacement asked for an earlier loss may come at once)
             "worker_starts_s": [round(sum(c["worker_start_s"].values()), 4) for c in changes if c.get("worker_start_s")],
+            "workers_ready_after_s": [c["worker_ready_after_s"] for c in changes if c.get("worker_start_s")],
             "world_sizes": [n for _, n in summary.get("world_size_history", [])],
             "weights_diff": None if weights is None else _relative(reference, weights), "wall_s": round(wall_s, 1)}
 
@@ -169,7 +173,8 @@ def format_chaos(report: dict) -> str:
                      + ("".join(f"\n      {p}" for p in r["problems"])))
     lines.append(f"faults survived: {report['faults_survived']}; stall median {report['stall_s_median']} s, "
                  f"worst {report['stall_s_worst']} s; failed runs: {', '.join(report['failed_runs']) or 'none'}")
-    if report.get("changes_that_waited_for_a_start"):
-        lines.append(f"{report['changes_that_waited_for_a_start']} change(s) waited for a new worker's start: "
-                     f"{report['worker_start_s_median']} s the median start, Ray's and the worker's")
+    if report.get("changes_with_a_worker_ready_after_them"):
+        lines.append(f"{report['changes_with_a_worker_ready_after_them']} change(s) took in a worker ready after they "
+                     f"began: ready {report['worker_ready_after_s_median']} s into the change, its whole start "
+                     f"{report['worker_start_s_median']} s (medians)")
     return "\n".join(lines)

@@ -232,7 +232,8 @@ def _recovery(summary: dict, standby: int) -> dict:
     recovery = summary["recoveries"][0] if summary["recoveries"] else {}
     return {"source": recovery.get("source"), "stall_s": recovery.get("stall_s"), "standby_workers": standby,
             "to_next_step_done_s": recovery.get("to_next_step_done_s"), "phases_s": recovery.get("phases_s", {}),
-            "lost_steps": recovery.get("lost_steps"), "worker_start_s": recovery.get("worker_start_s")}
+            "lost_steps": recovery.get("lost_steps"), "worker_start_s": recovery.get("worker_start_s"),
+            "worker_ready_after_s": recovery.get("worker_ready_after_s")}
 
 
 def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None = None, steps: int | None = None,
@@ -305,7 +306,8 @@ def _recovery_line(rec: dict) -> str:
     return (f"  recovery from the {rec['source']}{' by a standby worker' if rec.get('standby_workers') else ''}: "
             f"stall {rec['stall_s']} s, next step done after {rec['to_next_step_done_s']} s ("
             + ", ".join(f"{k} {v:.2f} s" for k, v in rec["phases_s"].items()) + ")"
-            + _worker_start("; the new worker's start", rec.get("worker_start_s")))
+            + _worker_start(f"; the new worker, ready {rec.get('worker_ready_after_s')} s after the failure, started",
+                            rec.get("worker_start_s")))
 
 
 def _worker_start(what: str, phases: dict | None) -> str:

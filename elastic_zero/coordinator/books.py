@@ -49,7 +49,7 @@ class Books:
         if firsts and self.first_step_at is None:
             self.first_step_at = min(firsts)
             self.start = {"phases_s": _slowest_phases(results), "received_bytes": max(r.received_bytes for r in results),
-                          "worker_start_s": self._start_waited_for(results)}
+                          "worker_start_s": self._new_worker(results)[0]}
         if not firsts and self.pending_change is not None and results and \
                 all(r.outcome.kind == OutcomeKind.FINISHED for r in results):
             self._close_change_without_a_step(results)
@@ -73,7 +73,7 @@ class Books:
             change["first_step_s"] = round(max(r.step_times[0] for r in results if r.step_times), 4) if done else None
             change["phases_s"] = _slowest_phases(results)
             change["received_bytes"] = max(r.received_bytes for r in results)  # the busiest receiver's
-            change["worker_start_s"] = self._start_waited_for(results, after=since)  # a new worker's, if it waited
+            self._add_new_worker(change, results, since)
             entered = [r.entered_at for r in results if r.entered_at]
             if entered:  # from the failure (or the safe point) until the last participant began the next generation
                 change["phases_s"]["to_enter"] = round(max(entered) - since, 4)
@@ -106,12 +106,22 @@ class Books:
         if start_s:
             self.worker_starts[actor_id] = (at, dict(start_s))
 
-    def _start_waited_for(self, results: list[Report], after: float | None = None) -> dict | None:
-        """The start by phase of the participant that said hello last, of those that said it after
-        `after` (epoch: the workers a change waited for); None where there is none, or none told it."""
+    def _new_worker(self, results: list[Report], after: float | None = None) -> tuple[dict | None, float | None]:
+        """Of the participants that said hello after `after` (epoch; None: all), the one that said it
+        last: its start by phase, and how long after `after` its hello came. (None, None) where there
+        is none, or none told its start."""
         starts = [self.worker_starts.get(r.outcome.actor_id) for r in results]
         starts = [s for s in starts if s is not None and (after is None or s[0] > after)]
-        return max(starts, key=lambda s: s[0])[1] if starts else None
+        if not starts:
+            return None, None
+        at, phases = max(starts, key=lambda s: s[0])
+        return phases, None if after is None else round(at - after, 4)
+
+    def _add_new_worker(self, change: dict, results: list[Report], since: float) -> None:
+        """A change that took in a worker ready only after it began: that worker's whole start by phase,
+        and how far into the change it was ready. A replacement asked for an earlier loss may have been
+        nearly ready when this one began: its start is then mostly not this change's wait."""
+        change["worker_start_s"], change["worker_ready_after_s"] = self._new_worker(results, since)
 
     def _close_change_without_a_step(self, results: list[Report]) -> None:
         """A recovery with no step left to run (a member lost in the final save): its stall lasts
@@ -123,7 +133,7 @@ class Books:
         change["failed_at"] = round(since, 4)
         change["stall_s"] = round(max(r.ended_at for r in results) - since, 4)
         change["to_next_step_done_s"] = change["first_step_s"] = None  # there is no next step
-        change["worker_start_s"] = self._start_waited_for(results, after=since)
+        self._add_new_worker(change, results, since)
         self._file_pending()
 
     def _file_pending(self) -> None:
@@ -196,7 +206,7 @@ class Books:
         change["stall_s"] = None
         change["to_next_step_done_s"] = round(self.pending_stepped_at - since, 4)
         change["first_step_s"] = None  # its start is not known
-        change["worker_start_s"] = self._start_waited_for(results, after=since)
+        self._add_new_worker(change, results, since)
         self._file_pending()
 
     def summary(self, param_count: int | None, end_step: int | None = None, memory: dict | None = None) -> dict:
