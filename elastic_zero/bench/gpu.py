@@ -305,14 +305,18 @@ def _model_row(name: str, micro_batch: int, steps: int, warmup: int, save_every:
 def _recovery_line(rec: dict) -> str:
     return (f"  recovery from the {rec['source']}{' by a standby worker' if rec.get('standby_workers') else ''}: "
             f"stall {rec['stall_s']} s, next step done after {rec['to_next_step_done_s']} s ("
-            + ", ".join(f"{k} {v:.2f} s" for k, v in rec["phases_s"].items()) + ")"
+            + _seconds(rec["phases_s"]) + ")"
             + _worker_start(f"; the new worker, ready {rec.get('worker_ready_after_s')} s after the failure, started",
                             rec.get("worker_start_s")))
 
 
+def _seconds(phases: dict) -> str:
+    return ", ".join(f"{k} {v:.2f} s" for k, v in phases.items())
+
+
 def _worker_start(what: str, phases: dict | None) -> str:
     """A worker's start by phase (worker/start_clock.py), or nothing where none was waited for."""
-    return f"{what}: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()) if phases else ""
+    return f"{what}: {_seconds(phases)}" if phases else ""
 
 
 def format_gpu(report: dict) -> str:
@@ -327,7 +331,7 @@ def format_gpu(report: dict) -> str:
             f"stage 2); with its host copy {ms(r['engine_host_copy_step_s'])} ({q['host_copy_vs_engine']}x)",
             f"  job {ms(r['job_step_s'])} ({q['job_vs_engine']}x the engine); with replicas every step "
             f"{ms(r['replicas_step_s'])} ({q['replicas_vs_job']}x the job); first step after "
-            f"{r['time_to_first_step_s']} s ({', '.join(f'{k} {v:.2f} s' for k, v in r['first_step_phases_s'].items())})"
+            f"{r['time_to_first_step_s']} s ({_seconds(r['first_step_phases_s'])})"
             + _worker_start("; the last worker's start", r.get("first_worker_start_s")),
             f"  with replicas at the default cadence {ms(r['auto_replicas_step_s'])} ({q['auto_replicas_vs_job']}x "
             f"the job): {(r['auto_cadence'] or {}).get('reason') or '-'}",

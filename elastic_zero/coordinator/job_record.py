@@ -60,9 +60,10 @@ class JobRecord:
     def worker_ready(self, actor_id: str, hello) -> None:
         """A worker said hello: where it runs, and its start by phase (for the summary's first start
         and for a recovery that waited for it)."""
-        self.log("worker_ready", actor_id=actor_id, node=hello.member.node, pid=hello.pid,
-                 node_up_t=None if hello.node_up_at is None else round(hello.node_up_at, 3), start_s=hello.start_s)
-        self.books.worker_ready(actor_id, time.time(), hello.start_s)
+        told = self.events.add("worker_ready", actor_id=actor_id, node=hello.member.node, pid=hello.pid,
+                               node_up_t=None if hello.node_up_at is None else round(hello.node_up_at, 3),
+                               start_s=hello.start_s)
+        self.books.worker_ready(actor_id, told["t"], hello.start_s)  # the event's time, as a successor reads it
 
     # ---- checkpoints --------------------------------------------------------------------------------
 
