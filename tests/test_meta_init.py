@@ -365,3 +365,31 @@ def test_an_adapter_added_to_a_hugging_face_model_starts_by_its_own_reset_parame
         assert down.std().item() == pytest.approx(_config().initializer_range, rel=0.3)  # HF's scheme
     assert torch.equal(state["transformer.h.0.mlp.c_fc.base.weight"], built)
     assert torch.equal(state["transformer.h.1.mlp.c_fc.base.weight"], weights["transformer.h.1.mlp.c_fc.base.weight"])
+
+
+def test_meta_init_skips_the_fills_of_meta_tensors_and_keeps_everything_else():
+    """A fill on a meta tensor sets nothing, and torch runs some through reference implementations
+    whose first use imports its compiler (1.1 s of a worker's start): within meta_init they are
+    skipped. What is not a fill still applies: a parameter frozen as it is built stays frozen, a
+    buffer gets its value, a fill of a real tensor fills it."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, torch; from elastic_zero.zero.meta import meta_init; from elastic_zero.models import build_preset\n"
+             "with meta_init(): build_preset('gpt-small', seed=0)\n"
+             "print('torch._dynamo' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+    class Frozen(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.empty(4, 4))
+            nn.init.normal_(self.weight)
+            self.weight.requires_grad_(False)
+            self.register_buffer("scale", torch.empty(4).fill_(2.0))
+
+    with meta_init():
+        model = Frozen()
+        real = nn.init.constant_(torch.empty(3), 5.0)
+    assert model.weight.device.type == "meta" and not model.weight.requires_grad
+    assert torch.equal(model.scale, torch.full((4,), 2.0)) and torch.equal(real, torch.full((3,), 5.0))

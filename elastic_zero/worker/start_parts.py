@@ -29,10 +29,11 @@ class StartParts(NamedTuple):
     evaluator: Evaluator | None
 
 
-def build_start_parts(spec, clock: StartClock) -> StartParts:
+def build_start_parts(spec, clock: StartClock, joiner: bool = False) -> StartParts:
+    """`joiner`: a worker joining a running job, whose model is a skeleton (initial_model.py)."""
     device = worker_device(spec.elastic.use_gpu)
     clock.lap("device")
-    built = initial_model(spec, device)
+    built = initial_model(spec, device, skeleton=joiner)
     source = named("data.source", lambda: build_source(spec, built.model))
     t = spec.train
     batches = StepBatches(source, t.global_batch, t.micro_batch, t.steps, device)

@@ -66,7 +66,7 @@ class Trainer:
         self.start_error = ""
         try:
             self.device, self.held, self.source, self.batches, self.loss_fn, self.evaluator = \
-                build_start_parts(self.spec, self.start)
+                build_start_parts(self.spec, self.start, joiner)
         except Exception as exc:
             self.start_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return

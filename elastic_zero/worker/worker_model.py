@@ -1,7 +1,8 @@
 """The model a worker trains and the engine that holds its shard of it. The model is built once at
 the worker's start (initial_model.py); the engine is made anew for a generation that starts fresh,
 or hollow for one that a handover or a checkpoint fills; both are let go, and the model built again,
-when the job starts over from its initial weights."""
+when the job starts over from its initial weights. A joiner's model is a skeleton (initial_model.py),
+built for real before an engine takes starting values from it."""
 
 from __future__ import annotations
 
@@ -21,10 +22,13 @@ class WorkerModel:
         self.model, self.wrap, self.extra = built.model, built.wrap, built.extra
         self._init_values = built.init_values  # a meta model's weights to start from, until its engine takes them
         self._own_init = built.own_init  # and the parameters they lack on purpose (model.new_params)
+        self.skeleton = built.skeleton  # no values to start from: a handover or a checkpoint fills its engine
 
     def new_engine(self, comm, hollow: bool = False) -> ZeroEngine:
         """The worker's engine over `comm` (None: on its own), which replaces the one it had; a meta
         model's starting weights go into it and are let go."""
+        if self.skeleton and not hollow:  # its values would be the job's initial ones, which it lacks
+            self.start_over()
         spec = self._spec
         self.engine = ZeroEngine(self.model, self.optimizer, stage=spec.zero.stage, process_group=comm,
                                  grad_clip=spec.train.grad_clip, wrap=self.wrap,
@@ -42,10 +46,11 @@ class WorkerModel:
     def start_over(self) -> None:
         """Let go of everything trained and build the model as the job began: the old engine and
         model go first, never two at once."""
-        if self.engine is None:  # its model was never bound to an engine: it is as the job began
+        if self.engine is None and not self.skeleton:  # never bound to an engine: it is as the job began
             return
-        self.engine.release_state()  # after the host copies still reading it (a save's, on a GPU)
-        self.engine.close()
+        if self.engine is not None:
+            self.engine.release_state()  # after the host copies still reading it (a save's, on a GPU)
+            self.engine.close()
         self.engine = self.model = None
         release_free_memory()
         self._take(initial_model(self._spec, self.device))

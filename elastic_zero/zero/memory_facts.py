@@ -21,13 +21,15 @@ def model_memory(model: nn.Module, wrap, stage: int, compute_dtype: torch.dtype,
 
 
 def own_tensor_bytes(model: nn.Module) -> int:
-    """What the model's own parameters and buffers hold in this process now (none on the meta
-    device): the engine takes them over and lets them go."""
+    """What the model's own parameters and buffers hold in this process now, by their storages (none
+    on the meta device; none for a joiner's, whose hollow engine left its parameters without
+    storage): the engine takes them over and lets them go."""
     if has_meta_parameters(model):
         return 0
     seen, total = set(), 0
     for t in list(model.parameters()) + list(model.buffers()):
-        if t.device.type == "cpu" and id(t) not in seen:
-            seen.add(id(t))
-            total += t.nelement() * t.element_size()
+        storage = t.untyped_storage()
+        if t.device.type == "cpu" and storage.nbytes() and storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
     return total

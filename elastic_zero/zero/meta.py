@@ -24,11 +24,13 @@ from typing import Callable, Collection, Mapping
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 
 @contextlib.contextmanager
 def meta_init():
-    """Within it, modules create their parameters on the meta device (buffers stay real)."""
+    """Within it, modules create their parameters on the meta device (buffers stay real), and the
+    initializers that would fill a meta tensor are skipped (_SkipMetaFills)."""
     register = nn.Module.register_parameter
 
     def register_on_meta(module: nn.Module, name: str, param) -> None:
@@ -38,9 +40,34 @@ def meta_init():
 
     nn.Module.register_parameter = register_on_meta
     try:
-        yield
+        with _SkipMetaFills():
+            yield
     finally:
         nn.Module.register_parameter = register
+
+
+# what fills a tensor with values (torch.nn.init's and the tensor's own in-place fills): on a meta
+# tensor it sets nothing, and torch runs some (normal_, uniform_) through its reference
+# implementations, whose first use imports torch's compiler: 1.1 s of a worker's start here
+_FILLS = frozenset({
+    "normal_", "uniform_", "trunc_normal_", "zero_", "zeros_", "ones_", "fill_", "constant_", "copy_",
+    "random_", "exponential_", "log_normal_", "cauchy_", "geometric_", "bernoulli_", "erfinv_",
+    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+    "sparse_", "eye_", "dirac_",
+})
+
+
+class _SkipMetaFills(TorchFunctionMode):
+    """A fill (_FILLS) whose tensor is on the meta device returns it as it is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) in _FILLS:
+            # torch.nn.init's functions are called with the tensor as a keyword
+            target = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+            if target is not None and target.device.type == "meta":
+                return target
+        return func(*args, **kwargs)
 
 
 def has_meta_parameters(model: nn.Module) -> bool:
