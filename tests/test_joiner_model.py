@@ -30,6 +30,32 @@ def reads_its_weights():
     return model
 
 
+def random_buffer():
+    """A buffer drawn from torch's generator after a parameter's initialization: the skeleton's
+    initializations draw nothing, so its buffer would not be the starters'."""
+    model = nn.Sequential(nn.Linear(8, 8))
+    model.register_buffer("projection", torch.randn(8, 8))
+    return model
+
+
+def keeps_a_computed_tensor():
+    """A tensor computed from a parameter as the model is built: on meta it would hold no value."""
+    model = nn.Sequential(nn.Linear(4, 4))
+    model.scale = model[0].weight.detach().abs().max()
+    return model
+
+
+class SharedGain(nn.Module):
+    """One parameter registered in two modules: one parameter of the model, not two."""
+
+    def __init__(self):
+        super().__init__()
+        gain = nn.Parameter(torch.ones(8))
+        self.blocks = nn.ModuleList([nn.Linear(8, 8) for _ in range(2)])
+        for block in self.blocks:
+            block.gain = gain
+
+
 def _spec(**model):
     return spec_from_dict({"model": {"preset": "gpt-tiny", **model}, "zero": {"stage": 2}})
 
@@ -54,7 +80,7 @@ def test_a_joiners_preset_model_is_a_skeleton_and_a_starters_is_real():
     assert joiner.extra == starter.extra
 
 
-@pytest.mark.parametrize("factory", ["frozen_embedding", "reads_its_weights"])
+@pytest.mark.parametrize("factory", ["frozen_embedding", "reads_its_weights", "random_buffer", "keeps_a_computed_tensor"])
 def test_a_model_a_skeleton_would_lose_a_value_of_is_built_for_real(factory):
     spec = _spec(preset=None, factory=f"test_joiner_model:{factory}")
     joiner = initial_model(spec, CPU, skeleton=True)
@@ -62,6 +88,16 @@ def test_a_model_a_skeleton_would_lose_a_value_of_is_built_for_real(factory):
     torch.manual_seed(spec.train.seed)
     oracle = globals()[factory]()
     assert all(torch.equal(a, b) for a, b in zip(joiner.model.parameters(), oracle.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(joiner.model.buffers(), oracle.buffers()))
+
+
+def test_a_parameter_shared_by_two_modules_stays_one_in_a_skeleton():
+    spec = _spec(preset=None, factory="test_joiner_model:SharedGain")
+    joiner, starter = initial_model(spec, CPU, skeleton=True), initial_model(spec, CPU)
+    assert joiner.skeleton
+    assert [(n, p.shape) for n, p in joiner.model.named_parameters()] == \
+        [(n, p.shape) for n, p in starter.model.named_parameters()]
+    assert joiner.model.blocks[0].gain is joiner.model.blocks[1].gain and joiner.extra == starter.extra
 
 
 def test_a_skeleton_is_built_for_real_before_an_engine_takes_starting_values_from_it():
@@ -121,3 +157,6 @@ def test_the_memory_plan_hears_what_the_models_own_tensors_hold():
     distinct = {t.data_ptr(): t.nelement() * t.element_size()
                 for t in [*starter.model.parameters(), *starter.model.buffers()]}
     assert own_tensor_bytes(starter.model) == sum(distinct.values()) > 0
+    sparse = nn.Linear(2, 2)
+    sparse.register_buffer("mask", torch.eye(2).to_sparse())  # no storage of its own to ask
+    assert own_tensor_bytes(sparse) == (4 + 2) * 4 + 4 * 4  # (a sparse tensor counted as its dense elements)

@@ -8,8 +8,10 @@ checkpoint, never from its own initial weights, so it builds a skeleton: the par
 device (`meta_init`), their initialization and `init_from`'s values never computed or read (GPT-2
 355M's shape: 3.1 s of one core's initialization, then its copy to the device). A model whose
 parameters are not all trained (a frozen one takes its values from the build or `init_from`, and
-no shard holds it), whose factory fails on the meta device, or that leaves a buffer there, is built
-for real instead. The skeleton never gives values: the worker builds the model for real before an
+no shard holds it), whose factory fails on the meta device, that leaves a buffer or another tensor
+there, or that draws from torch's generator beside its parameters' initializations (a random
+buffer: the skeleton's initializations draw nothing, so its draws would differ), is built for real
+instead. The skeleton never gives values: the worker builds the model for real before an
 engine would take its starting values from it (worker_model.py)."""
 
 from __future__ import annotations
@@ -71,6 +73,23 @@ def _skeleton(spec: JobSpec) -> nn.Module | None:
     except Exception:  # noqa: BLE001 - its own build, next, names the error if there is one
         return None
     if any(p.device.type != "meta" or not p.requires_grad for p in model.parameters()) \
-            or any(b.device.type == "meta" for b in model.buffers()):
+            or any(b.device.type == "meta" for b in model.buffers()) or _meta_attribute(model):
+        return None
+    # the build seeds torch's generator (build_model); the real one's initializations draw from it,
+    # the skeleton's do not, so anything else drawn from it (a random buffer) would differ
+    if not torch.equal(torch.random.get_rng_state(), torch.Generator().manual_seed(spec.train.seed).get_state()):
         return None
     return model
+
+
+def _meta_attribute(model: nn.Module) -> bool:
+    """Whether a module keeps a tensor on the meta device outside its parameters (a value computed
+    from them as it was built: a real build's would be real)."""
+    for module in model.modules():
+        for name, value in vars(module).items():
+            if name in ("_parameters", "_buffers", "_modules"):
+                continue
+            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+            if any(isinstance(v, torch.Tensor) and v.device.type == "meta" for v in values):
+                return True
+    return False

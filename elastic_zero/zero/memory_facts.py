@@ -28,8 +28,13 @@ def own_tensor_bytes(model: nn.Module) -> int:
         return 0
     seen, total = set(), 0
     for t in list(model.parameters()) + list(model.buffers()):
+        if t.device.type != "cpu":
+            continue
+        if t.layout != torch.strided:  # (a sparse buffer has no storage of its own to ask)
+            total += t.nelement() * t.element_size()
+            continue
         storage = t.untyped_storage()
-        if t.device.type == "cpu" and storage.nbytes() and storage.data_ptr() not in seen:
+        if storage.nbytes() and storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
             total += storage.nbytes()
     return total

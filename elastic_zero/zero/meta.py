@@ -32,11 +32,16 @@ def meta_init():
     """Within it, modules create their parameters on the meta device (buffers stay real), and the
     initializers that would fill a meta tensor are skipped (_SkipMetaFills)."""
     register = nn.Module.register_parameter
+    # one parameter registered in several modules (shared) stays one on meta; the original is kept
+    # so that its id is not reused for another while building
+    on_meta: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
 
     def register_on_meta(module: nn.Module, name: str, param) -> None:
         register(module, name, param)
         if param is not None and param.device.type != "meta":
-            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+            if id(param) not in on_meta:
+                on_meta[id(param)] = (param, nn.Parameter(param.to("meta"), requires_grad=param.requires_grad))
+            module._parameters[name] = on_meta[id(param)][1]
 
     nn.Module.register_parameter = register_on_meta
     try:
