@@ -104,7 +104,7 @@ class MemoryWatch:
     def _measure(self, progress: dict, plan) -> None:
         world = plan.generation.world_size
         state = (0 if self.device_room else self.model.engine_bytes(world)) + \
-            (self.model.replica_bytes(world) if plan.replicas else 0)
+            (self.model.replica_bytes(world, pinned=bool(self.device_room)) if plan.replicas else 0)
         for m in plan.generation.members:
             p = progress.get(m.actor_id)
             if p is None or p.generation != plan.number or not p.peak or p.last_word:
@@ -137,7 +137,8 @@ class MemoryWatch:
             verdict = view.verdict(world, [m.node for m in plan.generation.members], plan.replicas, beside)
             out["plan"] = {"generation": plan.number, "workers": world, "replicas": plan.replicas,
                            "engine_gib": round(view.model.engine_bytes(world) / GIB, 3),
-                           "replicas_gib": round(view.model.replica_bytes(world) / GIB, 3) if plan.replicas else 0.0,
+                           "replicas_gib": round(view.model.replica_bytes(world, pinned=bool(view.device_room)) / GIB, 3)
+                           if plan.replicas else 0.0,
                            "beside_state_gib": round(view.overhead / GIB, 3), "measured": view.measured,
                            "need_gib": round(verdict.need / GIB, 3), "room_gib": round(verdict.room / GIB, 3),
                            "outside_plan_gib": round(beside.get(verdict.node, 0) / GIB, 3)}

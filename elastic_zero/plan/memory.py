@@ -50,13 +50,18 @@ class ModelMemory:
             held += full * self.compute_bytes
         return held
 
-    def snapshot_bytes(self, world: int) -> int:
-        """One copy of a rank's shard: its parameters and optimizer vectors in fp32."""
-        return (1 + self.state_vectors) * self.shard_numel(world) * 4
+    def snapshot_bytes(self, world: int, pinned: bool = False) -> int:
+        """One copy of a rank's shard: its parameters and optimizer vectors in fp32, a buffer each.
+        `pinned` (a GPU's own copies, off the device): torch's caching host allocator gives each
+        buffer a block of the next power of two bytes (CachingHostAllocator.h: PowerOf2Ceil, below
+        `pinned_max_round_threshold`, unlimited by default)."""
+        vector = self.shard_numel(world) * 4
+        return (1 + self.state_vectors) * (_power_of_two_ceil(vector) if pinned else vector)
 
-    def replica_bytes(self, world: int) -> int:
-        """The most a rank's replicas hold: its own and its ward's copies, two of each during a swap."""
-        return 4 * self.snapshot_bytes(world)
+    def replica_bytes(self, world: int, pinned: bool = False) -> int:
+        """The most a rank's replicas hold: its own and its ward's copies, two of each during a swap
+        (`pinned`: its own in pinned blocks, on a GPU; the ward's arrive in plain host memory)."""
+        return 2 * self.snapshot_bytes(world, pinned) + 2 * self.snapshot_bytes(world)
 
     def working_bytes(self) -> int:
         """The units gathered and their gradient buckets at once, as an estimate before it is measured."""
@@ -64,6 +69,10 @@ class ModelMemory:
 
     def state_bytes(self, world: int, replicas: bool) -> int:
         return self.engine_bytes(world) + (self.replica_bytes(world) if replicas else 0)
+
+
+def _power_of_two_ceil(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else n
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,8 @@ class MemoryView:
     def need(self, world: int, replicas: bool) -> int:
         """What a worker will hold of its node's memory at the most."""
         engine = 0 if self.device_room else self.model.engine_bytes(world)
-        planned = engine + (self.model.replica_bytes(world) if replicas else 0) + self.overhead
+        planned = engine + (self.model.replica_bytes(world, pinned=bool(self.device_room)) if replicas else 0) \
+            + self.overhead
         floor = (self.floors or {}).get((world, replicas))
         return max(planned, floor) if floor is not None else planned
 
