@@ -66,7 +66,10 @@ def initial_model(spec: JobSpec, device: torch.device, skeleton: bool = False) -
 
 def _skeleton(spec: JobSpec) -> nn.Module | None:
     """The model with its parameters on the meta device, or None where that would lose a value
-    (see above). A factory that builds on meta itself gives its own model."""
+    (see above). A factory that builds on meta itself gives its own model. A refused skeleton has
+    run the factory once for nothing: cheap for a model built from its config, a second read for
+    one whose factory loads its weights itself (model.init_from reads them once, and not at all
+    for a joiner)."""
     try:
         with meta_init():
             model = build_model(spec)
