@@ -244,3 +244,22 @@ def test_a_zero3_rank_reads_only_its_share_of_the_weights_it_starts_from(tmp_pat
     real = _gpt2(seed=9)
     load_into(real, CheckpointTensors(*pafs.FileSystem.from_uri(os.path.abspath(directory))))
     assert all(torch.equal(p, expected[n]) for n, p in real.named_parameters())
+
+
+def test_a_local_torch_save_file_to_start_from_is_mapped_not_read_whole(tmp_path):
+    """init_from's torch.save'd file, local: its tensors are read as they are touched (a joiner's
+    skeleton touches none), where reading it whole held the file and its tensors at once. A file of
+    torch's legacy format, which cannot be mapped, is read whole. Oracle: torch.load's values."""
+    import os
+
+    from elastic_zero.checkpoint import load_initial_weights
+    from elastic_zero.node_memory import rss_bytes
+
+    big = torch.arange(16 * 2**20, dtype=torch.float32)  # 64 MiB
+    torch.save({"w": big}, tmp_path / "w.pt")
+    torch.save({"w": big[:10]}, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    before = rss_bytes(os.getpid())
+    weights = load_initial_weights(str(tmp_path / "w.pt"))
+    assert rss_bytes(os.getpid()) - before < 16 * 2**20  # nothing of the 64 MiB read yet
+    assert torch.equal(weights["w"], big)
+    assert torch.equal(load_initial_weights(str(tmp_path / "legacy.pt"))["w"], big[:10])

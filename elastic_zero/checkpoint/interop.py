@@ -51,7 +51,8 @@ def load_initial_weights(uri: str, field: str = "model.init_from") -> Mapping[st
     file, a Hugging Face model directory (model.safetensors, or shards with model.safetensors.index.json),
     one of our checkpoint directories, or a checkpoint root (its latest commit). A path or URI.
     Safetensors and checkpoints are read a tensor at a time, as they are asked for, or a range at a
-    time where the mapping has `read_flat` (a ZeRO-3 rank reads its shard's part only)."""
+    time where the mapping has `read_flat` (a ZeRO-3 rank reads its shard's part only); a local
+    torch.save'd file is mapped (_load_state_dict)."""
     try:
         fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
         info = fs.get_file_info(path)
@@ -70,8 +71,7 @@ def load_initial_weights(uri: str, field: str = "model.init_from") -> Mapping[st
                     raise ValueError(f"{uri!r} is a directory with no committed checkpoint")
                 path = resolve(fs, path, "latest")
             return CheckpointTensors(fs, path)
-        with fs.open_input_stream(path) as f:
-            state = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
+        state = _load_state_dict(fs, path)
     except ValueError as exc:
         raise ValueError(f"{field}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - an unreadable file, whatever torch.load raises
@@ -79,6 +79,20 @@ def load_initial_weights(uri: str, field: str = "model.init_from") -> Mapping[st
     if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{field}: {uri!r} does not hold a state dict of tensors")
     return dict(state)
+
+
+def _load_state_dict(fs: pafs.FileSystem, path: str):
+    """A torch.save'd file: a local one mapped (its tensors read as they are touched: a joiner's
+    skeleton touches none, a meta model's engine a unit at a time, and no copy of the whole file is
+    held beside them), else read whole. A file of torch's legacy format cannot be mapped: read whole."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):  # (legacy format: "mmap can only be used with files saved with ...")
+                raise
+    with fs.open_input_stream(path) as f:
+        return torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
 
 
 def _is_file(fs: pafs.FileSystem, path: str) -> bool:
