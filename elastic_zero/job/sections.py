@@ -48,7 +48,7 @@ class ModelSpec:
     factory: Optional[Ref] = None  # returns an nn.Module, called with `kwargs`
     kwargs: dict = field(default_factory=dict)  # the preset's or the factory's keyword arguments (e.g. vocab_size, d_model)
     wrap: list = field(default_factory=list)  # class names of the units (default: each child of a ModuleList)
-    init_from: Optional[str] = None  # weights loaded before step 0: a safetensors file, a Hugging Face model directory, a torch.save'd state dict or one of our checkpoints
+    init_from: Optional[str] = None  # weights loaded before step 0: a safetensors file, a Hugging Face model directory, a torch.save'd state dict or one of our checkpoints (a path or URI; safetensors, checkpoints and a local torch.save'd file are read a tensor at a time as they are needed, a remote torch.save'd file whole)
     new_params: list = field(default_factory=list)  # glob patterns of parameters init_from need not hold (adapters, a new head): they keep the factory's initialization
 
     def validate(self) -> None:
