@@ -53,6 +53,30 @@ def test_another_tasks_request_is_not_the_workers():
     assert unplaceable({"CPU": 1.0}, {}, AutoscalerView()) is None
 
 
+def test_a_read_begun_before_a_reset_says_nothing_after_it():
+    """The autoscaler's answer to a read made while other workers were starting, arriving after
+    reset() (no worker starting), is not a verdict on the workers that start later: CI saw it held
+    as one when the test below reset while its second read was in flight."""
+    release, started = threading.Event(), threading.Event()
+
+    def slow_reader():
+        started.set()
+        release.wait(10)
+        return AutoscalerView((({"CPU": 1.0, "a100": 1.0}, {}),), (HEAD,))
+
+    watch = PlacementWatch({"CPU": 1.0, "a100": 1.0}, {}, read=slow_reader)
+    now = time.monotonic()
+    assert watch.look(now) is None and started.wait(10)
+    watch.reset()
+    release.set()
+    deadline = time.monotonic() + 10
+    while watch._reading:  # the read in flight ends (its answer discarded)
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert watch.look(now + 1) is None  # (a new read starts no sooner than LOOK_S after the first)
+    assert watch._reason is None
+
+
 def test_a_verdict_is_acted_on_once_it_has_held_and_a_read_that_clears_it_starts_over():
     views = [AutoscalerView((({"CPU": 1.0, "a100": 1.0}, {}),), (HEAD,))]
     read = threading.Event()

@@ -23,6 +23,7 @@ class PlacementWatch:
         self._next_look = 0.0
         self._reason: str | None = None
         self._since: float | None = None  # when the standing verdict was first read
+        self._epoch = 0  # reset() starts a new one: a read begun before it says nothing after it
 
     def look(self, now: float) -> str | None:
         """Called while workers are starting (`now`: time.monotonic()): starts a read in the
@@ -31,7 +32,8 @@ class PlacementWatch:
         with self._lock:
             if now >= self._next_look and not self._reading:
                 self._next_look, self._reading = now + LOOK_S, True
-                threading.Thread(target=self._read_once, daemon=True, name="placement-watch").start()
+                threading.Thread(target=self._read_once, args=(self._epoch,), daemon=True,
+                                 name="placement-watch").start()
             if self._reason is not None and now - self._since >= VERDICT_HOLD_S:
                 return self._reason
         return None
@@ -40,14 +42,17 @@ class PlacementWatch:
         """No worker is starting: a verdict held so far no longer stands."""
         with self._lock:
             self._reason = self._since = None
+            self._epoch += 1
 
-    def _read_once(self) -> None:
+    def _read_once(self, epoch: int) -> None:
         reason = None
         try:
             reason = unplaceable(self._bundle, self._labels, self._read())
         finally:
             with self._lock:
-                if reason is None:
+                if epoch != self._epoch:  # begun for workers that were starting before a reset
+                    pass
+                elif reason is None:
                     self._reason = self._since = None
                 elif self._reason is None:
                     self._reason, self._since = reason, time.monotonic()
