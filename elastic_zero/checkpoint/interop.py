@@ -6,6 +6,7 @@ import fnmatch
 import io
 import json
 import os
+import zipfile
 from typing import Iterable, Mapping, Sequence
 
 import pyarrow.fs as pafs
@@ -84,13 +85,10 @@ def load_initial_weights(uri: str, field: str = "model.init_from") -> Mapping[st
 def _load_state_dict(fs: pafs.FileSystem, path: str):
     """A torch.save'd file: a local one mapped (its tensors read as they are touched: a joiner's
     skeleton touches none, a meta model's engine a unit at a time, and no copy of the whole file is
-    held beside them), else read whole. A file of torch's legacy format cannot be mapped: read whole."""
-    if isinstance(fs, pafs.LocalFileSystem):
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            if "mmap" not in str(exc):  # (legacy format: "mmap can only be used with files saved with ...")
-                raise
+    held beside them), else read whole. A file of torch's legacy format (torch.save's is a zip
+    archive since torch 1.6) cannot be mapped: read whole."""
+    if isinstance(fs, pafs.LocalFileSystem) and zipfile.is_zipfile(path):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     with fs.open_input_stream(path) as f:
         return torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
 
