@@ -50,10 +50,9 @@ class PlacementWatch:
             reason = unplaceable(self._bundle, self._labels, self._read())
         finally:
             with self._lock:
-                if epoch != self._epoch:  # begun for workers that were starting before a reset
-                    pass
-                elif reason is None:
-                    self._reason = self._since = None
-                elif self._reason is None:
-                    self._reason, self._since = reason, time.monotonic()
+                if epoch == self._epoch:  # (not begun for workers that were starting before a reset)
+                    if reason is None:
+                        self._reason = self._since = None
+                    elif self._reason is None:
+                        self._reason, self._since = reason, time.monotonic()
                 self._reading = False
