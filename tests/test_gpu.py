@@ -107,6 +107,32 @@ def test_the_host_copy_of_a_cuda_shard_is_pinned_and_ordered_before_the_next_upd
 
 
 @needs_a_gpu
+def test_a_layout_left_behind_gives_its_pinned_blocks_back():
+    """torch keeps a freed pinned block for a later request of its size: the snapshots of a layout the
+    next one's do not reuse (a shard of another size) go back to CUDA when that layout is dropped."""
+    from types import SimpleNamespace
+
+    from elastic_zero.worker.replica import LayoutReplicas
+    from elastic_zero.zero.host_memory import host_empty
+
+    torch.zeros(1, device="cuda")
+    stats = torch.cuda.host_memory_stats()
+    key = next((k for k in ("allocated_bytes.current", "reserved_bytes.current") if k in stats), None)
+    if key is None:
+        pytest.skip(f"this torch's host_memory_stats() has no pinned bytes: {sorted(stats)[:8]}")
+
+    def snapshot(numel):
+        return SimpleNamespace(vectors={"params": host_empty(numel, torch.float32, pinned=True)})
+
+    r = LayoutReplicas()
+    r.add(0, None, 1, snapshot(4 << 20), None)  # 16 MiB
+    r.add(1, 0, 2, snapshot(1 << 20), None)  # 4 MiB: a world four times as large
+    held = torch.cuda.host_memory_stats()[key]
+    r.confirmed()
+    assert torch.cuda.host_memory_stats()[key] <= held - (16 << 20)
+
+
+@needs_a_gpu
 def test_a_nccl_group_is_aborted_and_the_next_one_built_in_the_same_process(monkeypatch):
     from elastic_zero.wire.rendezvous import loopback_store
     from elastic_zero.worker.groups import NCCL_ERROR_HANDLING

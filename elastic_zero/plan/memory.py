@@ -56,7 +56,7 @@ class ModelMemory:
         buffer a block of the next power of two bytes (CachingHostAllocator.h: PowerOf2Ceil, below
         `pinned_max_round_threshold`, unlimited by default)."""
         vector = self.shard_numel(world) * 4
-        return (1 + self.state_vectors) * (_power_of_two_ceil(vector) if pinned else vector)
+        return (1 + self.state_vectors) * (pinned_block_bytes(vector) if pinned else vector)
 
     def replica_bytes(self, world: int, pinned: bool = False) -> int:
         """The most a rank's replicas hold: its own and its ward's copies, two of each during a swap
@@ -71,7 +71,8 @@ class ModelMemory:
         return self.engine_bytes(world) + (self.replica_bytes(world) if replicas else 0)
 
 
-def _power_of_two_ceil(n: int) -> int:
+def pinned_block_bytes(n: int) -> int:
+    """The block torch's caching host allocator gives a pinned buffer of `n` bytes: the next power of two."""
     return 1 << (n - 1).bit_length() if n > 1 else n
 
 

@@ -120,6 +120,20 @@ def release_free_memory() -> None:
         libc.malloc_trim(0)
 
 
+def release_pinned_cache() -> None:
+    """Hand the free pinned blocks that torch's caching host allocator keeps back to CUDA (a no-op
+    before CUDA's first use). It keeps every freed block for a later request of its power-of-two
+    size, for the process's life: once a layout is left behind, its snapshots' blocks would stay,
+    pinned and unused, beside the new layout's, where the memory plan (plan/memory.py) counts one
+    layout's. cudaFreeHost waits for the device, so this runs only where the world changed."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return
+    accelerator = getattr(torch, "accelerator", None)
+    empty = getattr(accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
+    if empty is not None:  # (torch 2.3-2.8 name it _host_emptyCache; older ones have no way to)
+        empty()
+
+
 def _libc():
     global _LIBC
     if _LIBC is None:
