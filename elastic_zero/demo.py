@@ -21,7 +21,7 @@ from elastic_zero.job.spec import JobSpec, spec_from_dict
 RAY_TRAIN_RECOVERY_S = 18.7  # the median of three runs, 2026-11-25
 
 CORPUS_MB = 1.0
-KILL_STEP, PREEMPT_STEP, SCALE_STEP, STEPS = 10, 22, 30, 60  # a joiner takes ~8-13 steps to start here
+KILL_STEP, PREEMPT_STEP, SCALE_STEP, STEPS = 10, 20, 28, 60  # a joiner takes ~8-14 steps to start here
 MODEL_KWARGS = {"vocab_size": 256, "seq_len": 128, "n_layer": 4, "n_head": 4, "d_model": 128}
 PROMPT, NEW_BYTES, TEMPERATURE = b"def ", 200, 0.8  # (0.6: mostly the spaces of indentation)
 

@@ -108,28 +108,27 @@ def test_the_host_copy_of_a_cuda_shard_is_pinned_and_ordered_before_the_next_upd
 
 @needs_a_gpu
 def test_a_layout_left_behind_gives_its_pinned_blocks_back():
-    """torch keeps a freed pinned block for a later request of its size: the snapshots of a layout the
-    next one's do not reuse (a shard of another size) go back to CUDA when that layout is dropped."""
-    from types import SimpleNamespace
-
-    from elastic_zero.worker.replica import LayoutReplicas
-    from elastic_zero.zero.host_memory import host_empty
+    """torch keeps a freed pinned block for a later request of its size: once the shard needs blocks
+    of another size, the release (at a commit, nothing of the old layout held) gives the old ones back."""
+    from elastic_zero.worker.pinned_layouts import PinnedLayouts
+    from elastic_zero.zero.host_memory import host_empty, release_pinned_cache
 
     torch.zeros(1, device="cuda")
+    release_pinned_cache()  # what earlier tests left cached
     stats = torch.cuda.host_memory_stats()
     key = next((k for k in ("allocated_bytes.current", "reserved_bytes.current") if k in stats), None)
     if key is None:
         pytest.skip(f"this torch's host_memory_stats() has no pinned bytes: {sorted(stats)[:8]}")
-
-    def snapshot(numel):
-        return SimpleNamespace(vectors={"params": host_empty(numel, torch.float32, pinned=True)})
-
-    r = LayoutReplicas()
-    r.add(0, None, 1, snapshot(4 << 20), None)  # 16 MiB
-    r.add(1, 0, 2, snapshot(1 << 20), None)  # 4 MiB: a world four times as large
+    pins = PinnedLayouts(release_pinned_cache)
+    pins.entered(4 << 20)  # 16 MiB a vector
+    old = host_empty(4 << 20, torch.float32, pinned=True)
+    pins.entered(1 << 20)  # a world four times as large: 4 MiB
+    new = host_empty(1 << 20, torch.float32, pinned=True)
+    assert not pins.settle(old_layout_held=True)
+    del old  # its block stays cached, counted, until the release
     held = torch.cuda.host_memory_stats()[key]
-    r.confirmed()
-    assert torch.cuda.host_memory_stats()[key] <= held - (16 << 20)
+    assert pins.settle(old_layout_held=False)
+    assert torch.cuda.host_memory_stats()[key] <= held - (16 << 20) and new.is_pinned()
 
 
 @needs_a_gpu

@@ -1,20 +1,11 @@
 """A rank's replicas by layout: the layout a generation was built from stays until dropped. Pure."""
 
-from types import SimpleNamespace
-
-import torch
-
 from elastic_zero.worker.replica import LayoutReplicas
-
-
-def snapshot(numel: int, vectors: int = 3):
-    """A stand-in for a shard snapshot: its vectors are all that the store looks at."""
-    return SimpleNamespace(vectors={f"v{i}": torch.empty(numel) for i in range(vectors)})
 
 
 def test_the_first_commit_in_a_layout_keeps_the_one_it_was_built_from():
     r = LayoutReplicas()
-    own0, ward0, own1, ward1 = snapshot(8), snapshot(8), snapshot(4), snapshot(4)
+    own0, ward0, own1, ward1 = object(), object(), object(), object()  # stand-ins for shard snapshots
     r.add(0, None, 4, own0, ward0)
     r.add(0, None, 5, own0, ward0)
     assert r.of(0).own == {4: own0, 5: own0} and r.earlier is None
@@ -52,25 +43,3 @@ def test_a_handover_keeps_only_the_step_it_restores():
     assert r.report()["own_steps"] == (6,) and r.report()["ward_steps"] == (6,)
     r.of(0).keep_only(4)  # a step it does not hold: nothing is left to restore from
     assert r.report()["own_steps"] == () and r.report()["ward_steps"] == ()
-
-
-def test_a_layout_left_gives_its_pinned_blocks_back_only_where_the_new_one_cannot_reuse_them():
-    """torch caches a freed pinned block for a later request of its power-of-two size: a layout left
-    behind whose snapshots' blocks the new layout's do not take again would keep them pinned for good.
-    The store gives them back when it drops such a layout, and when a plan drops the replicas."""
-    released = []
-    r = LayoutReplicas(release_pinned=lambda: released.append(r.generation))
-    r.add(0, None, 1, snapshot(1000), snapshot(1000))  # 4,000 bytes a vector: blocks of 4,096
-    r.add(1, 0, 2, snapshot(1000), snapshot(1000))  # the same shard (a standby took a lost rank's place)
-    r.confirmed()
-    r.add(2, 1, 3, snapshot(600), snapshot(600))  # 2,400 bytes: a smaller shard, the same blocks
-    r.confirmed()
-    assert released == []
-    r.add(3, 2, 4, snapshot(300), snapshot(300))  # 1,200 bytes: blocks of 2,048, the 4,096 ones left unused
-    r.confirmed()
-    assert released == [3] and r.earlier is None
-    r.confirmed()  # nothing left behind since
-    r.clear()  # a plan without room for replicas
-    assert released == [3, -1]
-    r.clear()
-    assert released == [3, -1]

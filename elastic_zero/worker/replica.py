@@ -8,15 +8,13 @@ older step that every survivor can restore: one step at rest, two while a swap i
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from elastic_zero.zero.comm import Comm
-from elastic_zero.plan.memory import pinned_block_bytes
-from elastic_zero.zero.host_memory import host_empty, release_pinned_cache
+from elastic_zero.zero.host_memory import host_empty
 from elastic_zero.zero.host_pool import POOL
 from elastic_zero.zero.shard import ShardState
 
@@ -51,12 +49,6 @@ class ReplicaStore:
         self.own.clear()
         self.ward.clear()
 
-    def own_blocks(self) -> Counter:
-        """The pinned blocks its own snapshots take on a GPU, by size (a copy off the device is pinned;
-        a ward's snapshot arrives in plain host memory)."""
-        return Counter(pinned_block_bytes(v.numel() * v.element_size()) for s in self.own.values()
-                       for v in s.vectors.values())
-
 
 @dataclass
 class LayoutReplicas:
@@ -66,8 +58,6 @@ class LayoutReplicas:
     generation: int = -1
     current: ReplicaStore = field(default_factory=ReplicaStore)
     earlier: tuple[int, ReplicaStore] | None = None
-    # gives the pinned blocks no snapshot uses back (host_memory.py); a test counts its calls
-    release_pinned: Callable[[], None] = field(default=release_pinned_cache, repr=False)
 
     def of(self, generation: int) -> ReplicaStore | None:
         if self.generation == generation:
@@ -91,19 +81,13 @@ class LayoutReplicas:
         them entered after their commit completed): the earlier layout and the older steps go, so
         that at rest a rank holds one snapshot of its own and one of its ward's."""
         if self.earlier is not None:
-            left = self.earlier[1].own_blocks() - self.current.own_blocks()
             self.earlier = None
             POOL.trim()  # its blocks are of sizes no longer asked for
-            if left:  # and so are its pinned blocks, on a GPU (the same sizes: the new layout reuses them)
-                self.release_pinned()
         self.current.keep_latest()
 
     def clear(self) -> None:
         """Every layout's replicas go (the engine starts over, or a plan keeps none)."""
-        held = self.current.own or (self.earlier is not None and self.earlier[1].own)
         self.generation, self.current, self.earlier = -1, ReplicaStore(), None
-        if held:  # a plan without room for replicas: their pinned blocks, cached, would still take it
-            self.release_pinned()
 
     def report(self) -> dict:
         """The steps held, as the coordinator's Outcome describes them."""

@@ -32,6 +32,7 @@ from elastic_zero.worker.groups import GenerationGroups
 from elastic_zero.worker.coordinator_link import CoordinatorLink
 from elastic_zero.worker.coordinator_notes import CoordinatorNotes
 from elastic_zero.worker.node_duties import NodeDuties, memory_facts
+from elastic_zero.worker.pinned_layouts import PinnedLayouts
 from elastic_zero.worker.replica import LayoutReplicas
 from elastic_zero.worker.checkpoint_records import CheckpointRecords
 from elastic_zero.worker.commits import StepCommits
@@ -41,7 +42,7 @@ from elastic_zero.worker.start_clock import StartClock
 from elastic_zero.worker.start_parts import build_start_parts
 from elastic_zero.worker.warnings_relay import relay_warnings
 from elastic_zero.zero import TorchComm, ZeroEngine
-from elastic_zero.zero.host_memory import large_allocations_to_the_system
+from elastic_zero.zero.host_memory import large_allocations_to_the_system, release_pinned_cache
 
 
 class Trainer:
@@ -75,6 +76,7 @@ class Trainer:
         # the layout before a handover stays until every rank has committed the new one, so that a
         # loss inside the handover is recovered from memory
         self.replicas = LayoutReplicas()
+        self.pins = PinnedLayouts(release_pinned_cache)  # an old layout's cached pinned blocks given back
         self.replicator = Replicator()
         self._safe_point_for = -1  # the latest generation a safe point was requested for
         # the generation entered, its groups, whether it was aborted: an abort for g never reaches g + 1
@@ -189,6 +191,7 @@ class Trainer:
             if rank is None:
                 return Report.made_from(report, Outcome(self.actor_id, OutcomeKind.LEFT, plan.step), time.time())
             report["rank"] = rank
+            self.pins.entered(sum(r.numel for r in self.engine.partition.ranges(self.engine.rank)))
             kind = self._loop(plan, rank, report)
             # finished: the replicas of the last step back a recovery should the final save lose a member
             replicas = self.replicas.report() if kind == OutcomeKind.FINISHED else {}
@@ -252,6 +255,8 @@ class Trainer:
                 self.replicas.confirmed()  # and so the older steps are needed no more
                 if not self.commits.replicating and self.replicas.generation >= 0:  # (a plan without room for them)
                     self.replicas.clear()  # those of the layouts before go too
+                    self.pins.dropped()
+                self.pins.settle(self.replicas.earlier is not None or bool(self.writer and self.writer.busy()))
                 if rank == 0 and plan.leaving and not report["step_times"]:
                     self.store.set(committed_key(plan), "1")  # the leavers may go
             report["last_loss"], report["last_metrics"] = read_step_summary(
