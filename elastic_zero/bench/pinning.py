@@ -109,8 +109,8 @@ def measure_one(way: str, buffer_bytes: list[int], threads: int) -> dict:
             time.sleep(0.3)
         sources = [torch.ones(n, dtype=torch.uint8, device="cuda") for n in buffer_bytes]
         torch.cuda.synchronize()
-    else:  # the fill's code and the threads' stacks paged in before the count, so it counts the buffers alone
-        _written_by([_mapped(threads * mmap.PAGESIZE)], threads)
+    # the fill's code and the threads' stacks paged in before the count, so that it counts the buffers alone
+    _written_by([_mapped(threads * mmap.PAGESIZE)], threads)
     rss, started = rss_bytes(os.getpid()), time.perf_counter()
     gaps = _LaunchGaps() if on_cuda else None
     with gaps if gaps is not None else contextlib.nullcontext():
