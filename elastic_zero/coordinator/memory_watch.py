@@ -103,8 +103,7 @@ class MemoryWatch:
 
     def _measure(self, progress: dict, plan) -> None:
         world = plan.generation.world_size
-        state = (0 if self.device_room else self.model.engine_bytes(world)) + \
-            (self.model.replica_bytes(world, pinned=bool(self.device_room)) if plan.replicas else 0)
+        state = self.model.state_bytes(world, plan.replicas, on_device=bool(self.device_room))
         for m in plan.generation.members:
             p = progress.get(m.actor_id)
             if p is None or p.generation != plan.number or not p.peak or p.last_word:

@@ -67,8 +67,11 @@ class ModelMemory:
         """The units gathered and their gradient buckets at once, as an estimate before it is measured."""
         return WORKING_UNITS * max(self.unit_numels, default=0) * max(self.compute_bytes, 4)
 
-    def state_bytes(self, world: int, replicas: bool) -> int:
-        return self.engine_bytes(world) + (self.replica_bytes(world) if replicas else 0)
+    def state_bytes(self, world: int, replicas: bool, on_device: bool = False) -> int:
+        """What a worker's state holds of its node's memory: the engine's (unless `on_device`: a GPU
+        holds it) and the replicas (pinned on a GPU)."""
+        return (0 if on_device else self.engine_bytes(world)) + \
+            (self.replica_bytes(world, pinned=on_device) if replicas else 0)
 
 
 def pinned_block_bytes(n: int) -> int:
@@ -133,9 +136,7 @@ class MemoryView:
 
     def need(self, world: int, replicas: bool) -> int:
         """What a worker will hold of its node's memory at the most."""
-        engine = 0 if self.device_room else self.model.engine_bytes(world)
-        planned = engine + (self.model.replica_bytes(world, pinned=bool(self.device_room)) if replicas else 0) \
-            + self.overhead
+        planned = self.model.state_bytes(world, replicas, on_device=bool(self.device_room)) + self.overhead
         floor = (self.floors or {}).get((world, replicas))
         return max(planned, floor) if floor is not None else planned
 

@@ -122,10 +122,7 @@ def release_free_memory() -> None:
 
 def release_pinned_cache() -> None:
     """Hand the free pinned blocks that torch's caching host allocator keeps back to CUDA (a no-op
-    before CUDA's first use). It keeps every freed block for a later request of its power-of-two
-    size, for the process's life: once a layout is left behind, its snapshots' blocks would stay,
-    pinned and unused, beside the new layout's, where the memory plan (plan/memory.py) counts one
-    layout's. cudaFreeHost waits for the device, so this runs only where the world changed."""
+    before CUDA's first use). It waits for the device: worker/pinned_layouts.py says when it is due."""
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return
     accelerator = getattr(torch, "accelerator", None)
