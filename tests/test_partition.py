@@ -36,6 +36,10 @@ def test_ranges_cover_each_unit_exactly_once_and_balanced(layout, world):
         assert chunk * world >= span.numel
         assert chunk < -(-span.numel // world) + layout.align  # no more than alignment beyond an even split
     assert part.shard_numel == sum(part.chunks)
+    # a rank's real elements: what its ranges hold, within its padded buffer, all ranks' adding up to the layout
+    numels = [part.rank_numel(rank) for rank in range(world)]
+    assert numels == [len({i for r in part.ranges(rank) for i in range(r.start, r.stop)}) for rank in range(world)]
+    assert all(n <= part.shard_numel for n in numels) and sum(numels) == layout.total
 
 
 @given(layouts, st.integers(1, 6))

@@ -57,6 +57,10 @@ class Partition:
         """The rank's real elements of every unit, in flat-layout coordinates."""
         return tuple(self.unit_range(u, rank) for u in range(len(self.chunks)))
 
+    def rank_numel(self, rank: int) -> int:
+        """The rank's real elements in all (its shard buffer's `shard_numel` less the padding)."""
+        return sum(r.numel for r in self.ranges(rank))
+
     def owner(self, index: int) -> int:
         """The rank that owns flat element `index`."""
         for off, n, c in zip(self.unit_offsets, self.unit_numels, self.chunks):

@@ -44,7 +44,7 @@ def hand_over(
     my_new = member_of_new.index(me) if me in member_of_new else None
     out = None
     if my_new is not None:
-        numel = sum(r.numel for r in new.ranges(my_new))
+        numel = new.rank_numel(my_new)
         vectors = {n: host_empty(numel, template.vectors[n].dtype) for n in names}
         out = ShardState(template.layout, new, my_new, vectors, dict(template.scalars))
 

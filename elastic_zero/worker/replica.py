@@ -107,7 +107,7 @@ def exchange(comm: Comm, snapshot: ShardState, buddies: Sequence[int],
     me = comm.rank
     ward = buddies.index(me)
     names = sorted(snapshot.vectors)
-    ward_numel = sum(r.numel for r in snapshot.partition.ranges(ward))
+    ward_numel = snapshot.partition.rank_numel(ward)
     # one message per vector, received into slices of one buffer: no packing copy on either side
     incoming = host_empty(ward_numel * len(names), snapshot.vectors[names[0]].dtype)
     handles = []

@@ -191,7 +191,7 @@ class Trainer:
             if rank is None:
                 return Report.made_from(report, Outcome(self.actor_id, OutcomeKind.LEFT, plan.step), time.time())
             report["rank"] = rank
-            self.pins.entered(sum(r.numel for r in self.engine.partition.ranges(self.engine.rank)))
+            self.pins.entered(self.engine.partition.rank_numel(self.engine.rank))
             kind = self._loop(plan, rank, report)
             # finished: the replicas of the last step back a recovery should the final save lose a member
             replicas = self.replicas.report() if kind == OutcomeKind.FINISHED else {}

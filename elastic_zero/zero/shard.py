@@ -32,7 +32,7 @@ class ShardState:
 
     @property
     def numel(self) -> int:
-        return sum(r.numel for r in self.ranges)
+        return self.partition.rank_numel(self.rank)
 
     def nbytes(self) -> int:
         return sum(v.numel() * v.element_size() for v in self.vectors.values())
@@ -49,7 +49,7 @@ class ShardState:
     def unpacked(self, flat: torch.Tensor, rank: int, scalars: dict) -> "ShardState":
         """A state shaped like rank `rank`'s shard of this partition whose vectors are consecutive
         slices of `flat`, in vector-name order (views, not copies)."""
-        numel = sum(r.numel for r in self.partition.ranges(rank))
+        numel = self.partition.rank_numel(rank)
         names = sorted(self.vectors)
         if flat.numel() != numel * len(names):
             raise ValueError(f"packed shard of rank {rank} has {flat.numel()} elements, expected {numel * len(names)}")
@@ -99,7 +99,7 @@ def reshard(states: Sequence[ShardState], world_size: int) -> list[ShardState]:
     new = partition_layout(first.layout, world_size)
     out = []
     for rank in range(world_size):
-        numel = sum(r.numel for r in new.ranges(rank))
+        numel = new.rank_numel(rank)
         vectors = {name: torch.empty(numel, dtype=v.dtype, device=v.device) for name, v in first.vectors.items()}
         out.append(ShardState(first.layout, new, rank, vectors, dict(first.scalars)))
     for t in plan_reshard(old, new):
