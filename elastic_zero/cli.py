@@ -57,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("workers", type=int)
         if name in ("status", "wait"):
             c.add_argument("--json", action="store_true", help="the status record as JSON (docs/service.md)")
+        if name == "status":
+            c.add_argument("--live", action="store_true",
+                           help="ask the coordinator now (a control job: seconds) rather than read the record "
+                                "it published within the last second or so")
         if name == "stop":
             c.add_argument("--checkpoint", action="store_true", help="save a final checkpoint at the safe point")
         if name == "logs":
@@ -140,7 +144,7 @@ def _service(args) -> int:
         working_dir = None if args.no_working_dir else args.working_dir
         print(client.submit(spec, working_dir=working_dir, run_dir=args.run_dir, job_id=args.job_id))
     elif args.command in ("status", "wait"):
-        record = client.status(args.job) if args.command == "status" else client.wait(args.job)
+        record = client.status(args.job, live=args.live) if args.command == "status" else client.wait(args.job)
         print(json.dumps(record, indent=1) if args.json else format_status(record))
     elif args.command == "scale":
         print(client.scale(args.job, args.workers))
@@ -170,7 +174,8 @@ def format_status(r: dict) -> str:
         return format(value, fmt) if value is not None else "-"
 
     lines = [f"job {r['job_id']} ({r['name'] or '-'}): {r['state']}"
-             + (f" (Ray job {r['ray_job_status']})" if r.get("ray_job_status") else "")]
+             + (f" (Ray job {r['ray_job_status']})" if r.get("ray_job_status") else "")
+             + (f", as of {_clock(r['as_of'])}" if r.get("as_of") else "")]
     if r["generation"] is not None:
         eta = f", ETA {hms(r['eta_s'])}" if r["eta_s"] is not None else ""
         lines.append(f"generation {r['generation']}, {r['world_size']} workers (target {r['target_workers']}, "

@@ -168,20 +168,27 @@ def test_job_on_a_token_auth_head(auth_head, workdir):
     _one_line_error(_cli(head, cwd, "status", "nope", "--address", head.address), 1, "no job 'nope'")
     _until(head, cwd, job_id, "training", lambda r: r["state"] == "running" and r["step"] >= 3)
 
-    # status through the Jobs API (a control job): the documented schema
+    # status over the dashboard's address: the documented schema, from the record the coordinator
+    # publishes each second (read over HTTP), and as the coordinator answers now (--live: a control job)
     record = json.loads(_ok(_cli(head, cwd, "status", job_id, "--json", "--address", head.address)))
-    assert list(record) == list(STATUS_KEYS) and record["schema"] == 6
+    assert list(record) == list(STATUS_KEYS) and record["schema"] == 7
     assert record["ray_job_status"] == "RUNNING" and record["world_size"] == 2 and record["name"] == "svc"
     assert [m["rank"] for m in record["members"]] == [0, 1] and all(m["node"] for m in record["members"])
+    live = json.loads(_ok(_cli(head, cwd, "status", job_id, "--json", "--live", "--address", head.address)))
+    assert list(live) == list(STATUS_KEYS) and live["coordinator"] == record["coordinator"]
+    assert live["as_of"] >= record["as_of"] and live["step"] >= record["step"]
     assert "generation" in _ok(_cli(head, cwd, "status", job_id, "--address", head.address))
 
     # scale: outside [min, max] is refused in one line; 2 -> 4 by the CLI, 4 -> 2 by the Python Client
     _one_line_error(_cli(head, cwd, "scale", job_id, "9", "--address", head.address), 1, "outside", "[1, 4]")
     _ok(_cli(head, cwd, "scale", job_id, "4", "--address", head.address))
     _until(head, cwd, job_id, "at 4 workers", lambda r: r["world_size"] == 4)
-    client = f"import elastic_zero as ez; print(ez.Client({head.address!r}).scale({job_id!r}, 2))"
-    _ok(subprocess.run([sys.executable, "-c", client], cwd=cwd, env=head.client_env(), capture_output=True,
-                       text=True, timeout=240))
+    client = (f"import json, elastic_zero as ez; c = ez.Client({head.address!r}); "
+              f"print(json.dumps(c.published_status({job_id!r}))); print(c.scale({job_id!r}, 2))")
+    published = json.loads(_ok(subprocess.run([sys.executable, "-c", client], cwd=cwd, env=head.client_env(),
+                                              capture_output=True, text=True, timeout=240)).splitlines()[0])
+    assert published is not None, "no record published"  # (status then asked through a control job)
+    assert published["job_id"] == job_id and published["coordinator"] == record["coordinator"]
     record = _until(head, cwd, job_id, "back at 2 workers", lambda r: r["world_size"] == 2 and r["checkpoint"])
     sizes = [n for _, n in record["world_size_history"]]
     assert sizes[0] == 2 and sizes[-1] == 2 and 4 in sizes, sizes  # joiners come as they are ready
@@ -199,6 +206,9 @@ def test_job_on_a_token_auth_head(auth_head, workdir):
     resumed = _until(head, cwd, job_id, "taken over", lambda r: r["restarts"] == 1 and r["state"] == "running"
                      and r["step"] > record["step"] and r["generation"] is not None)
     assert resumed["coordinator"]["pid"] != record["coordinator"]["pid"] and resumed["world_size"] == 2
+    # never the killed coordinator's record, whose file stays on the same node
+    after = json.loads(_ok(_cli(head, cwd, "status", job_id, "--json", "--address", head.address)))
+    assert after["coordinator"]["pid"] == resumed["coordinator"]["pid"], after["coordinator"]
     deadline = time.monotonic() + 60
     while "took over generation" not in (logs := _ok(_cli(head, cwd, "logs", job_id, "--address", head.address))):
         assert time.monotonic() < deadline, logs[-2000:]

@@ -112,7 +112,7 @@ def test_live_figures_rate_and_eta():
 
 def test_the_status_record_has_exactly_the_documented_keys():
     record = status_record(job_id="j", state="running", step=3)
-    assert list(record) == list(STATUS_KEYS) and record["schema"] == 6 and record["loss"] is None
+    assert list(record) == list(STATUS_KEYS) and record["schema"] == 7 and record["loss"] is None
     with pytest.raises(KeyError, match="not in the status schema"):
         status_record(jobid="typo")
     docs = open(os.path.join(os.path.dirname(__file__), "..", "docs", "service.md")).read()

@@ -138,6 +138,10 @@ def add_bench_parsers(sub) -> None:
     size.add_argument("--micro-batch", type=int, default=2)
     size.add_argument("--real", action="store_true", help="build the model for real, not on the meta device")
     size.add_argument("--json", action="store_true", help="print one JSON object")
+    st = bench_sub.add_parser("status", help="`status` over the dashboard's address: the published record against "
+                                             "a control job, on a real Ray head")
+    st.add_argument("--rounds", type=int, default=5, help="calls of each way (>= 1)")
+    st.add_argument("--json", action="store_true", help="print one JSON object")
     cp = bench_sub.add_parser("control-plane", help="the real coordinator driving many simulated workers: liveness, "
                                                     "recovery, joiners, notices, rendezvous, status, at each size")
     cp.add_argument("--workers", default="16,64,256,1024", help="comma-separated sizes, one run each")
@@ -267,6 +271,12 @@ def run_bench(args) -> int:
                                       args.resume_workers, args.replicate_every, args.steps, args.global_batch,
                                       args.micro_batch, meta=not args.real)
         print(json.dumps(report) if args.json else format_state_size(report))
+        return 0
+    if args.bench == "status":
+        from elastic_zero.bench.status import format_status_bench, run_status_bench
+
+        report = run_status_bench(args.rounds)
+        print(json.dumps(report) if args.json else format_status_bench(report))
         return 0
     if args.bench == "control-plane":
         from elastic_zero.bench.control_plane import check_arguments, run_control_plane

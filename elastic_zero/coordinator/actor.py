@@ -28,6 +28,7 @@ from elastic_zero.coordinator.events import (GenerationStepped, NodeNotice, Pree
                                              StopRequested)
 from elastic_zero.coordinator.face import final_status, progress_of, publish_final_status, state_name, status_of
 from elastic_zero.coordinator.job_loop import JobLoop
+from elastic_zero.coordinator.status_file import StatusFile, ray_log_dir
 from elastic_zero.preemption.notices import Notice
 
 NAMESPACE = "elastic_zero"
@@ -48,7 +49,12 @@ class Coordinator:
                            NAMESPACE)
         self._done = threading.Event()
         self._collected = threading.Event()  # the driver took the result
+        log_dir = ray_log_dir()
+        self._status_file = None if log_dir is None else StatusFile(
+            log_dir, job_id, self.status, lambda message: self.job.log("warning", message=message))
         threading.Thread(target=self._main, daemon=True, name="coordinator-loop").start()
+        if self._status_file is not None:
+            self._status_file.start()
 
     def _main(self) -> None:
         job = self.job
@@ -59,7 +65,10 @@ class Coordinator:
                 job.record.write_summary(job.result, job_id=job.job_id, coordinator_restarts=job.restarts,
                                          memory=job.memory.summary(job.state.memory, job.generations.last_plan),
                                          replicas=job.record.replicas(None, current=False))
-                publish_final_status(job.job_id, self.status())
+                final = self.status()
+                publish_final_status(job.job_id, final)
+                if self._status_file is not None:
+                    self._status_file.stop(final)
             finally:
                 self._done.set()
         # nobody may be left to collect the result (a cluster): go after a while, by its own handle (no restart)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import ray
 
@@ -62,7 +63,8 @@ def status_of(job) -> dict:
         standby={"asked": e.standby_workers, "kept": st.standby, "short_for_room": st.standby_short.count},
         memory={**job.memory.summary(st.memory, job.generations.last_plan),
                 "rss_gib": {a: round(p.rss / 2**30, 3) for a, p in sorted(beats.items())
-                            if a in job.pool and not p.last_word}})
+                            if a in job.pool and not p.last_word}},
+        as_of=round(time.time(), 3))
 
 
 def progress_of(job, cursor: int, done: bool) -> dict:

@@ -7,17 +7,18 @@ notes of the last RATE_WINDOW_S seconds, recoveries and resizes included (it is 
 from __future__ import annotations
 
 import threading
+import urllib.parse
 from collections import deque
 from dataclasses import dataclass, field
 
 RATE_WINDOW_S = 10.0
 STEP_TIMES_KEPT = 21  # the step times the median of the measured step is taken over (plan/stuck.py)
-STATUS_SCHEMA = 6  # 2: "eval"; 3: "memory"; 4: "replicas"; 5: "workers"; 6: "standby"
+STATUS_SCHEMA = 7  # 2: "eval"; 3: "memory"; 4: "replicas"; 5: "workers"; 6: "standby"; 7: "as_of"
 # every status record has exactly these keys (None where unknown), in this order
 STATUS_KEYS = ("schema", "job_id", "name", "state", "ray_job_status", "generation", "world_size", "target_workers",
                "min_workers", "max_workers", "members", "step", "steps", "loss", "eval", "samples_per_s", "eta_s",
                "world_size_history", "recoveries", "reconfigurations", "restarts", "checkpoint", "run_dir",
-               "coordinator", "error", "last_events", "memory", "replicas", "workers", "standby")
+               "coordinator", "error", "last_events", "memory", "replicas", "workers", "standby", "as_of")
 QUIET_EVENTS = frozenset({"decision", "spawn", "worker_ready", "retire"})  # left out of last_events
 
 
@@ -69,6 +70,13 @@ class LiveProgress:
 def final_status_key(job_id: str) -> str:
     """Where a job's last status record stays in the cluster's key-value store once it is over."""
     return f"elastic_zero/final_status/{job_id}"
+
+
+def status_file_name(job_id: str) -> str:
+    """Where a live coordinator publishes its status record, relative to its node's Ray log directory
+    (coordinator/status_file.py), for clients to read through the dashboard (service/published_status.py).
+    The id is quoted: one given by `--job-id` may hold a slash."""
+    return f"elastic_zero/{urllib.parse.quote(job_id, safe='')}.status.json"
 
 
 def status_record(**values) -> dict:

@@ -9,8 +9,9 @@
 
 `address` is the cluster's Jobs API (its dashboard, http://HEAD:8265; default RAY_ADDRESS or
 RAY_API_SERVER_ADDRESS, else http://127.0.0.1:8265). Submitting, listing, logs and the Ray job's
-state go over HTTP; status, scale and stop reach the job's coordinator through a short control job
-on the cluster (so the Jobs API address is all a client needs). An address that is not http(s)
+state go over HTTP, and so does status while the job's coordinator lives (the record it publishes each
+second, through Ray's log API); scale and stop, and status otherwise, reach the coordinator through a
+short control job on the cluster (so the Jobs API address is all a client needs). An address that is not http(s)
 ("auto", "HOST:6379") instead connects this process to the cluster and calls the coordinator directly.
 """
 
@@ -24,6 +25,7 @@ from typing import Iterator
 from elastic_zero.observe.live import status_record
 from elastic_zero.service import control
 from elastic_zero.service.auth import explain, use_cluster_token
+from elastic_zero.service.published_status import read_published
 from elastic_zero.service.submission import (
     CONTROL_KIND, JOB_KIND, control_entrypoint, job_entrypoint, job_runtime_env, new_job_id, read_control_answer,
 )
@@ -104,9 +106,15 @@ class Client:
 
     # ---- the running job, through its coordinator ---------------------------------------------------
 
-    def status(self, job_id: str) -> dict:
-        """The status record; for a job whose coordinator is gone (over), what the Ray job says."""
+    def status(self, job_id: str, live: bool = False) -> dict:
+        """The status record; for a job whose coordinator is gone (over), what the Ray job says. Over
+        the dashboard's address, a live coordinator's record as it last published it (about once a
+        second: `as_of`), unless `live`; else its answer now, through a control job."""
         info = self._info(job_id) if self.http else None
+        record = self.published_status(job_id) if self.http and not live else None
+        if record is not None:
+            record["ray_job_status"] = str(info.status.value)
+            return record
         answer = self._control("status", job_id)
         if answer["ok"]:
             record = answer["value"]
@@ -119,6 +127,16 @@ class Client:
             raise ClusterError(answer["error"])
         record["ray_job_status"] = str(info.status.value) if info else None
         return record
+
+    def published_status(self, job_id: str) -> dict | None:
+        """The record the job's live coordinator last published (service/published_status.py), read
+        over HTTP in milliseconds; None where there is none to use (no live coordinator, none written
+        yet, or older than 30 s): then status() asks the coordinator itself. Its `ray_job_status` is
+        null (the coordinator does not know it); status() fills it in."""
+        from elastic_zero.coordinator.actor import NAMESPACE, coordinator_name
+
+        self._need_http("published_status")
+        return read_published(self._jobs, job_id, coordinator_name(job_id), NAMESPACE)
 
     def scale(self, job_id: str, workers: int) -> str:
         return self._ask("scale", job_id, workers=int(workers))
