@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
         if name == "status":
             c.add_argument("--live", action="store_true",
                            help="ask the coordinator now (a control job: seconds) rather than read the record "
-                                "it published within the last second or so")
+                                "it last published (each second or so; `as_of` says when)")
         if name == "stop":
             c.add_argument("--checkpoint", action="store_true", help="save a final checkpoint at the safe point")
         if name == "logs":

@@ -206,9 +206,6 @@ def test_job_on_a_token_auth_head(auth_head, workdir):
     resumed = _until(head, cwd, job_id, "taken over", lambda r: r["restarts"] == 1 and r["state"] == "running"
                      and r["step"] > record["step"] and r["generation"] is not None)
     assert resumed["coordinator"]["pid"] != record["coordinator"]["pid"] and resumed["world_size"] == 2
-    # never the killed coordinator's record, whose file stays on the same node
-    after = json.loads(_ok(_cli(head, cwd, "status", job_id, "--json", "--address", head.address)))
-    assert after["coordinator"]["pid"] == resumed["coordinator"]["pid"], after["coordinator"]
     deadline = time.monotonic() + 60
     while "took over generation" not in (logs := _ok(_cli(head, cwd, "logs", job_id, "--address", head.address))):
         assert time.monotonic() < deadline, logs[-2000:]

@@ -3,8 +3,8 @@
 A real Ray head on this machine (`ray start --head`, token auth on), a paced gpt-tiny job submitted
 to it, then rounds side by side, each in turn:
 
-  published        Client.published_status(): the record the coordinator wrote within the last
-                   second, found and read through the dashboard (two HTTP requests)
+  published        Client.published_status(): the record the coordinator last wrote (each second
+                   for this job), found and read through the dashboard (two HTTP requests)
   control_job      Client.status(live=True): the coordinator asked now, through a control job
   cli              `elastic-zero status JOB --json`, a fresh process as a user runs it (the published record)
   cli_live         `elastic-zero status JOB --json --live` (a control job)

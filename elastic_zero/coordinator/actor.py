@@ -52,25 +52,28 @@ class Coordinator:
         log_dir = ray_log_dir()
         self._status_file = None if log_dir is None else StatusFile(
             log_dir, job_id, self.status, lambda message: self.job.log("warning", message=message))
-        threading.Thread(target=self._main, daemon=True, name="coordinator-loop").start()
-        if self._status_file is not None:
+        if self._status_file is not None:  # before the loop, whose end stops it
             self._status_file.start()
+        threading.Thread(target=self._main, daemon=True, name="coordinator-loop").start()
 
     def _main(self) -> None:
         job = self.job
         try:
             job.run(final_status(job.job_id) if job.restarted else None)
         finally:
+            final = None
             try:
                 job.record.write_summary(job.result, job_id=job.job_id, coordinator_restarts=job.restarts,
                                          memory=job.memory.summary(job.state.memory, job.generations.last_plan),
                                          replicas=job.record.replicas(None, current=False))
                 final = self.status()
                 publish_final_status(job.job_id, final)
-                if self._status_file is not None:
-                    self._status_file.stop(final)
             finally:
-                self._done.set()
+                try:
+                    if self._status_file is not None:
+                        self._status_file.stop(final)
+                finally:
+                    self._done.set()
         # nobody may be left to collect the result (a cluster): go after a while, by its own handle (no restart)
         if not self._collected.wait(float(os.environ.get("ELASTIC_ZERO_LINGER_S", LINGER_S))):
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)

@@ -4,15 +4,18 @@ Ray's log API (service/published_status.py) in milliseconds. Asking the coordina
 client takes a control job (service/control.py): 3-3.7 s a call on a 2-core machine, most of it the
 job's driver process starting and connecting.
 
-The file is replaced whole (written beside it, then renamed), so a reader never sees half of one.
-Building the record walks the job's events; a job whose record takes long to build publishes less
-often, so that publishing never takes more than MAX_SHARE of a core.
+Each record is written to a file of its own beside the published one, then renamed over it, so a reader
+never sees half of one. Building the record walks the job's events; a job whose record takes long to
+build publishes less often, so that publishing takes at most MAX_SHARE of a core, and never less often
+than every LONGEST_PERIOD_S (the reader's staleness bound is three of those).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import tempfile
 import threading
 import time
 from typing import Callable
@@ -20,12 +23,14 @@ from typing import Callable
 from elastic_zero.observe.live import status_file_name
 
 PUBLISH_EVERY_S = 1.0  # the shortest period between two records
+LONGEST_PERIOD_S = 10.0  # the longest (service/published_status.py's STALE_S is three of these)
 MAX_SHARE = 0.02  # of a core, at most, spent building and writing records
 
 
-def publish_period(last_cost_s: float) -> float:
-    """Seconds until the next record, after one that took `last_cost_s` to build and write."""
-    return max(PUBLISH_EVERY_S, last_cost_s / MAX_SHARE)
+def publish_period(last_cpu_s: float) -> float:
+    """Seconds until the next record, after one that took `last_cpu_s` of this thread's CPU to build and
+    write (CPU, not wall: waits for the GIL or the job's lock cost no core)."""
+    return min(LONGEST_PERIOD_S, max(PUBLISH_EVERY_S, last_cpu_s / MAX_SHARE))
 
 
 def ray_log_dir() -> str | None:
@@ -40,46 +45,74 @@ def ray_log_dir() -> str | None:
 
 
 class StatusFile:
-    """Writes `build()`'s record to `<log_dir>/<status_file_name(job_id)>` until stopped."""
+    """Writes `build()`'s record to `<log_dir>/<status_file_name(job_id)>` from start() until stop()."""
 
     def __init__(self, log_dir: str, job_id: str, build: Callable[[], dict], warn: Callable[[str], None]) -> None:
         self.path = os.path.join(log_dir, status_file_name(job_id))
         self._build, self._warn = build, warn
+        self._lock = threading.Lock()  # start() against stop(): a stopped publisher never starts
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed = False
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, daemon=True, name="status-file")
-        self._thread.start()
+        with self._lock:
+            if self._stop.is_set():
+                return
+            for left in glob.glob(glob.escape(self.path) + ".*.partial"):  # a predecessor killed mid-write
+                try:
+                    os.remove(left)
+                except OSError:
+                    pass
+            self._thread = threading.Thread(target=self._run, daemon=True, name="status-file")
+            self._thread.start()
 
     def _run(self) -> None:
         while True:
-            started = time.perf_counter()
+            started = time.thread_time()
             self.write()
-            if self._stop.wait(publish_period(time.perf_counter() - started)):
+            if self._stop.wait(publish_period(time.thread_time() - started)):
                 return
 
     def write(self, record: dict | None = None) -> None:
         """One record (`build()`'s unless given) into the file; a failure is told once, and clients
         then ask the coordinator (a control job) instead."""
+        partial = None
         try:
             text = json.dumps(self._build() if record is None else record)
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            partial = f"{self.path}.{os.getpid()}.partial"
-            with open(partial, "w") as fh:
+            fd, partial = tempfile.mkstemp(prefix=os.path.basename(self.path) + ".", suffix=".partial",
+                                           dir=os.path.dirname(self.path))
+            with os.fdopen(fd, "w") as fh:
                 fh.write(text)
             os.replace(partial, self.path)
         except Exception as exc:  # noqa: BLE001 - the file system, or a record that failed to build: told, never fatal
+            if partial is not None:
+                try:
+                    os.remove(partial)
+                except OSError:
+                    pass
             if not self._failed:
                 self._failed = True
-                self._warn(f"the status file {self.path} cannot be written ({exc}); `status` over the "
-                           f"dashboard's address asks the coordinator through a control job instead")
+                try:
+                    self._warn(f"the status file {self.path} cannot be written ({exc}); `status` over the "
+                               f"dashboard's address asks the coordinator through a control job instead")
+                except Exception:  # noqa: BLE001 - the job's log is going too: nothing more to tell
+                    pass
 
-    def stop(self, final: dict | None = None) -> None:
-        """No more periodic records; `final` (the job's last record) is written once the thread is done."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+    def stop(self, final: dict | None) -> None:
+        """No more periodic records (nor a start after this). `final`, the job's last record, is written
+        once the periodic thread is done; None (it could not be built): the file goes, so that clients
+        ask the coordinator rather than read a record that still says the job runs."""
+        with self._lock:
+            self._stop.set()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
         if final is not None:
             self.write(final)
+            return
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass

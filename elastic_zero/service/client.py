@@ -111,7 +111,7 @@ class Client:
         the dashboard's address, a live coordinator's record as it last published it (about once a
         second: `as_of`), unless `live`; else its answer now, through a control job."""
         info = self._info(job_id) if self.http else None
-        record = self.published_status(job_id) if self.http and not live else None
+        record = self._published(job_id, info) if self.http and not live else None
         if record is not None:
             record["ray_job_status"] = str(info.status.value)
             return record
@@ -131,12 +131,15 @@ class Client:
     def published_status(self, job_id: str) -> dict | None:
         """The record the job's live coordinator last published (service/published_status.py), read
         over HTTP in milliseconds; None where there is none to use (no live coordinator, none written
-        yet, or older than 30 s): then status() asks the coordinator itself. Its `ray_job_status` is
-        null (the coordinator does not know it); status() fills it in."""
+        yet, or older than 30 s by the dashboard's clock): then status() asks the coordinator itself.
+        Its `ray_job_status` is null (the coordinator does not know it); status() fills it in."""
+        self._need_http("published_status")
+        return self._published(job_id, self._info(job_id))
+
+    def _published(self, job_id: str, info) -> dict | None:
         from elastic_zero.coordinator.actor import NAMESPACE, coordinator_name
 
-        self._need_http("published_status")
-        return read_published(self._jobs, job_id, coordinator_name(job_id), NAMESPACE)
+        return read_published(self._jobs, job_id, coordinator_name(job_id), NAMESPACE, info.job_id)
 
     def scale(self, job_id: str, workers: int) -> str:
         return self._ask("scale", job_id, workers=int(workers))
