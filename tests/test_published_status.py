@@ -96,6 +96,12 @@ def test_no_final_record_leaves_no_file_and_a_killed_writers_leftovers_go(tmp_pa
     assert not left.exists()
     board.stop(None)  # the last record could not be built: clients must not read "running" from the file
     assert not (tmp_path / status_file_name("j1")).exists()
+    StatusFile(str(tmp_path), "never", _record, [].append).stop(None)  # never written: nothing to say
+    warnings = []
+    stuck = StatusFile(str(tmp_path), "j2", _record, warnings.append)
+    (tmp_path / status_file_name("j2")).mkdir()  # something there that cannot be removed as a file
+    stuck.stop(None)
+    assert len(warnings) == 1 and "cannot be removed" in warnings[0]
 
 
 def test_a_record_that_fails_to_build_or_write_is_told_once_and_publishing_goes_on(tmp_path):

@@ -62,7 +62,7 @@ class StatusFile:
             for left in glob.glob(glob.escape(self.path) + ".*.partial"):  # a predecessor killed mid-write
                 try:
                     os.remove(left)
-                except OSError:
+                except OSError:  # gone already, or kept: a stray .partial is never read, and each write makes its own
                     pass
             self._thread = threading.Thread(target=self._run, daemon=True, name="status-file")
             self._thread.start()
@@ -90,15 +90,19 @@ class StatusFile:
             if partial is not None:
                 try:
                     os.remove(partial)
-                except OSError:
+                except OSError:  # the failure is told below; a stray .partial is never read
                     pass
-            if not self._failed:
-                self._failed = True
-                try:
-                    self._warn(f"the status file {self.path} cannot be written ({exc}); `status` over the "
-                               f"dashboard's address asks the coordinator through a control job instead")
-                except Exception:  # noqa: BLE001 - the job's log is going too: nothing more to tell
-                    pass
+            self._tell_once(f"the status file {self.path} cannot be written ({exc}); `status` over the "
+                            f"dashboard's address asks the coordinator through a control job instead")
+
+    def _tell_once(self, message: str) -> None:
+        if self._failed:
+            return
+        self._failed = True
+        try:
+            self._warn(message)
+        except Exception:  # noqa: BLE001 - the job's log is going too: nothing more to tell
+            pass
 
     def stop(self, final: dict | None) -> None:
         """No more periodic records (nor a start after this). `final`, the job's last record, is written
@@ -114,5 +118,8 @@ class StatusFile:
             return
         try:
             os.remove(self.path)
-        except OSError:
+        except FileNotFoundError:  # never written
             pass
+        except OSError as exc:  # its last record says the job runs: readers drop it once it is 30 s old
+            self._tell_once(f"the status file {self.path} cannot be removed ({exc}); `status` over the "
+                            f"dashboard's address may show the job running for 30 s after its end")
