@@ -129,12 +129,12 @@ def step_summary(asked: bool, weight: float, loss_sum: "float | torch.Tensor", m
     return summary
 
 
-def read_step_summary(reduced: torch.Tensor, names: list[str], world: int, step: int,
+def read_step_summary(reduced: "torch.Tensor | list", names: list[str], world: int, step: int,
                       where: str = "train.loss", finite: bool = False, finite_metrics: bool = False) -> tuple[float, dict]:
-    """(the step's loss, its metrics) from the all-reduced step summary (see step_summary). `finite`:
-    a loss that is not finite is a ValueError naming `where`; `finite_metrics`: a metric too (every
-    rank raises it alike: the sums are the same everywhere)."""
-    values = reduced.tolist()
+    """(the step's loss, its metrics) from the all-reduced step summary (see step_summary), a tensor
+    or its values. `finite`: a loss that is not finite is a ValueError naming `where`;
+    `finite_metrics`: a metric too (every rank raises it alike: the sums are the same everywhere)."""
+    values = reduced.tolist() if isinstance(reduced, torch.Tensor) else list(reduced)
     h = _names_hash(names)
     if values[3] != world * h or values[4] != world * h * h:
         raise ValueError(f"{where}: the ranks returned different metrics at step {step} (this one: {names})")

@@ -107,6 +107,27 @@ def test_the_host_copy_of_a_cuda_shard_is_pinned_and_ordered_before_the_next_upd
 
 
 @needs_a_gpu
+def test_a_closing_summary_on_cuda_is_made_without_a_host_sync_and_read_once_its_copy_is_done():
+    """The step loop reads a step's summary a step late (worker/closing_summary.py): making it must
+    not make the host wait for the device (torch's sync debug mode raises on an implicit sync)."""
+    from elastic_zero.losses import step_summary
+    from elastic_zero.worker.closing_summary import ClosingSummary
+
+    loss = torch.full((), 3.0, dtype=torch.float64, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        torch.cuda._sleep(500_000_000)  # the device busy well past the summary's making
+        reduced = step_summary(True, 2.0, loss, {}, "cuda", save_busy=True)
+        summary = ClosingSummary.after_all_reduce(reduced, 5, [], True, 4, first=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not summary.known_complete()  # on CUDA only a read tells
+    assert summary.safe_point_asked and summary.save_busy and not summary.checkpoint_asked
+    assert summary.values()[1:3] == [2.0, 3.0] and summary.known_complete()
+
+
+@needs_a_gpu
 def test_a_layout_left_behind_gives_its_pinned_blocks_back():
     """torch keeps a freed pinned block for a later request of its size: once the shard needs blocks
     of another size, the release (at a commit, nothing of the old layout held) gives the old ones back."""

@@ -43,3 +43,17 @@ def test_a_handover_keeps_only_the_step_it_restores():
     assert r.report()["own_steps"] == (6,) and r.report()["ward_steps"] == (6,)
     r.of(0).keep_only(4)  # a step it does not hold: nothing is left to restore from
     assert r.report()["own_steps"] == () and r.report()["ward_steps"] == ()
+
+
+def test_a_step_confirmed_late_keeps_the_commits_made_after_it():
+    """A step's closing all-reduce is read a step late (worker/closing_summary.py): by then this rank
+    may have committed a newer step, which its peers may not hold yet. Confirming the step the
+    all-reduce witnessed lets only the older ones go."""
+    r = LayoutReplicas()
+    r.add(0, None, 4, "own4", "ward4")
+    r.add(0, None, 5, "own5", "ward5")  # witnessed by the all-reduce being read
+    r.add(0, None, 6, "own6", "ward6")  # committed since: not known everywhere
+    r.confirmed(5)
+    assert r.report()["own_steps"] == (5, 6) and r.report()["ward_steps"] == (5, 6)
+    r.confirmed(6)
+    assert r.of(0).own == {6: "own6"} and r.of(0).ward == {6: "ward6"}

@@ -142,6 +142,31 @@ def _nan_loss(model, batch):
     return next_token_loss(model, batch) * float("nan")
 
 
+def _nan_loss_from_step_2(model, batch):
+    model.calls = getattr(model, "calls", 0) + 1  # one call a step: one worker, one micro batch
+    return next_token_loss(model, batch) * (float("nan") if model.calls > 2 else 1.0)
+
+
+def test_a_loss_that_turns_nan_at_the_last_step_fails_the_job_before_its_weights_are_saved(tmp_path, local_ray):
+    """A step's loss is read back a step late (worker/closing_summary.py), but before a save: the
+    last step's nan loss fails the job before its checkpoint, the final weights, is written. The
+    oracle: the same job with a finite loss commits that checkpoint."""
+    from elastic_zero.checkpoint.catalog import list_checkpoints, open_store
+
+    for name, loss in (("finite", next_token_loss), ("nan-last", _nan_loss_from_step_2)):
+        uri = f"file://{tmp_path}/{name}"
+        job = ez.Job(name=name, model={"preset": "gpt-tiny", "kwargs": TINY}, data="synthetic",
+                     train={"steps": 3, "global_batch": 4, "loss": loss}, checkpoint={"uri": uri},
+                     elastic={"workers": 1, "max_workers": 1})
+        result = ez.run(job, ez.RunConfig(run_dir=str(tmp_path / name)))
+        fs, root = open_store(uri)
+        if name == "finite":
+            assert result.ok and [s for s, _ in list_checkpoints(fs, root)] == [3], result.error
+        else:
+            assert not result.ok and "train.loss: the loss is nan at step 2" in result.error
+            assert list_checkpoints(fs, root) == []
+
+
 def test_bad_user_code_and_data_end_the_job_in_one_line(tmp_path, local_ray):
     result = _bad(loss=_vector_loss)(tmp_path, "vector-loss")
     assert not result.ok and "train.loss: must return a scalar tensor" in result.error and "(2,)" in result.error

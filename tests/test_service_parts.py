@@ -105,6 +105,8 @@ def test_live_figures_rate_and_eta():
     assert live.samples_per_s() == pytest.approx(40.0) and live.eta_s() == pytest.approx(80 * 8 / 40)
     live.note(15, 1.7, 0.1, at=103.0)  # a recovery went back: the rate starts over
     assert live.samples_per_s() is None and live.step == 15
+    live.note(16, None, 0.1, at=103.5)  # a generation's first step: its loss is read during the next
+    assert live.step == 16 and live.loss == 1.7
     for i in range(30):  # the window keeps the last RATE_WINDOW_S seconds
         live.note(15 + i, 1.0, 0.1, at=103.0 + i)
     assert live.samples_per_s() == pytest.approx(8.0)

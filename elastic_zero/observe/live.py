@@ -43,7 +43,8 @@ class LiveProgress:
                 return
             if self._notes and step < self._notes[-1][1]:  # a recovery went back to an earlier step
                 self._notes.clear()
-            self.step, self.loss, self.step_seconds = step, loss, step_seconds
+            # (None: a generation's first step, its loss read back during the next one: the last one known stays)
+            self.step, self.loss, self.step_seconds = step, self.loss if loss is None else loss, step_seconds
             if step_seconds is not None:
                 self._step_seconds.append(step_seconds)
             self._notes.append((at, step))

@@ -33,10 +33,11 @@ class ReplicaStore:
             for old in sorted(store)[: -self.keep]:
                 del store[old]
 
-    def keep_latest(self) -> None:
-        """Every rank holds the latest step's snapshots: the older ones are needed no more."""
+    def keep_latest(self, through: int | None = None) -> None:
+        """Every rank holds the snapshots of step `through` (None: the latest): the older ones are
+        needed no more. A later step is kept beside it: not every rank may hold that one yet."""
         for store in (self.own, self.ward):
-            for old in sorted(store)[:-1]:
+            for old in sorted(store)[:-1] if through is None else [s for s in store if s < through]:
                 del store[old]
 
     def keep_only(self, step: int) -> None:
@@ -76,14 +77,14 @@ class LayoutReplicas:
             self.current, self.generation = ReplicaStore(), generation
         self.current.add(step, own, ward)
 
-    def confirmed(self) -> None:
-        """Every rank has committed the latest step of the current layout (a collective that all of
-        them entered after their commit completed): the earlier layout and the older steps go, so
-        that at rest a rank holds one snapshot of its own and one of its ward's."""
+    def confirmed(self, through: int | None = None) -> None:
+        """Every rank has committed step `through` (None: the latest) of the current layout (a
+        collective that all of them entered after their commit completed): the earlier layout and
+        the older steps go, so that at rest a rank holds one snapshot of its own and one of its ward's."""
         if self.earlier is not None:
             self.earlier = None
             POOL.trim()  # its blocks are of sizes no longer asked for
-        self.current.keep_latest()
+        self.current.keep_latest(through)
 
     def clear(self) -> None:
         """Every layout's replicas go (the engine starts over, or a plan keeps none)."""

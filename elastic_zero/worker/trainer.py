@@ -4,9 +4,10 @@ points. Its Ray face is actor.py, which builds it in the worker's own process.
 The coordinator calls train(plan) once per generation. train() joins the generation's process
 groups (the only place that creates them), moves the shards to the new layout, then steps until
 the job ends, a safe point is agreed, or a collective fails. Every step ends with one small
-all-reduce that carries the loss and "somebody was asked for a safe point", so all ranks stop at
-the same step without asking the coordinator. Every `replicate_every` steps the shard snapshot
-goes to the buddy's host memory, over the host group, while the next step computes (replication.py).
+all-reduce that carries the loss and "somebody was asked for a safe point", read during the next
+step (closing_summary.py), so all ranks stop at the same step without asking the coordinator.
+Every `replicate_every` steps the shard snapshot goes to the buddy's host memory, over the host
+group, while the next step computes (replication.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.node_memory import reset_peak
-from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, read_step_summary, step_summary
+from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, step_summary
 from elastic_zero.plan.evaluation import eval_due
 from elastic_zero.protocol import GenerationPlan, Hello, Outcome, OutcomeKind, Report
 from elastic_zero.job.spec import spec_from_dict
@@ -35,6 +36,7 @@ from elastic_zero.worker.node_duties import NodeDuties, memory_facts
 from elastic_zero.worker.pinned_layouts import PinnedLayouts
 from elastic_zero.worker.replica import LayoutReplicas
 from elastic_zero.worker.checkpoint_records import CheckpointRecords
+from elastic_zero.worker.closing_summary import ClosingSummary, SummaryReader
 from elastic_zero.worker.commits import StepCommits
 from elastic_zero.worker.replication import Replicator
 from elastic_zero.worker.saves import CheckpointSaves
@@ -103,6 +105,7 @@ class Trainer:
         self.saves = CheckpointSaves(self.spec, self.writer, self.replicator, self.replicas, self.records)
         self.commits = StepCommits(self.spec, self.cadence, self.replicator, self.replicas, self.records, self.groups,
                                    self.device, self.notes.cadence if self.notes else None)
+        self.summaries = SummaryReader(self.replicas, self.pins, self.commits, self.writer, self.store, self._finite_loss)
         self.drills = DrillRunner(self.spec.faults, self.store, self.replicator, self.writer, self.duties, actor_id,
                                   coordinator, namespace)
         self.entry = GenerationEntry(self.spec, actor_id, self.held, self.store, self._gate, self.groups, self.commits,
@@ -181,6 +184,7 @@ class Trainer:
         self.link.watch_generation(plan.number)
         self.records.new_generation()  # the sample records this generation commits or saves
         self.cadence.new_generation()  # measured anew: the world size sets a shard's bytes
+        self._previous = None  # the latest step's closing summary
         try:
             if self.device.type == "cuda":  # set_device holds per thread, and Ray may call on another
                 torch.cuda.set_device(self.device)
@@ -205,6 +209,8 @@ class Trainer:
                 print(f"elastic_zero worker {self.actor_id}: device failure, exiting: {error}", flush=True)
                 os._exit(1)
             bug = "" if is_communication_failure(exc, self._gate.aborted.is_set()) else error
+            # the last step closed before the failure still keeps its records (closing_summary.py)
+            self.summaries.salvage(plan, report.get("rank", 0), plan.generation.world_size, self._previous, report)
             if self.writer is not None:
                 self.writer.abandon()  # at once: a slow write must not make this survivor miss its deadline
                 self.saves.take_news(report)
@@ -225,6 +231,9 @@ class Trainer:
         world = plan.generation.world_size
         comm = self.groups.train_comm()
         engine = self.engine
+        # the step before's closing summary, read during this step (closing_summary.py): what it asked
+        # for (a safe point, a checkpoint) is done at this one, on every rank alike
+        previous = None
         while engine.step_count < spec.train.steps:
             step = engine.step_count
             for moment in ("step",) if report["step_times"] else ("first_step", "step"):
@@ -239,60 +248,54 @@ class Trainer:
             # device would wait for. No phase mark: a mark restarts the collectives' count, and this
             # rank, done with its backward, would look behind a peer still in its own (plan/stuck.py)
             self.batches.prepare(step + 1, world, rank)
+            if previous is not None:  # its all-reduce is long done: this read does not leave the device idle
+                self.summaries.read(plan, rank, world, previous, report)
             waited = blocked = self.commits.finish(plan, report)  # the previous step's replicas, sent while this one ran
             self.drills.fire("commit", plan, rank, step)
+            stop_asked, checkpoint_now = (previous.safe_point_asked, previous.checkpoint_asked) if previous else (False, False)
+            if checkpoint_now:  # on every rank: a request still on its way to one is for this checkpoint too
+                self._checkpoint_taken = max(self._checkpoint_for, plan.number)
             asked = self._safe_point_for == plan.number
             checkpoint_asked = self._checkpoint_for > self._checkpoint_taken  # asked in this generation or before
-            every = spec.checkpoint.every
-            save_busy = bool(self.writer is not None and every and (step + 1) % every == 0 and self.writer.busy())
-            agree = step_summary(asked, weight, loss_sum, metric_sums, self.device, checkpoint_asked,
-                                 save_busy=save_busy)
+            save_due = bool(spec.checkpoint.every and (step + 1) % spec.checkpoint.every == 0)
+            save_busy = bool(self.writer is not None and save_due and self.writer.busy())
+            agree = step_summary(asked, weight, loss_sum, metric_sums, self.device, checkpoint_asked, save_busy=save_busy)
             # without replicas the layout is complete once every rank has taken its shards of it
             committed = self.replicas.generation == plan.number or not self.commits.replicating
+            through = max(self.replicas.current.own, default=None) if self.replicas.generation == plan.number else None
             self.duties.mark(phase="agree")
             comm.all_reduce(agree)
-            if committed:  # every rank got here after a commit in this layout: it is complete in memory
-                self.replicas.confirmed()  # and so the older steps are needed no more
-                if not self.commits.replicating and self.replicas.generation >= 0:  # (a plan without room for them)
-                    self.replicas.clear()  # those of the layouts before go too
-                    self.pins.dropped()
-                self.pins.settle(self.replicas.earlier is not None or bool(self.writer and self.writer.busy()))
-                if rank == 0 and plan.leaving and not report["step_times"]:
-                    self.store.set(committed_key(plan), "1")  # the leavers may go
-            report["last_loss"], report["last_metrics"] = read_step_summary(
-                agree, sorted(metric_sums), world, step, finite=self._finite_loss, finite_metrics=True)
+            self._previous = summary = ClosingSummary.after_all_reduce(
+                agree, step, sorted(metric_sums), committed, through, first=not report["step_times"])
             self.commits.agree_cadence(plan, rank, comm, report)
-            report["losses"].append((step, round(report["last_loss"], 6)))  # every rank: one may be lost
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
-            # the update after the all-reduce: the older replicas are gone before the step's copy is made,
-            # which a step that will commit (every `replicate_every`, or a safe point) has the engine make
-            # as it updates
-            will_stop = agree[0] > 0 and step + 1 < spec.train.steps
+            will_stop = stop_asked and step + 1 < spec.train.steps  # asked at the step before: stop after this one
+            host_copy = self.commits.due(step + 1) or (will_stop and self.commits.replicating)
+            if host_copy and committed and self.replicas.earlier is not None:  # the layout before goes first
+                self.summaries.read(plan, rank, world, summary, report)  # (not beside the step's copy)
+            # the update after the all-reduce; a step that will commit (every `replicate_every`, or a
+            # safe point) has the engine make its host copy as it updates
             self.duties.mark(phase="update")
-            engine.step(host_copy=self.commits.due(step + 1) or (will_stop and self.commits.replicating))
+            engine.step(host_copy=host_copy)
             engine.zero_grad()
             self.duties.mark(steps=engine.step_count, phase="commit")
-            stopping = agree[0] > 0 and engine.step_count < spec.train.steps
             trained = time.time()
             last = engine.step_count == spec.train.steps
+            if save_due or checkpoint_now or last or will_stop:  # read before a save keeps a loss that is not finite
+                self.summaries.read(plan, rank, world, summary, report)
             copy_s = 0.0
             # a safe point always commits: the next generation's fallback is this layout at this step
-            if self.commits.due(engine.step_count) or (stopping and self.commits.replicating):
+            if self.commits.due(engine.step_count) or (will_stop and self.commits.replicating):
                 copy_s = self.commits.start(plan, report, engine)
                 blocked += copy_s
-                if last or stopping:  # nothing follows to hide the swap behind: committed before going on
+                if last or will_stop:  # nothing follows to hide the swap behind: committed before going on
                     self.commits.finish(plan, report)  # (its wait is in the time since `trained`)
-            elif not self.commits.replicating:
-                self.commits.keep_step_records(plan, report, step, world, rank)
             if last:  # the final weights are this step's checkpoint, written next
                 self.drills.fire("final", plan, rank, engine.step_count)
             self.cadence.step_done(trained - started - waited - copy_s)  # its own time, less its commits'
-            checkpoint_now, skip_save = bool(agree[-2] > 0), bool(agree[-1] > 0)
-            if checkpoint_now:  # on every rank: a request still on its way to one is for this checkpoint too
-                self._checkpoint_taken = max(self._checkpoint_for, plan.number)
             self.duties.mark(phase="save")
             self.saves.save(plan, report, engine, self.held.model, self.held.extra, now=checkpoint_now,
-                            skip_periodic=skip_save)
+                            skip_periodic=save_due and summary.save_busy)
             self.duties.mark(phase="idle")
             report["step_ends"].append(time.time())
             report["step_times"].append(report["step_ends"][-1] - started)
@@ -301,8 +304,9 @@ class Trainer:
             report["protect_times"].append(time.time() - trained + blocked)
             if rank == 0 and self.notes:
                 self.notes.progress(plan.number, engine.step_count, last, report)
-            if stopping:  # its commit above kept the steps since the last one
+            if will_stop:  # its commit above kept the steps since the last one
                 return OutcomeKind.SAFE_POINT
+            previous = summary
         self._evaluate_if_due(plan, rank, world, comm, report, engine.step_count)  # the final weights
         if self.writer is not None:
             self.writer.wait()  # the final checkpoint is committed before the job reports success

@@ -1,0 +1,30 @@
+"""A step's closing summary, read a step late (worker/closing_summary.py): what the ranks asked for
+in it, read once, on the CPU. Pure: the all-reduce is two ranks' summaries summed."""
+
+from elastic_zero.losses import step_summary
+from elastic_zero.worker.closing_summary import ClosingSummary
+
+
+def _summed(asked=(False, False), checkpoint=(False, False), busy=(False, False)):
+    parts = [step_summary(a, 2.0, 3.0, {"acc": 1.0}, "cpu", c, save_busy=b) for a, c, b in zip(asked, checkpoint, busy)]
+    return parts[0] + parts[1]
+
+
+def test_what_one_rank_asked_for_every_rank_reads_in_the_summary():
+    quiet = ClosingSummary.after_all_reduce(_summed(), 7, ["acc"], True, 6, first=False)
+    assert quiet.known_complete() and not quiet.read  # the CPU's all-reduce was done when it was made
+    assert not (quiet.safe_point_asked or quiet.checkpoint_asked or quiet.save_busy) and quiet.read
+    for field, kwargs in (("safe_point_asked", {"asked": (False, True)}),
+                          ("checkpoint_asked", {"checkpoint": (True, False)}),
+                          ("save_busy", {"busy": (False, True)})):
+        summary = ClosingSummary.after_all_reduce(_summed(**kwargs), 7, ["acc"], True, 6, first=False)
+        flags = {f: getattr(summary, f) for f in ("safe_point_asked", "checkpoint_asked", "save_busy")}
+        assert flags == {f: f == field for f in flags}, (field, flags)
+
+
+def test_a_summary_is_read_from_the_device_once():
+    reduced = _summed()
+    summary = ClosingSummary.after_all_reduce(reduced, 3, ["acc"], False, None, first=True)
+    first = summary.values()
+    reduced.zero_()  # the device's tensor is the next step's business once read
+    assert summary.values() is first and first[1] == 4.0 and first[2] == 6.0
