@@ -33,6 +33,8 @@ def job(tmp_path, name, faults=(), **sections):
     code = run_job(job_spec(name, faults, **sections), RunConfig(run_dir=str(run_dir), progress=False), final_weights=str(weights))
     summary = json.loads((run_dir / "summary.json").read_text())
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    beyond = [e["message"] for e in events if e.get("event") == "warning" and "where the memory plan counts" in e.get("message", "")]
+    assert not beyond, beyond  # a rank held more replicas than the memory plan counts (worker/commits.py)
     return code, summary, events, (torch.load(weights, weights_only=True) if code == 0 else None)
 
 

@@ -143,27 +143,31 @@ def _nan_loss(model, batch):
 
 
 def _nan_loss_from_step_2(model, batch):
-    model.calls = getattr(model, "calls", 0) + 1  # one call a step: one worker, one micro batch
-    return next_token_loss(model, batch) * (float("nan") if model.calls > 2 else 1.0)
+    model.calls = getattr(model, "calls", 0) + model.training  # one training call a step: one worker, one micro batch
+    return next_token_loss(model, batch) * (float("nan") if model.calls > 2 and model.training else 1.0)
 
 
 def test_a_loss_that_turns_nan_at_the_last_step_fails_the_job_before_its_weights_are_saved(tmp_path, local_ray):
     """A step's loss is read back a step late (worker/closing_summary.py), but before a save: the
-    last step's nan loss fails the job before its checkpoint, the final weights, is written. The
-    oracle: the same job with a finite loss commits that checkpoint."""
+    last step's nan loss fails the job before its checkpoint, the final weights, is written, and an
+    evaluation due after it, before it evaluates. The oracle: the same job with a finite loss
+    commits that checkpoint."""
     from elastic_zero.checkpoint.catalog import list_checkpoints, open_store
 
-    for name, loss in (("finite", next_token_loss), ("nan-last", _nan_loss_from_step_2)):
+    for name, loss in (("finite", next_token_loss), ("nan-last", _nan_loss_from_step_2), ("nan-eval", _nan_loss_from_step_2)):
         uri = f"file://{tmp_path}/{name}"
+        # (without replicas nothing else reads step 2's loss before the evaluation after it: the default
+        # cadence commits, and so reads, each of a generation's first steps)
+        steps, extra = (6, {"eval": {"source": "synthetic", "batches": 1, "every": 3}}) if name == "nan-eval" else (3, {})
         job = ez.Job(name=name, model={"preset": "gpt-tiny", "kwargs": TINY}, data="synthetic",
-                     train={"steps": 3, "global_batch": 4, "loss": loss}, checkpoint={"uri": uri},
-                     elastic={"workers": 1, "max_workers": 1})
+                     train={"steps": steps, "global_batch": 4, "loss": loss}, checkpoint={"uri": uri},
+                     elastic={"workers": 1, "max_workers": 1, "replicate_every": 0 if extra else "auto"}, **extra)
         result = ez.run(job, ez.RunConfig(run_dir=str(tmp_path / name)))
         fs, root = open_store(uri)
         if name == "finite":
             assert result.ok and [s for s, _ in list_checkpoints(fs, root)] == [3], result.error
-        else:
-            assert not result.ok and "train.loss: the loss is nan at step 2" in result.error
+        else:  # (an evaluation of the weights after step 2 reads its loss first: the train loss is named)
+            assert not result.ok and "train.loss: the loss is nan at step 2" in result.error, result.error
             assert list_checkpoints(fs, root) == []
 
 

@@ -87,8 +87,9 @@ class Books:
                 self.last_loss, self.last_metrics = r.last_loss, dict(r.last_metrics)
             self.loss_curve.update(dict(r.losses))
             self.evals.update((e["step"], dict(e)) for e in r.evals)
-        # a rank's losses and step times are appended in the same iteration of its step loop; this
-        # generation's times replace an earlier one's for the steps it ran again. One rank's clock:
+        # a rank's losses and step times both begin at the generation's first step and follow its steps
+        # (a loss is read a step late: a failed generation's may be one short, and zip drops that step's
+        # time); this generation's times replace an earlier one's for the steps it ran again. One rank's clock:
         # its steps follow each other, so their times add up to its wall time (a maximum over ranks
         # would count the ranks' skew against each other as time spent); rank 0's, else another's.
         seconds, ends = {}, {}

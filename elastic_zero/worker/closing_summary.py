@@ -6,7 +6,9 @@ the loop reads step s's summary during step s + 1, after queuing that step's for
 its all-reduce finished long before, and the host's per-step work runs while the device computes.
 The ranks act on what it says (a safe point, a checkpoint asked for) one step later, all alike.
 It is read at once where something durable follows: a save (a loss that is not finite fails the
-job before its weights are kept) and the generation's end.
+job before its weights are kept) and the generation's end; and before a step's host copy for a
+commit, so that the older replicas go first and a rank holds two steps' copies at most, as the
+memory plan counts (plan/memory.py). On a GPU the default cadence commits every tens of steps.
 
 What its all-reduce witnessed is kept with it: every rank had then committed the step in
 `committed_through` (or kept no replicas), so the replicas before it may go when it is read, and
@@ -21,6 +23,7 @@ import torch
 
 from elastic_zero.losses import read_step_summary
 from elastic_zero.worker.entry import committed_key
+from elastic_zero.zero.abortable import GroupAborted
 
 
 @dataclass
@@ -54,9 +57,10 @@ class ClosingSummary:
 
     def known_complete(self) -> bool:
         """Whether its all-reduce is known to have completed on every rank: on the CPU (gloo) it had
-        before the summary was made; on CUDA only a read tells (an aborted group's all-reduce ends
-        early, its values unknown, and the copy behind it completes all the same)."""
-        return self._copied is None or self.read
+        before the summary was made. On CUDA a read that finds the groups not aborted tells (an
+        aborted group's all-reduce ends early, its values unknown, and the copy behind it completes
+        all the same: SummaryReader.read checks)."""
+        return self._copied is None
 
     def values(self) -> list:
         """The all-reduced slots (see losses.step_summary), waiting for the device if need be."""
@@ -84,20 +88,24 @@ class ClosingSummary:
 class SummaryReader:
     """Acts once on each closing summary read: what its all-reduce witnessed, and the loss."""
 
-    def __init__(self, replicas, pins, commits, writer, store, finite_loss: bool) -> None:
+    def __init__(self, replicas, pins, commits, writer, store, finite_loss: bool, aborted) -> None:
         """The trainer's parts it acts on: `replicas` (replica.LayoutReplicas), `pins`
         (pinned_layouts.PinnedLayouts), `commits` (commits.StepCommits), `writer` (the checkpoint
-        writer, or None), `store` (the job's store); `finite_loss`: a loss that is not finite is an error."""
+        writer, or None), `store` (the job's store); `finite_loss`: a loss that is not finite is an
+        error; `aborted()`: whether the generation's groups were aborted."""
         self._replicas, self._pins, self._commits, self._writer, self._store = replicas, pins, commits, writer, store
-        self._finite_loss = finite_loss
+        self._finite_loss, self._aborted = finite_loss, aborted
 
-    def read(self, plan, rank: int, world: int, summary: ClosingSummary, report: dict) -> None:
+    def read(self, plan, rank: int, world: int, summary: ClosingSummary | None, report: dict) -> None:
         """Every rank got to the step's all-reduce: a commit it had made then is held everywhere (the
         older replicas and the layout before go), and without replicas the step's sample records are
-        kept. Its loss goes into the report; one that is not finite is a ValueError naming the step."""
-        if summary.read:
+        kept. Its loss goes into the report; one that is not finite is a ValueError naming the step.
+        None, or read before: nothing to do."""
+        if summary is None or summary.read:
             return
         values = summary.values()
+        if not summary.known_complete() and self._aborted():  # (CUDA) an aborted all-reduce ends early, its
+            raise GroupAborted(f"generation {plan.number} was aborted")  # values unknown: nothing is confirmed by it
         if summary.committed:  # every rank got there after a commit in this layout: it is complete in memory
             self._replicas.confirmed(summary.committed_through)
             if not self._commits.replicating and self._replicas.generation >= 0:  # (a plan without room for them)

@@ -105,7 +105,8 @@ class Trainer:
         self.saves = CheckpointSaves(self.spec, self.writer, self.replicator, self.replicas, self.records)
         self.commits = StepCommits(self.spec, self.cadence, self.replicator, self.replicas, self.records, self.groups,
                                    self.device, self.notes.cadence if self.notes else None)
-        self.summaries = SummaryReader(self.replicas, self.pins, self.commits, self.writer, self.store, self._finite_loss)
+        self.summaries = SummaryReader(self.replicas, self.pins, self.commits, self.writer, self.store, self._finite_loss,
+                                       self._gate.aborted.is_set)
         self.drills = DrillRunner(self.spec.faults, self.store, self.replicator, self.writer, self.duties, actor_id,
                                   coordinator, namespace)
         self.entry = GenerationEntry(self.spec, actor_id, self.held, self.store, self._gate, self.groups, self.commits,
@@ -209,7 +210,6 @@ class Trainer:
                 print(f"elastic_zero worker {self.actor_id}: device failure, exiting: {error}", flush=True)
                 os._exit(1)
             bug = "" if is_communication_failure(exc, self._gate.aborted.is_set()) else error
-            # the last step closed before the failure still keeps its records (closing_summary.py)
             self.summaries.salvage(plan, report.get("rank", 0), plan.generation.world_size, self._previous, report)
             if self.writer is not None:
                 self.writer.abandon()  # at once: a slow write must not make this survivor miss its deadline
@@ -231,22 +231,20 @@ class Trainer:
         world = plan.generation.world_size
         comm = self.groups.train_comm()
         engine = self.engine
-        # the step before's closing summary, read during this step (closing_summary.py): what it asked
-        # for (a safe point, a checkpoint) is done at this one, on every rank alike
-        previous = None
+        # the step before's closing summary, read during this step: what it asked for is done at this one
+        previous, peak_reset = None, False
         while engine.step_count < spec.train.steps:
             step = engine.step_count
             for moment in ("step",) if report["step_times"] else ("first_step", "step"):
                 self.drills.fire(moment, plan, rank, step)
             if report["first_step_at"] is None:  # ready to train: an evaluation first is not part of the stall
                 report["first_step_at"] = time.time()
-            self._evaluate_if_due(plan, rank, world, comm, report, step)
+            self._evaluate_if_due(plan, rank, world, comm, report, step, previous)
             started = time.time()
             positions, weight, loss_sum, metric_sums = self._forward_backward(world, rank, comm, step)
-            # the next step's batches while the device runs this one's backward: the host waits for
-            # the device at the step's closing all-reduce, and what it did after that wait, the
-            # device would wait for. No phase mark: a mark restarts the collectives' count, and this
-            # rank, done with its backward, would look behind a peer still in its own (plan/stuck.py)
+            # the next step's batches while the device runs this one's backward. No phase mark: a mark
+            # restarts the collectives' count, and this rank, done with its backward, would look behind
+            # a peer still in its own (plan/stuck.py)
             self.batches.prepare(step + 1, world, rank)
             if previous is not None:  # its all-reduce is long done: this read does not leave the device idle
                 self.summaries.read(plan, rank, world, previous, report)
@@ -271,18 +269,17 @@ class Trainer:
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             will_stop = stop_asked and step + 1 < spec.train.steps  # asked at the step before: stop after this one
             host_copy = self.commits.due(step + 1) or (will_stop and self.commits.replicating)
-            if host_copy and committed and self.replicas.earlier is not None:  # the layout before goes first
-                self.summaries.read(plan, rank, world, summary, report)  # (not beside the step's copy)
-            # the update after the all-reduce; a step that will commit (every `replicate_every`, or a
-            # safe point) has the engine make its host copy as it updates
+            if host_copy and committed:  # the older replicas (and layout) go before the step's copy is made,
+                self.summaries.read(plan, rank, world, summary, report)  # not beside it: two at most, at rest one
+            # a step that will commit (every `replicate_every`, or a safe point) has its host copy made in the update
             self.duties.mark(phase="update")
             engine.step(host_copy=host_copy)
             engine.zero_grad()
             self.duties.mark(steps=engine.step_count, phase="commit")
-            trained = time.time()
             last = engine.step_count == spec.train.steps
             if save_due or checkpoint_now or last or will_stop:  # read before a save keeps a loss that is not finite
                 self.summaries.read(plan, rank, world, summary, report)
+            trained = time.time()
             copy_s = 0.0
             # a safe point always commits: the next generation's fallback is this layout at this step
             if self.commits.due(engine.step_count) or (will_stop and self.commits.replicating):
@@ -299,8 +296,9 @@ class Trainer:
             self.duties.mark(phase="idle")
             report["step_ends"].append(time.time())
             report["step_times"].append(report["step_ends"][-1] - started)
-            if len(report["step_times"]) == 1:  # the layout before is let go by now: the peak its beats
-                reset_peak()  # carry is the steps' own from here (what the coordinator plans with)
+            if not peak_reset and (summary.read or previous is not None):  # the layout before is let go once the
+                reset_peak()  # first step's summary is read: the peak its beats carry is the steps' own from here
+                peak_reset = True  # (what the coordinator plans with)
             report["protect_times"].append(time.time() - trained + blocked)
             if rank == 0 and self.notes:
                 self.notes.progress(plan.number, engine.step_count, last, report)
@@ -314,11 +312,13 @@ class Trainer:
         return OutcomeKind.FINISHED
 
     def _evaluate_if_due(self, plan: GenerationPlan, rank: int, world: int, comm: TorchComm, report: dict,
-                         step: int) -> None:
+                         step: int, before: ClosingSummary | None = None) -> None:
         """The weights after `step` steps on the eval set, when [eval] asks; rank 0 tells the coordinator.
-        Lost inside it, the next generation restores that step (committed first) and evaluates it."""
+        Lost inside it, the next generation restores that step (committed first) and evaluates it.
+        `before`: the step before's summary, read first (a loss that is not finite fails the job first)."""
         if self.evaluator is None or not eval_due(step, self.spec.eval.every, self.spec.train.steps):
             return
+        self.summaries.read(plan, rank, world, before, report)
         self.commits.finish(plan, report)
         self.drills.fire("eval", plan, rank, step)
         result = self.evaluator.evaluate(self.engine.module, comm, world, rank, step, self.device,
