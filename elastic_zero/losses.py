@@ -50,6 +50,24 @@ def batch_weight(batch: dict, samples: int) -> float:
     return float(samples) if weights is None else float(weights.sum())
 
 
+def batch_totals(weights: list[float], batches: list[dict], device) -> torch.Tensor:
+    """This rank's part of a step's sum over ranks of the batch weights: (the weight, the micro
+    batches that carry a WEIGHT_KEY, the micro batches), on `device` without a host sync (from
+    pinned memory on CUDA), to be all-reduced and checked by check_batch_totals when read."""
+    host = torch.tensor([sum(weights), sum(WEIGHT_KEY in b for b in batches), len(batches)], dtype=torch.float64)
+    return host.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else host
+
+
+def check_batch_totals(totals: list[float], step: int) -> None:
+    """A ValueError naming the field if a step's all-reduced batch_totals do not add up."""
+    weight, weighed, micro = totals
+    if weighed not in (0.0, micro):  # counts of samples and of tokens do not add up
+        raise ValueError(f"data.collate: {int(weighed)} of the step's {int(micro)} micro batches have a "
+                         f"{WEIGHT_KEY!r}: give it always or never")
+    if weight <= 0:
+        raise ValueError(f"data: the global batch of step {step} carries no loss terms (every {WEIGHT_KEY} is 0)")
+
+
 def checked(out, step: int, finite: bool = True, where: str = "train.loss",
             needs_grad: bool = True, lazy: bool = False) -> tuple[torch.Tensor, float | torch.Tensor, dict]:
     """(the loss tensor, its value, the other metrics) of what a loss function returned, the value

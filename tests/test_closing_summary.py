@@ -27,4 +27,19 @@ def test_a_summary_is_read_from_the_device_once():
     summary = ClosingSummary.after_all_reduce(reduced, 3, ["acc"], False, None, first=True)
     first = summary.values()
     reduced.zero_()  # the device's tensor is the next step's business once read
-    assert summary.values() is first and first[1] == 4.0 and first[2] == 6.0
+    assert summary.values() == first and first[1] == 4.0 and first[2] == 6.0
+
+
+def test_the_batch_totals_travel_with_the_summary_and_are_checked_when_read():
+    from elastic_zero.losses import batch_totals, check_batch_totals
+
+    totals = batch_totals([2.0, 3.0], [{"sample_weight": 1}, {"sample_weight": 1}], "cpu") + \
+        batch_totals([0.0], [{}], "cpu")  # two ranks, summed: one micro batch without weights
+    summary = ClosingSummary.after_all_reduce(_summed(), 4, ["acc"], True, 3, first=False, totals=totals)
+    assert summary.total_values() == [5.0, 2.0, 3.0] and summary.values()[1:3] == [4.0, 6.0]
+    try:
+        check_batch_totals(summary.total_values(), summary.step)
+    except ValueError as exc:
+        assert str(exc) == "data.collate: 2 of the step's 3 micro batches have a 'sample_weight': give it always or never"
+    else:
+        raise AssertionError("mixed weights passed")

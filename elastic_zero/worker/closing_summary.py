@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from elastic_zero.losses import read_step_summary
+from elastic_zero.losses import check_batch_totals, read_step_summary
 from elastic_zero.worker.entry import committed_key
 from elastic_zero.zero.abortable import GroupAborted
 
@@ -34,19 +34,22 @@ class ClosingSummary:
     committed: bool  # every rank entered its all-reduce after a commit in this layout (or without replicas)
     committed_through: int | None  # the latest step this rank had committed in the layout then
     first: bool  # the generation's first step
-    _host: torch.Tensor | None = None  # CUDA: a pinned copy, complete when _copied is
+    totals: torch.Tensor | None = None  # the step's batch totals, all-reduced (losses.batch_totals), if asked
+    _host: torch.Tensor | None = None  # CUDA: a pinned copy of both, complete when _copied is
     _copied: object | None = None  # CUDA: an event after the copy
     _values: list | None = field(default=None, repr=False)
 
     @classmethod
     def after_all_reduce(cls, reduced: torch.Tensor, step: int, names: list, committed: bool,
-                         committed_through: int | None, first: bool) -> "ClosingSummary":
-        """Made once `reduced` was all-reduced (queued, on CUDA): a copy to pinned host memory is
-        queued behind it, so that reading it later waits for nothing else."""
-        summary = cls(step, reduced, names, committed, committed_through, first)
+                         committed_through: int | None, first: bool,
+                         totals: torch.Tensor | None = None) -> "ClosingSummary":
+        """Made once `reduced` (and `totals`) were all-reduced (queued, on CUDA): a copy to pinned
+        host memory is queued behind it, so that reading it later waits for nothing else."""
+        summary = cls(step, reduced, names, committed, committed_through, first, totals)
         if reduced.device.type == "cuda":
-            summary._host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
-            summary._host.copy_(reduced, non_blocking=True)
+            both = reduced if totals is None else torch.cat([reduced, totals])
+            summary._host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
+            summary._host.copy_(both, non_blocking=True)
             summary._copied = torch.cuda.Event()
             summary._copied.record()
         return summary
@@ -64,10 +67,19 @@ class ClosingSummary:
 
     def values(self) -> list:
         """The all-reduced slots (see losses.step_summary), waiting for the device if need be."""
+        return self._read()[: self.reduced.numel()]
+
+    def total_values(self) -> list | None:
+        """The step's batch totals (losses.check_batch_totals), if it has them."""
+        return None if self.totals is None else self._read()[self.reduced.numel():]
+
+    def _read(self) -> list:
         if self._values is None:
             if self._copied is not None:
                 self._copied.synchronize()
-            self._values = (self._host if self._host is not None else self.reduced).tolist()
+                self._values = self._host.tolist()
+            else:
+                self._values = self.reduced.tolist() + ([] if self.totals is None else self.totals.tolist())
         return self._values
 
     # what the ranks asked for in it (sums over ranks: any rank asking makes it so on every rank)
@@ -106,6 +118,8 @@ class SummaryReader:
         values = summary.values()
         if not summary.known_complete() and self._aborted():  # (CUDA) an aborted all-reduce ends early, its
             raise GroupAborted(f"generation {plan.number} was aborted")  # values unknown: nothing is confirmed by it
+        if summary.totals is not None:  # before the loss: weights that do not add up make it nan
+            check_batch_totals(summary.total_values(), summary.step)
         if summary.committed:  # every rank got there after a commit in this layout: it is complete in memory
             self._replicas.confirmed(summary.committed_through)
             if not self._commits.replicating and self._replicas.generation >= 0:  # (a plan without room for them)

@@ -20,7 +20,7 @@ import torch
 
 from elastic_zero.checkpoint.writer import AsyncCheckpointWriter
 from elastic_zero.node_memory import reset_peak
-from elastic_zero.losses import WEIGHT_KEY, batch_weight, checked, step_summary
+from elastic_zero.losses import batch_totals, batch_weight, checked, step_summary
 from elastic_zero.plan.evaluation import eval_due
 from elastic_zero.protocol import GenerationPlan, Hello, Outcome, OutcomeKind, Report
 from elastic_zero.job.spec import spec_from_dict
@@ -241,7 +241,7 @@ class Trainer:
                 report["first_step_at"] = time.time()
             self._evaluate_if_due(plan, rank, world, comm, report, step, previous)
             started = time.time()
-            positions, weight, loss_sum, metric_sums = self._forward_backward(world, rank, comm, step)
+            positions, weight, loss_sum, metric_sums, totals = self._forward_backward(world, rank, comm, step)
             # the next step's batches while the device runs this one's backward. No phase mark: a mark
             # restarts the collectives' count, and this rank, done with its backward, would look behind
             # a peer still in its own (plan/stuck.py)
@@ -264,7 +264,7 @@ class Trainer:
             self.duties.mark(phase="agree")
             comm.all_reduce(agree)
             self._previous = summary = ClosingSummary.after_all_reduce(
-                agree, step, sorted(metric_sums), committed, through, first=not report["step_times"])
+                agree, step, sorted(metric_sums), committed, through, first=not report["step_times"], totals=totals)
             self.commits.agree_cadence(plan, rank, comm, report)
             report["uncommitted"].append((step, rank, positions.start, len(positions)))
             will_stop = stop_asked and step + 1 < spec.train.steps  # asked at the step before: stop after this one
@@ -329,29 +329,23 @@ class Trainer:
             self.notes.evaluated(plan.number, dataclasses.asdict(result))
 
     def _forward_backward(self, world: int, rank: int, comm: TorchComm,
-                          step: int) -> tuple[range, float, torch.Tensor | float, dict]:
+                          step: int) -> tuple[range, float, torch.Tensor | float, dict, torch.Tensor | None]:
         """Forward and backward of this rank's share of the step (the update follows the step's
         closing all-reduce). Each micro batch's
         loss (a weighted mean, see losses.py) is scaled by its weight * world / the global weight, so
         that the engine's average over ranks is the weighted mean over the global batch. Returns this
         rank's (positions, weight, weight * loss, {metric: weight * value}) for the step's all-reduce
-        (on the device)."""
+        (on the device), and the step's batch totals (losses.batch_totals, all-reduced; None: synthetic data)."""
         spec, engine = self.spec, self.engine
         self.duties.mark(phase="data")
         positions, micro, batches = self.batches.of_step(step, world, rank)
         self.duties.mark(phase="compute")
         weights = [batch_weight(b, len(m)) if m else 0.0 for b, m in zip(batches, micro)]
-        global_weight = float(spec.train.global_batch)  # synthetic data: one per sample, known up front
-        if self.source.num_samples is not None:  # a collate may weigh samples: the total is known only by asking
-            weighed = sum(WEIGHT_KEY in b for b in batches)
-            total = torch.tensor([sum(weights), weighed, len(batches)], dtype=torch.float64, device=self.device)
-            comm.all_reduce(total)
-            global_weight = float(total[0])
-            if float(total[1]) not in (0.0, float(total[2])):  # counts of samples and of tokens do not add up
-                raise ValueError(f"data.collate: {int(total[1])} of the step's {int(total[2])} micro batches have a "
-                                 f"{WEIGHT_KEY!r}: give it always or never")
-        if global_weight <= 0:
-            raise ValueError(f"data: the global batch of step {step} carries no loss terms (every {WEIGHT_KEY} is 0)")
+        global_weight, totals = float(spec.train.global_batch), None  # synthetic data: one per sample, known up front
+        if self.source.num_samples is not None:  # a collate may weigh samples: the total is known only by asking,
+            totals = batch_totals(weights, batches, self.device)  # on the device (a read would make the host wait
+            comm.all_reduce(totals)  # for the step before): checked when the step's summary is read
+            global_weight = totals[0]
         # the loss and metrics stay on the device until the step's all-reduce has summed them: a read
         # back here would make the host wait for each forward before it could queue the backward
         loss_sum, metric_sums = 0.0, None
@@ -366,7 +360,7 @@ class Trainer:
             loss_sum += value * weight
             for name, v in metrics.items():
                 metric_sums[name] += v * weight
-        return positions, sum(weights), loss_sum, metric_sums or {}
+        return positions, sum(weights), loss_sum, metric_sums or {}, totals
 
     def _call_loss(self, batch: dict, loss_fn=None, where: str = "train.loss"):
         self.duties.tick()  # a sign of life on the progress board, each micro batch and eval batch
