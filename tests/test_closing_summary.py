@@ -43,3 +43,32 @@ def test_the_batch_totals_travel_with_the_summary_and_are_checked_when_read():
         assert str(exc) == "data.collate: 2 of the step's 3 micro batches have a 'sample_weight': give it always or never"
     else:
         raise AssertionError("mixed weights passed")
+
+
+def test_a_failed_generation_keeps_the_records_of_a_step_that_adds_up_and_not_of_one_that_does_not():
+    """salvage(): without replicas a step's sample records are kept once its all-reduce is known to
+    have completed (the CPU's); a step whose batch weights summed to 0 is none to keep, and its loss
+    (0 / 0) is never computed."""
+    from types import SimpleNamespace
+
+    from elastic_zero.job.spec import spec_from_dict
+    from elastic_zero.losses import batch_totals
+    from elastic_zero.worker.cadence_meter import CadenceMeter
+    from elastic_zero.worker.checkpoint_records import CheckpointRecords
+    from elastic_zero.worker.closing_summary import SummaryReader
+    from elastic_zero.worker.commits import StepCommits
+    from elastic_zero.worker.pinned_layouts import PinnedLayouts
+    from elastic_zero.worker.replica import LayoutReplicas
+    from elastic_zero.worker.replication import Replicator
+
+    spec = spec_from_dict({"name": "s", "model": {"preset": "gpt-tiny"}, "elastic": {"replicate_every": 0}})
+    replicas, records = LayoutReplicas(), CheckpointRecords()
+    commits = StepCommits(spec, CadenceMeter(0), Replicator(), replicas, records, None, "cpu")
+    reader = SummaryReader(replicas, PinnedLayouts(lambda: None), commits, None, None, True, lambda: False)
+    plan = SimpleNamespace(number=3)  # one rank: no ward to name
+    for weights, kept in (([0.0], False), ([4.0], True)):
+        report = {"log": [], "ward_log": [], "uncommitted": [(7, 0, 56, 4)], "losses": []}
+        reduced = step_summary(False, weights[0], 2.0 * weights[0], {}, "cpu")
+        totals = batch_totals(weights, [{"sample_weight": 1}], "cpu")
+        reader.salvage(plan, 0, 1, ClosingSummary.after_all_reduce(reduced, 7, [], True, None, False, totals), report)
+        assert (report["log"], report["losses"]) == (([(7, 0, 56, 4)], [(7, 2.0)]) if kept else ([], [])), weights

@@ -181,6 +181,24 @@ def test_a_loss_that_turns_nan_at_the_last_step_fails_the_job_before_its_weights
             assert list_checkpoints(fs, root) == []
 
 
+def _fp16_overflow_at_step_2(model, batch):
+    model.calls = getattr(model, "calls", 0) + model.training  # one training call a step: a micro batch a worker
+    return next_token_loss(model, batch) * (1e30 if model.calls == 3 and model.training else 1.0)
+
+
+def test_an_fp16_step_skipped_after_a_commit_is_not_committed_again(tmp_path, local_ray):
+    """Step 2 overflows (the loss scaler skips it: the count stays at the commit of step 2's count):
+    no commit follows it, so no rank holds more replicas than the memory plan counts. Red when the
+    skipped step committed again (each rank then warns, worker/commits.py)."""
+    job = ez.Job(name="fp16", model={"preset": "gpt-tiny", "kwargs": TINY}, data="synthetic",
+                 train={"steps": 6, "global_batch": 8, "loss": _fp16_overflow_at_step_2},
+                 zero={"compute_dtype": "float16"}, elastic={"workers": 2, "max_workers": 2, "replicate_every": 2})
+    result = ez.run(job, ez.RunConfig(run_dir=str(tmp_path / "run")))
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert result.ok and result.metrics["steps"] == 6, result.error
+    assert not [e["message"] for e in events if e["event"] == "warning"]
+
+
 def test_bad_user_code_and_data_end_the_job_in_one_line(tmp_path, local_ray):
     result = _bad(loss=_vector_loss)(tmp_path, "vector-loss")
     assert not result.ok and "train.loss: must return a scalar tensor" in result.error and "(2,)" in result.error

@@ -140,12 +140,15 @@ class SummaryReader:
         if summary is None or summary.read or not summary.known_complete():
             return
         values = summary.values()
-        self._keep(plan, rank, world, summary, report)
-        try:
-            report["last_loss"], report["last_metrics"] = read_step_summary(values, summary.names, world, summary.step)
-        except ValueError:  # the ranks' metrics differed: the next generation's first step says so again
+        try:  # a step whose batch weights or metrics do not add up is no step to keep (the next generation
+            if summary.totals is not None:  # says so again, at its first read)
+                check_batch_totals(summary.total_values(), summary.step)
+            loss, metrics = read_step_summary(values, summary.names, world, summary.step)
+        except ValueError:
             return
-        report["losses"].append((summary.step, round(report["last_loss"], 6)))
+        self._keep(plan, rank, world, summary, report)
+        report["last_loss"], report["last_metrics"] = loss, metrics
+        report["losses"].append((summary.step, round(loss, 6)))
 
     def _keep(self, plan, rank: int, world: int, summary: ClosingSummary, report: dict) -> None:
         if not self._commits.replicating:

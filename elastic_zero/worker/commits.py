@@ -79,19 +79,19 @@ class StepCommits:
         rows = report["uncommitted"] if report else []
         if report:
             report["uncommitted"] = []
-            self._check_held(plan, snapshot)
+            self._check_held(plan)
         # (the snapshot's own step: a recovery commits its new layout before the engine takes it)
         self.replicator.start(self._groups.host_comm(), int(snapshot.scalars["step"]), snapshot, copied,
                               plan.generation.buddies, rows, step_copy_s)
         return copy_s
 
-    def _check_held(self, plan: GenerationPlan, snapshot: ShardState) -> None:
+    def _check_held(self, plan: GenerationPlan) -> None:
         """A step's commit in a layout it committed in before: the older steps went when the step
         before's all-reduce was read (trainer.py reads it before the copy), so one is left. The memory
         plan counts two of each (plan/memory.py): more would be beyond it, which is told once."""
         if self.replicas.generation == plan.number and len(self.replicas.current.own) > 1:
-            warnings.warn(f"replicas: {len(self.replicas.current.own) + 1} snapshots of this rank's shard held as "
-                          f"step {int(snapshot.scalars['step'])}'s is made, where the memory plan counts 2")
+            warnings.warn(f"replicas: {len(self.replicas.current.own) + 1} snapshots of a rank's shard held as a "
+                          f"step's is made, where the memory plan counts 2")
 
     def finish(self, plan: GenerationPlan, report: dict | None) -> float:
         """Wait for the swap in flight, if any: its step is now committed. Returns the seconds waited."""

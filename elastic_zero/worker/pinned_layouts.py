@@ -37,6 +37,11 @@ class PinnedLayouts:
         """The replicas were dropped (a plan without room for them): their blocks are free."""
         self._due = True
 
+    @property
+    def release_due(self) -> bool:
+        """An old layout's blocks wait to be given back (settle() holds them while it is in use)."""
+        return self._due
+
     def settle(self, old_layout_held: bool) -> bool:
         """At a commit every rank confirmed: release when one is due and nothing of an old layout
         is held (`old_layout_held`: replicas of the layout before, a save being written). True if it did."""

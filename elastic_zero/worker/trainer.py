@@ -273,7 +273,7 @@ class Trainer:
                 self.summaries.read(plan, rank, world, summary, report)  # not beside it: two at most, at rest one
             # a step that will commit (every `replicate_every`, or a safe point) has its host copy made in the update
             self.duties.mark(phase="update")
-            engine.step(host_copy=host_copy)
+            stepped = engine.step(host_copy=host_copy)  # (False: fp16 gradients overflowed, the step skipped)
             engine.zero_grad()
             self.duties.mark(steps=engine.step_count, phase="commit")
             last = engine.step_count == spec.train.steps
@@ -282,7 +282,7 @@ class Trainer:
             trained = time.time()
             copy_s = 0.0
             # a safe point always commits: the next generation's fallback is this layout at this step
-            if self.commits.due(engine.step_count) or (will_stop and self.commits.replicating):
+            if (stepped and self.commits.due(engine.step_count)) or (will_stop and self.commits.replicating):
                 copy_s = self.commits.start(plan, report, engine)
                 blocked += copy_s
                 if last or will_stop:  # nothing follows to hide the swap behind: committed before going on
@@ -296,9 +296,9 @@ class Trainer:
             self.duties.mark(phase="idle")
             report["step_ends"].append(time.time())
             report["step_times"].append(report["step_ends"][-1] - started)
-            if not peak_reset and (summary.read or previous is not None):  # the layout before is let go once the
-                reset_peak()  # first step's summary is read: the peak its beats carry is the steps' own from here
-                peak_reset = True  # (what the coordinator plans with)
+            if not peak_reset and (summary.read or previous is not None) and not self.pins.release_due:
+                reset_peak()  # the layout before is let go (read, its blocks given back): the peak its beats
+                peak_reset = True  # carry is the steps' own from here (what the coordinator plans with)
             report["protect_times"].append(time.time() - trained + blocked)
             if rank == 0 and self.notes:
                 self.notes.progress(plan.number, engine.step_count, last, report)
@@ -356,7 +356,8 @@ class Trainer:
                 raise ValueError(f"train.loss: returned metrics {sorted(metrics)} and {sorted(metric_sums)} in one "
                                  f"step: every call must return the same ones")
             metric_sums = metric_sums or dict.fromkeys(metrics, 0.0)
-            engine.backward(loss * (weight * world / global_weight), sync=i == len(micro) - 1)
+            scale = weight * world / global_weight  # a tensor (a weighed source's sum): in the loss's dtype, as a float
+            engine.backward(loss * (scale.to(loss.dtype) if torch.is_tensor(scale) else scale), sync=i == len(micro) - 1)
             loss_sum += value * weight
             for name, v in metrics.items():
                 metric_sums[name] += v * weight
