@@ -219,3 +219,28 @@ def test_a_client_that_cannot_read_the_record_in_time_falls_back_without_raising
     assert read_published(dash, "j1", "elastic-zero:j1", "elastic_zero") is None and dash.asked == []
     assert dashboard_time(_Answer(headers={"Date": "Thu, 01 Jan 1970 00:16:41 GMT"})) == 1001.0
     assert abs(dashboard_time(_Answer()) - time.time()) < 5  # no Date: this machine's clock
+
+
+def test_a_starting_publisher_removes_the_files_of_coordinators_that_ended_and_nothing_else(tmp_path):
+    """A long-lived cluster's log directory keeps no record of a job whose coordinator is gone (no
+    reader takes one). The oracle: a process that ended (its pid) against this one, alive."""
+    import subprocess
+    import sys
+
+    from elastic_zero.coordinator.status_file import remove_orphans
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    folder = tmp_path / "elastic_zero"
+    folder.mkdir()
+    files = {name: folder / f"{name}.status.json" for name in ("gone", "alive", "odd")}
+    files["gone"].write_text(json.dumps(_record("gone", pid=ended.pid)))
+    files["alive"].write_text(json.dumps(_record("alive", pid=__import__("os").getpid())))
+    files["odd"].write_text("[1, 2]")  # not a record: left alone
+    (folder / "notes.txt").write_text("not a status file")
+    board = StatusFile(str(tmp_path), "mine", lambda: _record("mine", pid=ended.pid), lambda m: None)
+    board.start()
+    board.stop(_record("mine", pid=ended.pid))
+    assert sorted(p.name for p in folder.iterdir()) == ["alive.status.json", "mine.status.json", "notes.txt",
+                                                        "odd.status.json"]
+    assert remove_orphans(str(folder), keep="") == [str(folder / "mine.status.json")]  # its own, once ended

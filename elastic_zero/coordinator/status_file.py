@@ -44,6 +44,37 @@ def ray_log_dir() -> str | None:
         return None
 
 
+def remove_orphans(directory: str, keep: str) -> list[str]:
+    """The status files in `directory` (one node's) whose coordinator process has ended, removed: no
+    reader takes a record but the live coordinator's (service/published_status.py), and a long-lived
+    cluster's log directory would keep one per job it ever ran. Returns the paths removed."""
+    removed = []
+    for path in glob.glob(os.path.join(glob.escape(directory), "*.status.json")):
+        try:
+            with open(path) as fh:
+                pid = (json.load(fh).get("coordinator") or {}).get("pid")
+        except (OSError, ValueError, AttributeError):  # unreadable, or not a record: not ours to judge
+            continue
+        if path == keep or not isinstance(pid, int) or _alive(pid):
+            continue
+        try:
+            os.remove(path)
+            removed.append(path)
+        except OSError:  # removed by another coordinator's sweep, or not ours to remove: it is never read
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class StatusFile:
     """Writes `build()`'s record to `<log_dir>/<status_file_name(job_id)>` from start() until stop()."""
 
@@ -64,6 +95,7 @@ class StatusFile:
                     os.remove(left)
                 except OSError:  # gone already, or kept: a stray .partial is never read, and each write makes its own
                     pass
+            remove_orphans(os.path.dirname(self.path), keep=self.path)
             self._thread = threading.Thread(target=self._run, daemon=True, name="status-file")
             self._thread.start()
 
