@@ -18,6 +18,7 @@ from elastic_zero.data.collate import token_collate
 from elastic_zero.data.source import open_source
 from elastic_zero.losses import next_token_loss
 from elastic_zero.models import build_preset
+from elastic_zero.checkpoint.catalog import list_checkpoints, open_store
 from elastic_zero.plan.batches import rank_positions
 from elastic_zero.job.spec import DataSpec, load_spec
 from runtime_jobs import exactly_once, relative
@@ -117,11 +118,12 @@ def test_epochs_init_from_and_a_users_collate(tmp_path, local_ray):
     assert relative(first.state_dict, again.state_dict) == 0  # lr 0: the weights it started from
 
 
-def _bad(loss=None, data=None, steps=3, model=None):
+def _bad(loss=None, data=None, steps=3, model=None, checkpoint=None, replicate_every="auto"):
     def runs(tmp_path, name):
         job = ez.Job(name=name, model=model or {"preset": "gpt-tiny", "kwargs": TINY}, data=data or "synthetic",
-                     train={"steps": steps, "global_batch": 4, "loss": loss},
-                     elastic={"workers": 1, "max_workers": 1})  # one worker: the checks are each worker's own
+                     train={"steps": steps, "global_batch": 4, "loss": loss}, checkpoint=checkpoint or {},
+                     # one worker: the checks are each worker's own
+                     elastic={"workers": 1, "max_workers": 1, "replicate_every": replicate_every})
         return ez.run(job, ez.RunConfig(run_dir=str(tmp_path / name)))
     return runs
 
@@ -142,37 +144,25 @@ def _loss_wants_labels(model, batch):
     return model(batch["labels"])
 
 
-def _nan_loss(model, batch):
-    return next_token_loss(model, batch) * float("nan")
-
-
 def _nan_loss_from_step_2(model, batch):
     model.calls = getattr(model, "calls", 0) + model.training  # one training call a step: one worker, one micro batch
     return next_token_loss(model, batch) * (float("nan") if model.calls > 2 and model.training else 1.0)
 
 
-def test_a_loss_that_turns_nan_at_the_last_step_fails_the_job_before_its_weights_are_saved(tmp_path, local_ray):
-    """A step's loss is read back a step late (worker/closing_summary.py), but before a save: the
-    last step's nan loss fails the job before its checkpoint, the final weights, is written, and an
-    evaluation due after it, before it evaluates. The oracle: the same job with a finite loss
-    commits that checkpoint."""
-    from elastic_zero.checkpoint.catalog import list_checkpoints, open_store
-
-    for name, loss in (("finite", next_token_loss), ("nan-last", _nan_loss_from_step_2), ("nan-eval", _nan_loss_from_step_2)):
-        uri = f"file://{tmp_path}/{name}"
-        # (without replicas nothing else reads step 2's loss before the evaluation after it: the default
-        # cadence commits, and so reads, each of a generation's first steps)
-        steps, extra = (6, {"eval": {"source": "synthetic", "batches": 1, "every": 3}}) if name == "nan-eval" else (3, {})
-        job = ez.Job(name=name, model={"preset": "gpt-tiny", "kwargs": TINY}, data="synthetic",
-                     train={"steps": steps, "global_batch": 4, "loss": loss}, checkpoint={"uri": uri},
-                     elastic={"workers": 1, "max_workers": 1, "replicate_every": 0 if extra else "auto"}, **extra)
-        result = ez.run(job, ez.RunConfig(run_dir=str(tmp_path / name)))
-        fs, root = open_store(uri)
-        if name == "finite":
-            assert result.ok and [s for s, _ in list_checkpoints(fs, root)] == [3], result.error
-        else:  # (an evaluation of the weights after step 2 reads its loss first: the train loss is named)
-            assert not result.ok and "train.loss: the loss is nan at step 2" in result.error, result.error
-            assert list_checkpoints(fs, root) == []
+def test_a_nan_loss_read_late_fails_the_job_before_an_evaluation_of_its_weights(tmp_path, local_ray):
+    """A step's loss is read back a step late (worker/closing_summary.py), but before an evaluation
+    due after it: the job fails naming the train loss at its step, not the evaluation of nan weights.
+    (Before a save, too: test_bad_user_code_and_data_end_the_job_in_one_line.)"""
+    # without replicas nothing else reads step 2's loss before the evaluation after it: the default
+    # cadence commits, and so reads, each of a generation's first steps
+    uri = f"file://{tmp_path}/ckpt"
+    job = ez.Job(name="nan-eval", model={"preset": "gpt-tiny", "kwargs": TINY}, data="synthetic",
+                 train={"steps": 6, "global_batch": 4, "loss": _nan_loss_from_step_2}, checkpoint={"uri": uri},
+                 eval={"source": "synthetic", "batches": 1, "every": 3},
+                 elastic={"workers": 1, "max_workers": 1, "replicate_every": 0})
+    result = ez.run(job, ez.RunConfig(run_dir=str(tmp_path / "run")))
+    assert not result.ok and "train.loss: the loss is nan at step 2" in result.error, result.error
+    assert list_checkpoints(*open_store(uri)) == []
 
 
 def _fp16_overflow_at_step_2(model, batch):
@@ -203,8 +193,12 @@ def test_bad_user_code_and_data_end_the_job_in_one_line(tmp_path, local_ray):
     result = _bad(loss=_loss_wants_labels)(tmp_path, "raising-loss")
     assert not result.ok and "train.loss: raised KeyError: 'labels'" in result.error
 
-    result = _bad(loss=_nan_loss)(tmp_path, "nan-loss")
-    assert not result.ok and "train.loss: the loss is nan at step 0" in result.error
+    # the loss is read back a step late (worker/closing_summary.py), but before the final weights' save
+    # (without replicas: a commit's copy would read it first)
+    uri = f"file://{tmp_path}/nan-ckpt"
+    result = _bad(loss=_nan_loss_from_step_2, checkpoint={"uri": uri}, replicate_every=0)(tmp_path, "nan-loss")
+    assert not result.ok and "train.loss: the loss is nan at step 2" in result.error
+    assert list_checkpoints(*open_store(uri)) == []  # (the same job with a finite loss writes step 3's)
 
     # a collate's sample weights are summed over ranks on the device and checked with the step's summary
     # (the other check, weights in some micro batches only: test_closing_summary.py)

@@ -26,7 +26,7 @@ from elastic_zero.protocol import GenerationPlan, Hello, Outcome, OutcomeKind, R
 from elastic_zero.job.spec import spec_from_dict
 from elastic_zero.worker.cadence_meter import CadenceMeter
 from elastic_zero.worker.drill_runner import DrillRunner
-from elastic_zero.worker.entry import GenerationEntry, committed_key
+from elastic_zero.worker.entry import GenerationEntry
 from elastic_zero.worker.faults import WorkerStartError, is_communication_failure, is_device_failure
 from elastic_zero.worker.generation_gate import GenerationGate, abort_all
 from elastic_zero.worker.groups import GenerationGroups
