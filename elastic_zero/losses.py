@@ -54,7 +54,14 @@ def batch_totals(weights: list[float], batches: list[dict], device) -> torch.Ten
     """This rank's part of a step's sum over ranks of the batch weights: (the weight, the micro
     batches that carry a WEIGHT_KEY, the micro batches), on `device` without a host sync (from
     pinned memory on CUDA), to be all-reduced and checked by check_batch_totals when read."""
-    host = torch.tensor([sum(weights), sum(WEIGHT_KEY in b for b in batches), len(batches)], dtype=torch.float64)
+    return _host_values_on(device, [sum(weights), sum(WEIGHT_KEY in b for b in batches), len(batches)])
+
+
+def _host_values_on(device, values: list[float]) -> torch.Tensor:
+    """`values` as a float64 tensor on `device`, without a host sync: torch.tensor(..., device="cuda")
+    copies and then synchronizes (the host would wait for the device's queue); from pinned memory
+    the copy is queued instead."""
+    host = torch.tensor(values, dtype=torch.float64)
     return host.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else host
 
 
@@ -135,12 +142,9 @@ def step_summary(asked: bool, weight: float, loss_sum: "float | torch.Tensor", m
     slots = [1.0 if asked else 0.0, weight, loss_sum, h, h * h, *values,
              1.0 if checkpoint_asked else 0.0, 1.0 if save_busy else 0.0]
     # a value still on the device (a lazy loss: checked()) is copied in there, not read back; the
-    # host's values go over without blocking, from pinned memory: torch.tensor(..., device="cuda")
-    # copies and then synchronizes, so the host waited for the step's backward before it could even
-    # queue the all-reduce
-    host = torch.tensor([0.0 if isinstance(v, torch.Tensor) else v for v in slots], dtype=torch.float64)
-    on_cuda = torch.device(device).type == "cuda"
-    summary = host.pin_memory().to(device, non_blocking=True) if on_cuda else host
+    # host's values go over without blocking (a sync here made the host wait for the step's backward
+    # before it could even queue the all-reduce)
+    summary = _host_values_on(device, [0.0 if isinstance(v, torch.Tensor) else v for v in slots])
     for i, v in enumerate(slots):
         if isinstance(v, torch.Tensor):
             summary[i] = v
