@@ -110,7 +110,7 @@ def test_the_host_copy_of_a_cuda_shard_is_pinned_and_ordered_before_the_next_upd
 def test_a_closing_summary_on_cuda_is_made_without_a_host_sync_and_read_once_its_copy_is_done():
     """The step loop reads a step's summary a step late (worker/closing_summary.py): making it must
     not make the host wait for the device (torch's sync debug mode raises on an implicit sync)."""
-    from elastic_zero.losses import step_summary
+    from elastic_zero.losses import WEIGHT_KEY, batch_totals, step_summary
     from elastic_zero.worker.closing_summary import ClosingSummary
 
     loss = torch.full((), 3.0, dtype=torch.float64, device="cuda")
@@ -118,13 +118,15 @@ def test_a_closing_summary_on_cuda_is_made_without_a_host_sync_and_read_once_its
     torch.cuda.set_sync_debug_mode("error")
     try:
         torch.cuda._sleep(500_000_000)  # the device busy well past the summary's making
+        # a weighed source's batch totals go with it (losses.batch_totals), on the device too
+        totals = batch_totals([3.0, 1.5], [{WEIGHT_KEY: None}, {WEIGHT_KEY: None}], "cuda")
         reduced = step_summary(True, 2.0, loss, {}, "cuda", save_busy=True)
-        summary = ClosingSummary.after_all_reduce(reduced, 5, [], True, 4, first=False)
+        summary = ClosingSummary.after_all_reduce(reduced, 5, [], True, 4, first=False, totals=totals)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert not summary.known_complete()  # on CUDA a read tells (SummaryReader.read checks for an abort)
+    assert totals.device.type == "cuda" and not summary.known_complete()  # (SummaryReader.read checks for an abort)
     assert summary.safe_point_asked and summary.save_busy and not summary.checkpoint_asked
-    assert summary.values()[1:3] == [2.0, 3.0]
+    assert summary.values()[1:3] == [2.0, 3.0] and summary.total_values() == [4.5, 2.0, 2.0]
 
 
 @needs_a_gpu
@@ -189,6 +191,42 @@ def test_a_job_on_one_gpu_trains_like_the_cpu(tmp_path, local_ray):
     on_gpu_start, on_cpu_start = summary["start"]["worker_start_s"], on_cpu_summary["start"]["worker_start_s"]
     assert on_gpu_start["device"] > 10 * on_cpu_start["device"] and on_gpu_start["device"] > 0.01, \
         (on_gpu_start, on_cpu_start)
+
+
+@needs_a_gpu
+def test_weighed_samples_train_on_one_gpu_like_torch_adamw_on_the_cpu(tmp_path, local_ray):
+    """A source of known size takes the path the synthetic one does not (losses.batch_totals): each
+    step's sample weights summed on the device, the loss scaled by that sum there, the sum checked
+    when the step's summary is read a step late. Oracle: torch's AdamW on one CPU process, as in
+    test_own_model's CPU test of the same ragged samples."""
+    import dataclasses
+
+    import elastic_zero as ez
+    from elastic_zero.data.source import open_source
+    from elastic_zero.job.spec import DataSpec
+    from elastic_zero.losses import next_token_loss
+    from elastic_zero.models import build_preset
+    from elastic_zero.plan.batches import rank_positions
+    from runtime_jobs import relative
+    from test_own_model import TINY, _ragged_dataset, _ragged_job
+
+    source = tmp_path / "ragged.parquet"
+    _ragged_dataset(source)
+    job = _ragged_job(source, "ragged-gpu", workers=1, micro_batch=3)
+    job = dataclasses.replace(job, elastic=dataclasses.replace(job.elastic, use_gpu=True))
+    result = ez.run(job, ez.RunConfig(run_dir=str(tmp_path / "r")))
+    assert result.ok, result.error
+
+    model = build_preset("gpt-tiny", seed=0, **TINY)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    data = open_source(DataSpec(source=str(source)), seed=0, vocab_size=None, seq_len=TINY["seq_len"], collate=None)
+    for step in range(3):
+        optimizer.zero_grad()
+        loss = next_token_loss(model, data.batch(rank_positions(step, 9, 1, 0)))
+        loss.backward()
+        optimizer.step()
+    assert result.metrics["final_loss"] == pytest.approx(loss.item(), rel=1e-4)
+    assert relative(model.state_dict(), result.state_dict) < 1e-4
 
 
 @needs_a_gpu
