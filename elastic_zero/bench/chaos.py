@@ -91,6 +91,14 @@ def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 2
         raise ValueError(f'--replicate-every: an integer >= 0 or "auto", got {replicate_every!r}')
     if not (isinstance(standby_workers, int) and not isinstance(standby_workers, bool) and 0 <= standby_workers <= 4):
         raise ValueError(f"--standby-workers: an integer from 0 to 4, got {standby_workers!r}")
+    if checkpoint_every < 1:  # its faults come after the first checkpoint, and some right after one
+        raise ValueError(f"--checkpoint-every: must be >= 1 (the drill's faults are placed by its checkpoints), "
+                         f"got {checkpoint_every}")
+    if steps < 1 or not seeds or not stages:
+        raise ValueError(f"--steps: must be >= 1, got {steps}" if steps < 1 else
+                         f"--{'seeds' if not seeds else 'stages'}: name at least one")
+    if any(stage not in (1, 2, 3) for stage in stages):
+        raise ValueError(f"--stages: ZeRO stages 1, 2 or 3, got {','.join(map(str, stages))}")
     own_ray = not ray.is_initialized()
     if own_ray:  # a slot for each worker at the most (4), each standby, and a replacement started beside them
         ray.init(num_cpus=max(os.cpu_count() or 1, 5 + standby_workers), namespace="elastic_zero",

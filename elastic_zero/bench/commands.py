@@ -219,9 +219,8 @@ def run_bench(args) -> int:
 
         every = args.replicate_every
         every = int(every) if every is not None and every.lstrip("-").isdigit() else every
-        report = run_chaos([int(x) for x in args.seeds.split(",")], args.steps,
-                           [int(x) for x in args.stages.split(",")], args.workdir, args.checkpoint_every, every,
-                           args.standby_workers)
+        report = run_chaos(_integers("--seeds", args.seeds), args.steps, _integers("--stages", args.stages),
+                           args.workdir, args.checkpoint_every, every, args.standby_workers)
         print(json.dumps(report) if args.json else format_chaos(report))
         return 0 if not report["failed_runs"] else 1
     if args.bench == "checkpoint":
@@ -302,3 +301,11 @@ def run_bench(args) -> int:
         print(json.dumps(report) if args.json else format_control_plane(report))
         return 0
     raise ValueError(f"unknown bench {args.bench!r}")
+
+
+def _integers(flag: str, text: str) -> list[int]:
+    """A comma-separated list of integers, or a ValueError naming `flag` (one line, exit 2)."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag}: comma-separated integers, got {text!r}") from None
