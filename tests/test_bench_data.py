@@ -12,6 +12,7 @@ from elastic_zero.bench.token_dataset import token_dataset
 pytestmark = pytest.mark.runtime  # spawns reader processes
 
 
+@pytest.mark.long  # a bench end to end (10 s of CI's two cores); its reads' check is tested below, in seconds
 def test_bench_data_reads_every_sample_once_on_both_sides_and_reports_the_goals(tmp_path):
     r = run_data_bench(size_gb=0.002, directory=str(tmp_path), seq_len=1024, workers=2, global_batch=8, rounds=1,
                        batch_rows=16)

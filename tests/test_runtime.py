@@ -57,6 +57,7 @@ def _once_ready(events_path: str, workers: int):
     return loss
 
 
+@pytest.mark.long  # CI's check of the same: test_standby_loss.py (its standby taken in the recovery, no spawn before it)
 def test_a_standby_worker_replaces_a_lost_one_in_the_recovery_itself(tmp_path, torch_adamw):
     """elastic.standby_workers = 1: a third worker starts with the job and waits, ready; the kill's
     recovery takes it at once (the world never drops to 1, no worker is spawned for it), and a new
