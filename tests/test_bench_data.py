@@ -12,7 +12,7 @@ from elastic_zero.bench.token_dataset import token_dataset
 pytestmark = pytest.mark.runtime  # spawns reader processes
 
 
-@pytest.mark.long  # a bench end to end (10 s of CI's two cores); its reads' check is tested below, in seconds
+@pytest.mark.long  # a bench end to end (10 s of CI's two cores); its dataset's premise and its reads' check are tested below, in seconds
 def test_bench_data_reads_every_sample_once_on_both_sides_and_reports_the_goals(tmp_path):
     r = run_data_bench(size_gb=0.002, directory=str(tmp_path), seq_len=1024, workers=2, global_batch=8, rounds=1,
                        batch_rows=16)
@@ -40,6 +40,19 @@ def test_bench_data_reads_every_sample_once_on_both_sides_and_reports_the_goals(
     before = {p: os.path.getmtime(os.path.join(r["dataset"], p)) for p in os.listdir(r["dataset"])}
     token_dataset(str(tmp_path), 0.002, "ipc", 1024, 16)
     assert before == {p: os.path.getmtime(os.path.join(r["dataset"], p)) for p in os.listdir(r["dataset"])}
+
+
+def test_the_bench_dataset_starts_row_i_with_token_i_and_is_made_once(tmp_path):
+    """The premise of the bench's check (the long test above runs it end to end): row i of the token
+    dataset starts with token i, and a dataset made before is reused, not written again."""
+    made = token_dataset(str(tmp_path), 0.002, "ipc", 1024, 16)
+    rows = 2_000_000 // (1025 * 4)
+    tokens = ds.dataset(made["path"], format="ipc").to_table().column("tokens").combine_chunks()
+    assert made["rows"] == rows
+    assert tokens.flatten().to_numpy().reshape(rows, 1025)[:, 0].tolist() == list(range(rows))
+    before = {p: os.path.getmtime(os.path.join(made["path"], p)) for p in os.listdir(made["path"])}
+    assert token_dataset(str(tmp_path), 0.002, "ipc", 1024, 16)["path"] == made["path"]
+    assert before == {p: os.path.getmtime(os.path.join(made["path"], p)) for p in os.listdir(made["path"])}
 
 
 def test_a_sample_read_twice_or_missed_fails_the_check():

@@ -61,7 +61,7 @@ def test_a_standby_killed_while_it_waits_is_replaced_before_a_recovery_needs_it(
     starts = [e for e in events if e["event"] == "generation_start"]
     assert len(starts) == 2 and starts[1]["source"] == "snapshot" and starts[1]["step"] == 8
     assert replacement in starts[1]["workers"] and killed["actor_id"] not in starts[1]["workers"]
-    # the standby is taken in the recovery itself: nothing spawned for it before it began, a new standby after
+    # the standby is taken in the recovery itself: nothing is spawned for it before the recovery began
     assert all(events.index(s) > events.index(starts[1]) for s in spawns[2:]), "a worker was spawned before the recovery began"
     (recovery,) = summary["recoveries"]
     assert recovery["lost_steps"] == 0 and summary["world_size_history"][:2] == [[0, 2], [8, 2]]
