@@ -72,7 +72,30 @@ def test_the_restart_figure_is_the_one_the_benchmarks_page_documents():
         assert f"{RAY_TRAIN_RECOVERY_S:.1f} s" in fh.read()
 
 
+@pytest.mark.unit
+def test_the_demos_parts_fit_together_short_of_training(tmp_path):
+    """What the end-to-end run below puts together, but the job (whose kill, notice, scale-up and
+    sample counts the runtime tests check on their own jobs): the corpus the demo writes is what its
+    spec reads, in the model's vocabulary, and its final weights are turned into the table's lines."""
+    from elastic_zero.data.byte_corpus import write
+    from elastic_zero.data.source import open_source
+    from elastic_zero.demo import MODEL_KWARGS, demo_spec, sample_of
+    from elastic_zero.models import build_preset
+    from elastic_zero.plan.batches import rank_positions
+
+    assert write(str(tmp_path / "corpus"), seq_len=128, max_mb=0.05) > 24
+    spec = demo_spec(str(tmp_path / "corpus"))
+    data = open_source(spec.data, seed=0, vocab_size=MODEL_KWARGS["vocab_size"], seq_len=MODEL_KWARGS["seq_len"],
+                       collate=None)
+    batch = data.batch(rank_positions(0, spec.train.global_batch, 1, 0))
+    assert batch["input_ids"].shape == (spec.train.global_batch, MODEL_KWARGS["seq_len"])
+    assert int(batch["input_ids"].max()) < MODEL_KWARGS["vocab_size"]
+    lines = sample_of(build_preset("gpt-tiny", seed=0, **MODEL_KWARGS).state_dict())
+    assert 1 <= len(lines) <= 5 and lines[0].startswith("def "), lines
+
+
 @pytest.mark.runtime
+@pytest.mark.long  # 50-60 s of CI's two cores (the README's demo, run by hand each session too); its parts: above
 def test_the_demo_runs_end_to_end_and_shows_what_happened(tmp_path):
     run_dir = tmp_path / "demo"
     done = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "demo", "--run-dir", str(run_dir), "--no-progress"],
