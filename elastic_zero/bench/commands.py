@@ -281,15 +281,8 @@ def run_bench(args) -> int:
         from elastic_zero.bench.control_plane import check_arguments, run_control_plane
         from elastic_zero.bench.control_plane_report import format_control_plane
 
-        try:
-            sizes = [int(n) for n in args.workers.split(",")]
-        except ValueError:
-            raise ValueError(f"bench control-plane: --workers: comma-separated whole numbers, "
-                             f"got {args.workers!r}") from None
-        try:
-            real = tuple(int(n) for n in args.real.split(",") if n.strip())
-        except ValueError:
-            raise ValueError(f"bench control-plane: --real: comma-separated whole numbers, got {args.real!r}") from None
+        sizes = _integers("bench control-plane: --workers", args.workers)
+        real = tuple(_integers("bench control-plane: --real", args.real, blank_ok=True))
         wrong = check_arguments(sizes, args.per_node) + \
             ([f"--steady: must be > 0, got {args.steady:g}"] if args.steady <= 0 else []) + \
             ([f"--step: must be > 0, got {args.step:g}"] if args.step <= 0 else []) + \
@@ -303,9 +296,10 @@ def run_bench(args) -> int:
     raise ValueError(f"unknown bench {args.bench!r}")
 
 
-def _integers(flag: str, text: str) -> list[int]:
-    """A comma-separated list of integers, or a ValueError naming `flag` (one line, exit 2)."""
+def _integers(flag: str, text: str, blank_ok: bool = False) -> list[int]:
+    """A comma-separated list of whole numbers (`blank_ok`: empty items left out), or a ValueError
+    naming `flag` (one line, exit 2)."""
     try:
-        return [int(x) for x in text.split(",")]
+        return [int(x) for x in text.split(",") if not (blank_ok and not x.strip())]
     except ValueError:
-        raise ValueError(f"{flag}: comma-separated integers, got {text!r}") from None
+        raise ValueError(f"{flag}: comma-separated whole numbers, got {text!r}") from None
