@@ -63,6 +63,14 @@ def test_every_bad_field_is_named(data, message):
     assert "\n" not in str(info.value)
 
 
+def test_a_scale_outside_the_jobs_range_is_refused_and_the_ends_are_in_it():
+    from elastic_zero.job.sections import scale_refusal
+
+    assert scale_refusal(9, 1, 4) == "scale to 9: outside [min_workers, max_workers] = [1, 4]"
+    assert scale_refusal(0, 1, 4) == "scale to 0: outside [min_workers, max_workers] = [1, 4]"
+    assert [scale_refusal(n, 1, 4) for n in (1, 2, 4)] == [None] * 3
+
+
 def test_bad_files_and_overrides(tmp_path):
     with pytest.raises(SpecError, match="no such spec file"):
         load_spec(str(tmp_path / "missing.toml"))

@@ -29,6 +29,7 @@ from elastic_zero.coordinator.events import (GenerationStepped, NodeNotice, Pree
 from elastic_zero.coordinator.face import final_status, progress_of, publish_final_status, state_name, status_of
 from elastic_zero.coordinator.job_loop import JobLoop
 from elastic_zero.coordinator.status_file import StatusFile, ray_log_dir
+from elastic_zero.job.sections import scale_refusal
 from elastic_zero.preemption.notices import Notice
 
 NAMESPACE = "elastic_zero"
@@ -82,8 +83,9 @@ class Coordinator:
 
     def scale(self, workers: int) -> str:
         job, e = self.job, self.job.spec.elastic
-        if not e.min_workers <= int(workers) <= e.max_workers:
-            raise ValueError(f"scale to {workers}: outside [min_workers, max_workers] = [{e.min_workers}, {e.max_workers}]")
+        refusal = scale_refusal(int(workers), e.min_workers, e.max_workers)
+        if refusal:
+            raise ValueError(refusal)
         if job.result is not None:
             raise ValueError(f"job {job.job_id} is over: {state_name(job)}")
         if job.state.stop_requested:

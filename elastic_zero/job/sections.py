@@ -232,6 +232,14 @@ class ElasticSpec:
                                                  f"got {self.heartbeat_timeout_s!r}")
 
 
+def scale_refusal(workers: int, min_workers: int, max_workers: int) -> str | None:
+    """Why `scale` to `workers` is refused, None where it is not: the coordinator's rule, which a client
+    also checks against the job's published status before it asks the coordinator (a control job)."""
+    if not min_workers <= workers <= max_workers:
+        return f"scale to {workers}: outside [min_workers, max_workers] = [{min_workers}, {max_workers}]"
+    return None
+
+
 @dataclass(frozen=True)
 class CheckpointSpec:
     uri: Optional[str] = None  # a directory or URI pyarrow.fs can write (a path, file://, s3://, gs://); default: the run directory's checkpoints/, for the final weights

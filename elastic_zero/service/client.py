@@ -30,6 +30,7 @@ from elastic_zero.service.submission import (
     CONTROL_KIND, JOB_KIND, control_entrypoint, job_entrypoint, job_runtime_env, new_job_id, read_control_answer,
 )
 from elastic_zero.job.prepare import prepare_submission
+from elastic_zero.job.sections import scale_refusal
 from elastic_zero.job.spec import JobSpec, SpecError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")  # the Ray job's
@@ -142,7 +143,15 @@ class Client:
         return read_published(self._jobs, job_id, coordinator_name(job_id), NAMESPACE, info.job_id)
 
     def scale(self, job_id: str, workers: int) -> str:
-        return self._ask("scale", job_id, workers=int(workers))
+        """Outside the job's [min_workers, max_workers] it is refused here, in milliseconds, where the
+        job's published status says so (over the dashboard's address); else the coordinator decides."""
+        workers = int(workers)
+        if self.http:
+            record = self._published(job_id, self._info(job_id))
+            refusal = record and scale_refusal(workers, record["min_workers"], record["max_workers"])
+            if refusal:
+                raise ClusterError(refusal)
+        return self._ask("scale", job_id, workers=workers)
 
     def stop(self, job_id: str, checkpoint: bool = False) -> str:
         """Graceful: the job ends at its next safe point (after a final checkpoint if asked) and exits 0."""
