@@ -3,7 +3,8 @@
 On a cluster (an address given) the coordinator is a detached named actor: the job goes on if
 this driver dies, and status/scale/stop reach it by name. A driver that is told to stop (SIGTERM,
 as `ray job stop` sends, or Ctrl-C) takes the job down with it. If the coordinator's process dies,
-this driver starts it again (COORDINATOR_RESTARTS times at most), and it takes over the workers,
+this driver starts it again (COORDINATOR_RESTARTS times in a row at most with no step trained in
+between: a coordinator that dies as it starts is not started for ever), and it takes over the workers,
 which outlive it, and the generation they were in, from their memory (coordinator/takeover.py); with
 none left, it resumes from the latest checkpoint by itself.
 
@@ -26,7 +27,7 @@ from elastic_zero.observe.ray_noise import quiet_worker_deaths
 from elastic_zero.job.spec import JobSpec, SpecError
 
 HEAD_RESOURCE = "node:__internal_head__"
-COORDINATOR_RESTARTS = 3
+COORDINATOR_RESTARTS = 3  # in a row, with no step trained in between (a long job may lose its coordinator more often)
 POLL_S = 0.5
 REATTACH_S = 120.0  # how long a coordinator may go unanswering (its process alive) before the job is given up
 
@@ -120,10 +121,11 @@ def _clear_finished(name: str, job_id: str) -> None:
 
 def _follow(followed: list, view: ProgressView | None, restart) -> dict:
     """Follow the coordinator in `followed[0]` to the job's end; one that died is replaced by
-    `restart()` (in `followed[0]`), COORDINATOR_RESTARTS times at most."""
+    `restart()` (in `followed[0]`), COORDINATOR_RESTARTS times in a row at most: a step trained since
+    the last restart begins the count again."""
     import ray
 
-    cursor, unreachable_since, restarts = 0, None, 0
+    cursor, unreachable_since, restarts, trained, trained_at_restart = 0, None, 0, 0, 0
     while True:
         actor = followed[0]
         try:
@@ -131,8 +133,9 @@ def _follow(followed: list, view: ProgressView | None, restart) -> dict:
             unreachable_since = None
         except ray.exceptions.ActorDiedError:
             if restarts == COORDINATOR_RESTARTS:
-                return _lost(f"the coordinator died and was not restarted ({COORDINATOR_RESTARTS} restarts at most)")
-            restarts += 1
+                return _lost(f"the coordinator died {restarts + 1} times with no step trained in between: not "
+                             f"started again ({COORDINATOR_RESTARTS} restarts in a row at most)")
+            restarts, trained_at_restart = restarts + 1, trained
             # its replacement takes over its workers (or resumes from the latest checkpoint), and goes
             # on with its predecessor's events (the cursor stays)
             followed[0] = restart()
@@ -144,11 +147,16 @@ def _follow(followed: list, view: ProgressView | None, restart) -> dict:
                 return _lost(f"the coordinator did not answer within {REATTACH_S:.0f} s")
             time.sleep(1.0)
             continue
-        if view is not None:
-            for record in p["events"]:
+        for record in p["events"]:
+            if view is not None:
                 view.event(record)
+            if record.get("event") == "generation_end":  # (steps a generation taken over trained are told here)
+                trained = max(trained, record.get("steps_done") or 0)
+        if view is not None:
             view.update(p)
-        cursor = p["cursor"]
+        cursor, trained = p["cursor"], max(trained, p["step"] or 0)
+        if trained > trained_at_restart:  # trained since the last restart: the count begins again
+            restarts = 0
         if p["done"]:
             return ray.get(actor.result.remote(0))
         time.sleep(POLL_S)

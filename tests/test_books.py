@@ -240,3 +240,26 @@ def test_a_coordinator_that_takes_over_reads_its_predecessors_worker_starts_and_
     assert record.restored(4, "c/step-0000000030", None)  # reports before rank 0's note: the name's step
     told = [r for r in record.events.records if r["event"] == "checkpoint_restored"]
     assert [(r["generation"], r["step"]) for r in told] == [(3, 20), (4, 30)]
+
+
+def test_a_replacement_coordinators_summary_counts_its_predecessors_changes(tmp_path):
+    """A change its predecessor measured (change_measured) is in its summary; one its predecessor began
+    and did not live to measure (change_begun, of the generation taken over) it measures itself."""
+    from elastic_zero.coordinator.job_record import JobRecord
+    from elastic_zero.job.spec import spec_from_dict
+    from elastic_zero.observe.event_log import EventLog
+
+    spec_dict = {"name": "taken", "model": {"preset": "gpt-tiny"}, "train": {"steps": 40, "global_batch": 8}}
+    earlier = EventLog(str(tmp_path))
+    measured = {"step": 8, "cause": "lost w1", "source": "snapshot", "stall_s": 0.4}
+    earlier.add("change_measured", what="recovery", change=measured)
+    earlier.add("change_begun", generation=5, pending={"_kind": "reconfiguration", "_since": 100.0, "step": 20,
+                                                       "from": 1, "to": 2, "cause": "joined"})
+    record = JobRecord(spec_from_dict(spec_dict), spec_dict, "taken", str(tmp_path), 0.0, restarted=True)
+    assert record.books.recoveries == [measured] and record.books.reconfigurations == []
+    record.change_taken_over(6)  # a generation the predecessor began no change with: nothing pending
+    assert record.books.pending_change is None
+    record.change_taken_over(5)
+    assert record.books.pending_generation == 5
+    assert record.books.pending_change == {"_kind": "reconfiguration", "_since": 100.0, "step": 20, "from": 1,
+                                           "to": 2, "cause": "joined", "_unheard": None}

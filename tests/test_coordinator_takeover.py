@@ -4,6 +4,7 @@ without the kill, at the same world size."""
 
 import pytest
 
+from elastic_zero.coordinator.takeover import ASK_S
 from runtime_jobs import exactly_once, job, relative
 
 pytestmark = pytest.mark.runtime
@@ -11,31 +12,31 @@ pytestmark = pytest.mark.runtime
 COLLECTIVE_TIMEOUT_S = 30.0  # elastic.collective_timeout_s of these jobs (the default)
 
 
-def _stall_s(summary, step: int) -> float:
-    """Seconds between the end of the last step before `step` and the end of the first after it."""
-    ends = dict(summary["step_end_curve"])
-    return ends[step + 1] - ends[step]
-
-
 def test_a_killed_coordinator_is_replaced_and_its_workers_train_on_from_their_memory(tmp_path):
-    steps, kill_at = 40, 15
+    """Killed four times, once more than the driver's COORDINATOR_RESTARTS: a step trained since a
+    restart begins its count again. A worker lost first, under the coordinator killed next: the
+    summaries its replacements write count that recovery too, as they count the samples."""
+    steps, kills = 40, (15, 20, 25, 30)
     elastic = {"collective_timeout_s": COLLECTIVE_TIMEOUT_S}
     code, calm, _, expected = job(tmp_path, "calm", train={"steps": steps}, elastic=elastic)
     assert code == 0, calm.get("error")
-    code, summary, events, weights = job(tmp_path, "killed", [{"at_step": kill_at, "action": "kill_coordinator",
-                                                                "rank": 0}], train={"steps": steps}, elastic=elastic)
+    faults = [{"at_step": 8, "action": "kill", "rank": 1}]
+    faults += [{"at_step": at, "action": "kill_coordinator", "rank": 0} for at in kills]
+    code, summary, events, weights = job(tmp_path, "killed", faults, train={"steps": steps}, elastic=elastic)
     assert code == 0, summary.get("error")
     kinds = [e["event"] for e in events]
-    assert kinds.count("coordinator_restarted") == 1 and "generation_taken_over" in kinds, kinds
-    (restarted,) = [e for e in events if e["event"] == "coordinator_restarted"]
-    assert restarted["resume"] == "workers' memory"
+    restarted = [e for e in events if e["event"] == "coordinator_restarted"]
+    assert [e["resume"] for e in restarted] == ["workers' memory"] * len(kills), restarted
+    assert kinds.count("generation_taken_over") == len(kills), kinds
     assert "checkpoint_restored" not in kinds  # no checkpoint was read: the memory held every shard
-    assert summary["recoveries"] == [] or all(r.get("source") != "checkpoint" for r in summary["recoveries"])
+    (lost,) = summary["recoveries"]
+    assert lost["step"] == 8 and lost["source"] == "snapshot" and lost["failed_at"] < restarted[0]["t"], lost
+    taken = [c for c in summary["reconfigurations"] if c["cause"] == "coordinator"]
+    # the replacement's start and the take-over, about a second each; nothing waits out a timeout (w1's
+    # replacement, still starting when the first coordinator went, is not waited for: ASK_S; the
+    # store's, the collective timeout, was waited out once: a connection asked of the lost store)
+    assert len(taken) == len(kills) and all(c["stall_s"] < ASK_S for c in taken), taken
     assert summary["steps"] == steps and summary["resumed_from_step"] == 0
     exactly_once(summary)
-    assert relative(expected, weights) <= 1e-6
-    stall = _stall_s(summary, kill_at)
-    print(f"coordinator killed before step {kill_at}: the stall around it {stall:.2f} s")
-    # the replacement's start and the take-over, seconds; nothing waits out a timeout (the store's,
-    # the collective timeout, 30 s here, was waited out once: a connection asked of the lost store)
-    assert stall < COLLECTIVE_TIMEOUT_S / 2, stall
+    assert relative(expected, weights) <= 1e-5  # (steps on one worker after the loss: sums in another order)
+    print(f"coordinator killed before steps {kills}: take-over stalls {[c['stall_s'] for c in taken]} s")

@@ -329,16 +329,22 @@ class _CpuWindow:
 
 
 def _children(pid: int) -> dict[str, list[int]]:
-    """The coordinator's own processes: its rendezvous relay and its heartbeat listener's drain, by
-    what each runs."""
+    """The coordinator's own processes, by what each runs: its heartbeat listener's drain (a child)
+    and its rendezvous relay (nobody's child: wire/rendezvous.py; its command line names its owner)."""
     found: dict[str, list[int]] = {"relay": [], "listener": []}
-    for child in descendants(pid):
+    below = set(descendants(pid))
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
         try:
-            with open(f"/proc/{child}/cmdline", "rb") as fh:
-                command = fh.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                command = fh.read().rstrip(b"\0").split(b"\0")
         except OSError:  # it ended meanwhile
             continue
-        found["listener" if b"beat_drain.py" in command else "relay"].append(child)
+        if int(entry) in below and any(arg.endswith(b"beat_drain.py") for arg in command):
+            found["listener"].append(int(entry))
+        elif command[-1] == str(pid).encode() and any(arg.endswith(b"rendezvous.py") for arg in command):
+            found["relay"].append(int(entry))
     return found
 
 

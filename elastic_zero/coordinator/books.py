@@ -150,6 +150,11 @@ class Books:
         first = self.samples.first_step()
         self.samples.add_rows(row for row in rows if first is None or row[1] >= first)
 
+    def add_earlier_change(self, kind: str, change: dict) -> None:
+        """A recovery or reconfiguration an earlier coordinator of this job measured (its
+        change_measured events): the summary counts the whole job's changes."""
+        (self.recoveries if kind == "recovery" else self.reconfigurations).append(change)
+
     def add_earlier_rows(self, rows) -> None:
         """Sample records an earlier coordinator of this job booked (its generation_end events): a
         replacement's books begin where its predecessor's stood, and the summary counts the whole job."""

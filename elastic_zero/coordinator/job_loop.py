@@ -1,9 +1,8 @@
-"""The coordinator's loop: it feeds events (workers ready, generations ended, scale and stop
-requests, preemption notices, silences, ticks) to the pure state machine (state.py) and carries out
-the commands it returns, through the parts that own what they act on: the worker pool
-(worker_pool.py), the generations (generations.py), the node watch (node_watch.py: notices,
-heartbeats, silent and stuck workers), the final save (final_save.py), the job's record
-(job_record.py: events, books, live figures, metrics) and the memory watch (memory_watch.py).
+"""The coordinator's loop: it feeds events (workers ready, generations ended, scale and stop requests, preemption
+notices, silences, ticks) to the pure state machine (state.py) and carries out the commands it returns, through
+the parts that own what they act on: the worker pool (worker_pool.py), the generations (generations.py), the
+node watch (node_watch.py: notices, heartbeats, silent and stuck workers), the final save (final_save.py), the
+job's record (job_record.py: events, books, live figures, metrics) and the memory watch (memory_watch.py).
 
 Only this loop changes membership; the actor's other threads (Ray's calls, actor.py) put what they
 are told into its inbox.
@@ -166,10 +165,11 @@ class JobLoop:
 
     def _take_over(self) -> bool:
         """A lost coordinator's workers taken over with their generation (takeover.py); False: none trained."""
-        found = find_generation(self.pool.workforce)
+        found = find_generation(self.pool.workforce, self.record.events.records)
         if found is None or found.plan is None:
             return False
         e, plan, events = self.spec.elastic, found.plan, self.record.events.records
+        self.record.change_taken_over(plan.number)
         self.log("coordinator_restarted", restarts=self.restarts, resume="workers' memory")
         take_over(found, self.pool, self.watch, self.generations, self._worker_args, e.collective_timeout_s + 30, events)
         self._retire(tuple(found.others), "a worker of the lost coordinator outside its last generation")

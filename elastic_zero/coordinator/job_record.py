@@ -36,11 +36,14 @@ class JobRecord:
         if self.tracking is not None:
             self.events.listener = self.tracking.event
         self._commits_told = {r["directory"] for r in self.events.records if r.get("event") == "checkpoint_committed"}
-        for r in self.events.records:  # an earlier coordinator's: what its generations trained, its workers' starts
+        # an earlier coordinator's: what its generations trained, its workers' starts, its changes
+        for r in self.events.records:
             if r.get("event") == "generation_end" and r.get("samples"):
                 self.books.add_earlier_rows(decode_runs(r["samples"]))
             elif r.get("event") == "worker_ready" and r.get("start_s"):
                 self.books.worker_ready(r["actor_id"], r["t"], r["start_s"])
+            elif r.get("event") == "change_measured":
+                self.books.add_earlier_change(r["what"], r["change"])
         # (a coordinator that takes a generation over has its predecessor's told already)
         self._restores_told = {(r["generation"], r["directory"]) for r in self.events.records
                                if r.get("event") == "checkpoint_restored"}
@@ -189,6 +192,8 @@ class JobRecord:
             since = max((r.ended_at for r in last_end.values()), default=time.time())
             self.books.begin_change("reconfiguration", since, plan.number, step=plan.step, **{
                 "from": plan.previous.world_size, "to": plan.generation.world_size}, cause=plan.cause)
+        if plan.source != Source.INIT:  # for a coordinator that takes this generation over, to measure it
+            self.log("change_begun", generation=plan.number, pending=self.books.pending_change)
         self.books.world_size_history.append([plan.step, plan.generation.world_size])
         resumed = {"resume": resume} if plan.source == Source.INIT and resume else {}
         self.log("generation_start", generation=plan.number, step=plan.step, source=plan.source, **resumed,
@@ -197,6 +202,15 @@ class JobRecord:
                  calls=len(plan.participants) if calls is None else calls)
         if plan.source != Source.INIT:  # counted as they start, as status counts them
             self.metrics.add("elastic_zero_reconfigurations" if plan.source == Source.LIVE else "elastic_zero_recoveries")
+
+    def change_taken_over(self, generation: int) -> None:
+        """The change a lost coordinator began with `generation` and did not live to measure (its
+        change_begun event): this one measures it, as the generation's reports come to it. The lost
+        members' last words it awaited went to its predecessor."""
+        begun = [r for r in self.events.records if r.get("event") == "change_begun"]
+        if begun and begun[-1]["generation"] == generation:
+            pending = dict(begun[-1]["pending"])
+            self.books.begin_change(pending.pop("_kind"), pending.pop("_since"), generation, **{**pending, "_unheard": None})
 
     def hear_last_words(self, last_words_of) -> None:
         """The pending recovery's lost members' last words that came after it began, read by
@@ -218,6 +232,10 @@ class JobRecord:
         before = len(self.books.recoveries), len(self.books.reconfigurations)
         booked = [r for a, r in results.items() if a in members]
         self.books.add_generation_results(plan.number, booked)
+        for kind, changes in (("recovery", self.books.recoveries[before[0]:]),
+                              ("reconfiguration", self.books.reconfigurations[before[1]:])):
+            for change in changes:  # for a coordinator that may replace this one (the summary's whole job)
+                self.log("change_measured", what=kind, change=change)
         self._count_metrics(results.values(), before)
         outcomes = tuple(r.outcome for r in results.values() if r.outcome.kind != OutcomeKind.DEAD)
         alive = sum(1 for o in outcomes if o.actor_id in members)

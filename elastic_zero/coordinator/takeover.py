@@ -25,16 +25,21 @@ class Found(NamedTuple):
     others: dict  # the job's other workers alive (spawned, standing by, or left behind): retired
 
 
-def find_generation(workforce) -> Found | None:
+def find_generation(workforce, events: list[dict] = ()) -> Found | None:
     """The newest generation the job's surviving workers were in, or None: no survivor, or none that
-    trained (a workforce that cannot list survivors, a simulated one, has none)."""
+    trained (a workforce that cannot list survivors, a simulated one, has none). `events`: the job's
+    log; a survivor it never says was ready is still starting and trained nothing: it is not asked,
+    for its answer would wait for its start (a replacement spawned for a loss held a take-over for
+    ASK_S, the chaos drill). A log that names nobody ready (not read) leaves everyone asked."""
     try:
         survivors = workforce.survivors() if hasattr(workforce, "survivors") else {}
     except ray.exceptions.RayError:  # the cluster's actor list could not be read: none to take over
         return None
     if not survivors:
         return None
-    asked = {handle.last_plan.remote(): actor_id for actor_id, handle in survivors.items()}
+    ready = {r["actor_id"] for r in events if r.get("event") == "worker_ready"}
+    asked = {handle.last_plan.remote(): actor_id for actor_id, handle in survivors.items()
+             if actor_id in ready or not ready}
     ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=ASK_S)
     plans = []
     for ref in ready:

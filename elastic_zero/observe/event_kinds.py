@@ -38,6 +38,11 @@ KINDS: dict[str, EventKind] = {k.name: k for k in (
     _kind("generation_start", "generation step source checkpoint workers leaving resume calls",
           "a generation began: from which state (init, live, snapshot, checkpoint, restart), with whom, and "
           "how many train calls it took (the other participants' calls stood: wire/standing_calls.py)"),
+    _kind("change_begun", "generation pending",
+          "a recovery or reconfiguration began with this generation: what a replacement coordinator measures it from"),
+    _kind("change_measured", "what change",
+          "a recovery or reconfiguration as the summary has it, once measured: a replacement "
+          "coordinator's summary counts it too"),
     _kind("generation_taken_over", "generation step workers",
           "a coordinator that replaced a lost one took over the generation it had started, from its workers"),
     _kind("generation_end", "generation outcomes ended_at errors steps_done loss metrics samples",

@@ -19,7 +19,7 @@ STATUS_KEYS = ("schema", "job_id", "name", "state", "ray_job_status", "generatio
                "min_workers", "max_workers", "members", "step", "steps", "loss", "eval", "samples_per_s", "eta_s",
                "world_size_history", "recoveries", "reconfigurations", "restarts", "checkpoint", "run_dir",
                "coordinator", "error", "last_events", "memory", "replicas", "workers", "standby", "as_of")
-QUIET_EVENTS = frozenset({"decision", "spawn", "worker_ready", "retire"})  # left out of last_events
+QUIET_EVENTS = frozenset({"decision", "spawn", "worker_ready", "retire", "change_begun", "change_measured"})  # left out of last_events
 
 
 @dataclass

@@ -138,7 +138,10 @@ def drain_forever(sock: socket.socket, config: dict, stdin_fd: int, stdout_fd: i
     pending, unsent = _Pending(), b""
     wait, previous, longest_pause = DRAIN_EVERY_S, clock(), 0.0
     pending.drained(clock(), 0)
-    os.write(stdout_fd, pending.frame(0.0))  # ready: the coordinator waits for this first, empty drain
+    try:
+        os.write(stdout_fd, pending.frame(0.0))  # ready: the coordinator waits for this first, empty drain
+    except BrokenPipeError:  # the coordinator is gone (started again as Ray ended its children first)
+        return
     pending = _Pending()
     os.set_blocking(stdout_fd, False)
     while True:

@@ -88,12 +88,20 @@ class RendezvousServer:
         self.host, self._secret, self._timeout_s = host, secret, timeout_s
         listener = _listener(host)
         self.port = listener.getsockname()[1]
-        # -I: isolated, nothing from the environment; the script imports the standard library only
-        self._relay = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), str(listener.fileno())],
-                                       stdin=subprocess.PIPE, pass_fds=(listener.fileno(),))
+        # -I: isolated, nothing from the environment; the script imports the standard library only. The
+        # relay is not this process's child (_relay_process): Ray ends an actor's children before the
+        # actor itself (ray.kill, its memory monitor), and a coordinator that saw its store go first
+        # failed the job and retired the workers its replacement was to take over (the chaos drill).
+        launcher = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), str(listener.fileno()),
+                                     str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    pass_fds=(listener.fileno(),))
         listener.close()  # the relay holds the listening socket now
-        self._relay.stdin.write(secret.hex().encode() + b"\n")
-        self._relay.stdin.flush()
+        self.relay_pid = int(launcher.stdout.readline())
+        launcher.stdout.close()
+        launcher.wait()  # (it ended as it forked the relay)
+        self._relay_stdin = launcher.stdin  # the relay's stdin: it ends at its EOF, this process gone or close()
+        self._relay_stdin.write(secret.hex().encode() + b"\n")
+        self._relay_stdin.flush()
         self._store: StoreClient | None = None
         self._store_lock = threading.Lock()
 
@@ -111,15 +119,22 @@ class RendezvousServer:
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
-        self._relay.kill()
-        self._relay.wait()
-        self._relay.stdin.close()
+        self._relay_stdin.close()  # its EOF: the relay ends (no kill by pid: not this process's child to reap)
 
 
 def _relay_process(listen_fd: int) -> None:
     """The relay of RendezvousServer: admits connections to its listening socket that answer the
     challenge, and serves the store to them. Its stdin brings the secret; its end (the coordinator
-    gone) ends this process."""
+    gone) ends this process. It makes itself nobody's child first (its launcher forks it and ends),
+    in a session of its own: the coordinator's end, not Ray's cleanup of the coordinator's children
+    or process group, ends it. Its pid is the one line it writes."""
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+    os.write(1, f"{os.getpid()}\n".encode())
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # the launcher's reader sees EOF; a stray print goes nowhere
+    os.close(devnull)
     listener = socket.socket(fileno=listen_fd)
     secret = bytes.fromhex(sys.stdin.readline().strip())
     store_server = _store_server_module()
