@@ -19,6 +19,24 @@ def test_a_schedule_replays_from_its_seed_and_stays_in_bounds():
     assert all(f.get("rank", 0) < 2 and 2 <= f.get("workers", 2) <= 4 for f in faults)
 
 
+def test_more_fault_kinds_are_asked_by_name_or_all_and_each_is_a_fault_the_spec_takes():
+    from elastic_zero.bench.chaos import chaos_job
+    from elastic_zero.bench.chaos_schedule import KINDS, MORE_KINDS, fault_kinds
+    from elastic_zero.job.spec import spec_from_dict
+
+    assert fault_kinds("all") == KINDS + MORE_KINDS and fault_kinds(" kill, hang ") == ("kill", "hang")
+    for bad, named in (("kill,nope", "--faults: nope: not a fault kind"), (",", "--faults: none named")):
+        with pytest.raises(ValueError, match=named):
+            fault_kinds(bad)
+    # the default kinds keep the schedules of the seeds run before
+    assert chaos_faults(7, 300, 20, 2, 4) == chaos_faults(7, 300, 20, 2, 4, KINDS)
+    data = chaos_job(3, 300, 2, "/tmp/ck", checkpoint_every=5, kinds=KINDS + MORE_KINDS)
+    actions = {f["action"] for f in data["faults"]}
+    assert set(MORE_KINDS) <= actions and all(f.get("rank", 0) < 2 for f in data["faults"]), actions
+    spec = spec_from_dict(data)  # every action one the job's spec takes, with its rank
+    assert len(spec.faults) == len(data["faults"])
+
+
 @pytest.mark.parametrize("seed, stage", [(1, 3)])  # stage 2 (seed 2) passes too: `bench chaos` runs both
 def test_chaos_ends_with_every_sample_once_and_the_fault_free_weights(tmp_path, seed, stage):
     report = run_chaos([seed], 100, [stage], str(tmp_path))

@@ -74,6 +74,7 @@ def test_bench_step_json_reports_the_contract_fields():
         (("bench", "status", "--rounds", "0"), "bench status: --rounds must be >= 1, got 0"),
         (("bench", "chaos", "--checkpoint-every", "0"), "--checkpoint-every: must be >= 1"),  # was a ZeroDivisionError
         (("bench", "chaos", "--seeds", "1,a"), "--seeds: comma-separated whole numbers, got '1,a'"),
+        (("bench", "chaos", "--faults", "kill,nope"), "--faults: nope: not a fault kind of the drill"),
         (("run", "--set", "elastic.stuck_after_steps=abc"), "elastic.stuck_after_steps: must be a number, got 'abc'"),
         (("run", "--set", "elastic.stuck_min_s=-1"), "elastic.stuck_min_s: must be >= 0.0, got -1.0"),
         (("run", "--set", "elastic.replicate_every=1.5"), "elastic.replicate_every: must be an integer or a string, got 1.5"),

@@ -20,16 +20,17 @@ import tomllib
 
 import torch
 
-from elastic_zero.bench.chaos_schedule import chaos_faults
+from elastic_zero.bench.chaos_schedule import KINDS, chaos_faults, fault_kinds
 from elastic_zero.observe.event_log import read_events
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "chaos.toml")
 
 
 def chaos_job(seed: int, steps: int, stage: int, checkpoint_uri: str, checkpoint_every: int = 20,
-              replicate_every: int | str | None = None, standby_workers: int = 0) -> dict:
-    """The drill's spec (as a dict) for one seed; `replicate_every` in place of the example's, and
-    `standby_workers` kept ready beside the job (the recoveries and scale-ups take them first)."""
+              replicate_every: int | str | None = None, standby_workers: int = 0, kinds: tuple = KINDS) -> dict:
+    """The drill's spec (as a dict) for one seed; `replicate_every` in place of the example's,
+    `standby_workers` kept ready beside the job (the recoveries and scale-ups take them first), and
+    faults of the `kinds` given (chaos_schedule.py)."""
     with open(EXAMPLE, "rb") as fh:
         data = tomllib.load(fh)
     e = data["elastic"]
@@ -41,7 +42,7 @@ def chaos_job(seed: int, steps: int, stage: int, checkpoint_uri: str, checkpoint
     data["train"]["steps"] = steps
     data["zero"]["stage"] = stage
     data["checkpoint"].update(uri=checkpoint_uri, every=checkpoint_every)
-    data["faults"] = chaos_faults(seed, steps, checkpoint_every, e["min_workers"], e["max_workers"])
+    data["faults"] = chaos_faults(seed, steps, checkpoint_every, e["min_workers"], e["max_workers"], kinds)
     return data
 
 
@@ -59,10 +60,17 @@ def _run(data: dict, run_dir: str) -> tuple[int, dict, list, dict | None]:
 
     weights = os.path.join(run_dir, "final.pt")
     os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "run.log"), "w") as log, contextlib.redirect_stdout(log):
+    # its console and its workers' output (Ray's, forwarded) to the run's log: the drill prints its report
+    with open(os.path.join(run_dir, "run.log"), "w") as log, contextlib.redirect_stdout(log), \
+            contextlib.redirect_stderr(log):
         code = run_job(spec_from_dict(data), RunConfig(run_dir=run_dir, progress=False), final_weights=weights)  # its "done" line is not the report
-    with open(os.path.join(run_dir, "summary.json")) as fh:
-        summary = json.load(fh)
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as fh:
+            summary = json.load(fh)
+    except FileNotFoundError:  # the driver gave up on the job (its coordinator lost for good): what it said
+        with open(os.path.join(run_dir, "run.log")) as fh:
+            said = [line.strip() for line in fh if line.startswith("elastic-zero:")]
+        summary = {"ok": False, "error": said[-1] if said else "no summary.json, and the driver said nothing"}
     events = read_events(run_dir)
     return code, summary, events, (torch.load(weights, weights_only=True) if code == 0 else None)
 
@@ -83,7 +91,7 @@ def _checkpoints_that_do_not_load(uri: str) -> list[str]:
 
 
 def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 20,
-              replicate_every: int | str | None = None, standby_workers: int = 0) -> dict:
+              replicate_every: int | str | None = None, standby_workers: int = 0, kinds: tuple = KINDS) -> dict:
     import ray
 
     if replicate_every is not None and replicate_every != "auto" and \
@@ -97,6 +105,7 @@ def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 2
     if steps < 1 or not seeds or not stages:
         raise ValueError(f"--steps: must be >= 1, got {steps}" if steps < 1 else
                          f"--{'seeds' if not seeds else 'stages'}: name at least one")
+    kinds = fault_kinds(",".join(kinds))  # each one known, or one line naming it
     if any(stage not in (1, 2, 3) for stage in stages):
         raise ValueError(f"--stages: ZeRO stages 1, 2 or 3, got {','.join(map(str, stages))}")
     own_ray = not ray.is_initialized()
@@ -115,7 +124,7 @@ def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 2
             for seed in seeds:
                 run_dir = os.path.join(workdir, f"seed{seed}-s{stage}")
                 data = chaos_job(seed, steps, stage, os.path.join(run_dir, "ckpt"), checkpoint_every, replicate_every,
-                                 standby_workers)
+                                 standby_workers, kinds)
                 started = time.monotonic()
                 code, summary, events, weights = _run(data, run_dir)
                 runs.append(_judge(seed, stage, data, code, summary, events, weights, reference,
@@ -126,7 +135,9 @@ def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 2
     stalls = [s for r in runs for s in r["stalls_s"]]
     starts = [s for r in runs for s in r["worker_starts_s"]]
     ready_after = [s for r in runs for s in r["workers_ready_after_s"]]
-    return {"steps": steps, "replicate_every": replicate_every, "standby_workers": standby_workers, "runs": runs, "failed_runs": [f"seed {r['seed']} stage {r['stage']}" for r in runs if not r["ok"]],
+    return {"steps": steps, "replicate_every": replicate_every, "standby_workers": standby_workers,
+            "faults": list(kinds), "runs": runs,
+            "failed_runs": [f"seed {r['seed']} stage {r['stage']}" for r in runs if not r["ok"]],
             "faults_survived": sum(r["faults_fired"] for r in runs if r["ok"]),
             "stall_s_median": round(statistics.median(stalls), 4) if stalls else None, "stall_s_worst": max(stalls, default=None),
             "changes_with_a_worker_ready_after_them": len(starts),
@@ -156,6 +167,7 @@ def _judge(seed, stage, data, code, summary, events, weights, reference, wall_s)
             "faults_scheduled": len(data["faults"]), "faults_fired": len(changes),
             "workers_lost": kinds.count("worker_lost"), "preemption_notices": kinds.count("preemption_notice"),
             "recoveries": len(summary.get("recoveries", [])), "reconfigurations": len(summary.get("reconfigurations", [])),
+            "coordinator_restarts": summary.get("coordinator_restarts", 0),
             "stalls_s": [c["stall_s"] for c in changes if c.get("stall_s") is not None],
             # the changes that took in a worker ready only after they began: its start, whole, and how far
             # into the change it was ready (a replacement asked for an earlier loss may come at once)
@@ -168,13 +180,15 @@ def _judge(seed, stage, data, code, summary, events, weights, reference, wall_s)
 def format_chaos(report: dict) -> str:
     every = report.get("replicate_every")
     lines = [f"chaos drill, {report['steps']} steps per run" + (f", replicate_every {every}" if every is not None else "")
-             + (f", {report['standby_workers']} standby worker(s)" if report.get("standby_workers") else "")]
+             + (f", {report['standby_workers']} standby worker(s)" if report.get("standby_workers") else "")
+             + (f", faults {','.join(report['faults'])}" if tuple(report.get("faults", KINDS)) != KINDS else "")]
     for r in report["runs"]:
         stalls = r["stalls_s"]
         lines.append(f"  seed {r['seed']} stage {r['stage']}: {'ok' if r['ok'] else 'FAILED'}  "
                      f"{r['recoveries']} recoveries ({r['workers_lost']} workers lost), "
                      f"{r['reconfigurations']} reconfigurations ({r['preemption_notices']} preemption notices) "
-                     f"from {r['faults_scheduled']} scheduled faults, "
+                     + (f"{r['coordinator_restarts']} coordinator restart(s) " if r.get("coordinator_restarts") else "")
+                     + f"from {r['faults_scheduled']} scheduled faults, "
                      f"stall median {statistics.median(stalls) if stalls else 0:.3f} s worst {max(stalls, default=0):.3f} s, "
                      f"weights {r['weights_diff'] if r['weights_diff'] is not None else float('nan'):.1e}, {r['wall_s']} s"
                      + (f", last cadence every {r['replicas']['every']} step(s)" if (r.get("replicas") or {}).get("auto") else "")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from elastic_zero.bench.chaos_schedule import KINDS as CHAOS_KINDS, MORE_KINDS as CHAOS_MORE_KINDS, fault_kinds
+
 
 def add_bench_parsers(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks")
@@ -75,6 +77,8 @@ def add_bench_parsers(sub) -> None:
                        help='elastic.replicate_every for the drill: an integer or "auto" (default: the example\'s, 1)')
     chaos.add_argument("--standby-workers", type=int, default=0,
                        help="elastic.standby_workers for the drill, 0-4 (default 0): losses and scale-ups take them")
+    chaos.add_argument("--faults", default=",".join(CHAOS_KINDS),
+                       help="comma-separated fault kinds, or all (adds " + ", ".join(CHAOS_MORE_KINDS) + ")")
     chaos.add_argument("--json", action="store_true", help="print one JSON object")
     ck = bench_sub.add_parser("checkpoint", help="sharded checkpoints against torch.distributed.checkpoint")
     ck.add_argument("--preset", default="gpt-small")
@@ -220,7 +224,7 @@ def run_bench(args) -> int:
         every = args.replicate_every
         every = int(every) if every is not None and every.lstrip("-").isdigit() else every
         report = run_chaos(_integers("--seeds", args.seeds), args.steps, _integers("--stages", args.stages),
-                           args.workdir, args.checkpoint_every, every, args.standby_workers)
+                           args.workdir, args.checkpoint_every, every, args.standby_workers, fault_kinds(args.faults))
         print(json.dumps(report) if args.json else format_chaos(report))
         return 0 if not report["failed_runs"] else 1
     if args.bench == "checkpoint":
