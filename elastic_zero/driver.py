@@ -27,7 +27,7 @@ from elastic_zero.observe.ray_noise import quiet_worker_deaths
 from elastic_zero.job.spec import JobSpec, SpecError
 
 HEAD_RESOURCE = "node:__internal_head__"
-COORDINATOR_RESTARTS = 3  # in a row, with no step trained in between (a long job may lose its coordinator more often)
+COORDINATOR_RESTARTS = 3  # in a row: with no generation ending past its first step in between
 POLL_S = 0.5
 REATTACH_S = 120.0  # how long a coordinator may go unanswering (its process alive) before the job is given up
 
@@ -121,11 +121,12 @@ def _clear_finished(name: str, job_id: str) -> None:
 
 def _follow(followed: list, view: ProgressView | None, restart) -> dict:
     """Follow the coordinator in `followed[0]` to the job's end; one that died is replaced by
-    `restart()` (in `followed[0]`), COORDINATOR_RESTARTS times in a row at most: a step trained since
-    the last restart begins the count again."""
+    `restart()` (in `followed[0]`), COORDINATOR_RESTARTS times in a row at most: a generation that
+    ends having trained a step (its events) begins the count again."""
     import ray
 
-    cursor, unreachable_since, restarts, trained, trained_at_restart = 0, None, 0, 0, 0
+    cursor, unreachable_since, restarts = 0, None, 0
+    started_at: dict = {}  # generation -> the step it started from (its generation_start event)
     while True:
         actor = followed[0]
         try:
@@ -135,7 +136,7 @@ def _follow(followed: list, view: ProgressView | None, restart) -> dict:
             if restarts == COORDINATOR_RESTARTS:
                 return _lost(f"the coordinator died {restarts + 1} times with no step trained in between: not "
                              f"started again ({COORDINATOR_RESTARTS} restarts in a row at most)")
-            restarts, trained_at_restart = restarts + 1, trained
+            restarts += 1
             # its replacement takes over its workers (or resumes from the latest checkpoint), and goes
             # on with its predecessor's events (the cursor stays)
             followed[0] = restart()
@@ -150,13 +151,17 @@ def _follow(followed: list, view: ProgressView | None, restart) -> dict:
         for record in p["events"]:
             if view is not None:
                 view.event(record)
-            if record.get("event") == "generation_end":  # (steps a generation taken over trained are told here)
-                trained = max(trained, record.get("steps_done") or 0)
+            kind = record.get("event")
+            if kind == "generation_start":
+                started_at[record["generation"]] = record["step"]
+            # a generation that ended past the step it started from trained: the count begins again
+            # (one taken over trained under the coordinator that died, whose replacement then worked)
+            elif kind == "generation_end" and started_at.get(record["generation"]) is not None and \
+                    (record.get("steps_done") or 0) > max(started_at[record["generation"]], 0):
+                restarts = 0
         if view is not None:
             view.update(p)
-        cursor, trained = p["cursor"], max(trained, p["step"] or 0)
-        if trained > trained_at_restart:  # trained since the last restart: the count begins again
-            restarts = 0
+        cursor = p["cursor"]
         if p["done"]:
             return ray.get(actor.result.remote(0))
         time.sleep(POLL_S)

@@ -263,3 +263,13 @@ def test_a_replacement_coordinators_summary_counts_its_predecessors_changes(tmp_
     assert record.books.pending_generation == 5
     assert record.books.pending_change == {"_kind": "reconfiguration", "_since": 100.0, "step": 20, "from": 1,
                                            "to": 2, "cause": "joined", "_unheard": None}
+    # its predecessor booked generation 5's end (measured its change) and died before the next began: the
+    # workers tell generation 5's report again, and its change is not measured twice
+    again = tmp_path / "again"
+    earlier = EventLog(str(again))
+    earlier.add("change_begun", generation=5, pending={"_kind": "recovery", "_since": 100.0, "step": 20,
+                                                       "cause": "lost w1", "reached": 21, "source": "snapshot"})
+    earlier.add("generation_end", generation=5, outcomes=["safe_point"], ended_at={}, errors={})
+    record = JobRecord(spec_from_dict(spec_dict), spec_dict, "taken", str(again), 0.0, restarted=True)
+    record.change_taken_over(5)
+    assert record.books.pending_change is None

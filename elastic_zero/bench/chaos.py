@@ -105,7 +105,7 @@ def run_chaos(seeds, steps: int, stages, workdir: str, checkpoint_every: int = 2
     if steps < 1 or not seeds or not stages:
         raise ValueError(f"--steps: must be >= 1, got {steps}" if steps < 1 else
                          f"--{'seeds' if not seeds else 'stages'}: name at least one")
-    kinds = fault_kinds(",".join(kinds))  # each one known, or one line naming it
+    kinds = fault_kinds(kinds if isinstance(kinds, str) else ",".join(kinds))  # each one known, or one line naming it
     if any(stage not in (1, 2, 3) for stage in stages):
         raise ValueError(f"--stages: ZeRO stages 1, 2 or 3, got {','.join(map(str, stages))}")
     own_ray = not ray.is_initialized()

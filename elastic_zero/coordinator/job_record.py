@@ -193,7 +193,8 @@ class JobRecord:
             self.books.begin_change("reconfiguration", since, plan.number, step=plan.step, **{
                 "from": plan.previous.world_size, "to": plan.generation.world_size}, cause=plan.cause)
         if plan.source != Source.INIT:  # for a coordinator that takes this generation over, to measure it
-            self.log("change_begun", generation=plan.number, pending=self.books.pending_change)
+            # (a copy: the books change theirs as they measure it)
+            self.log("change_begun", generation=plan.number, pending=dict(self.books.pending_change))
         self.books.world_size_history.append([plan.step, plan.generation.world_size])
         resumed = {"resume": resume} if plan.source == Source.INIT and resume else {}
         self.log("generation_start", generation=plan.number, step=plan.step, source=plan.source, **resumed,
@@ -207,10 +208,16 @@ class JobRecord:
         """The change a lost coordinator began with `generation` and did not live to measure (its
         change_begun event): this one measures it, as the generation's reports come to it. The lost
         members' last words it awaited went to its predecessor."""
-        begun = [r for r in self.events.records if r.get("event") == "change_begun"]
-        if begun and begun[-1]["generation"] == generation:
-            pending = dict(begun[-1]["pending"])
-            self.books.begin_change(pending.pop("_kind"), pending.pop("_since"), generation, **{**pending, "_unheard": None})
+        records = self.events.records
+        begun = [i for i, r in enumerate(records) if r.get("event") == "change_begun"]
+        if not begun or records[begun[-1]]["generation"] != generation:
+            return
+        # measured already, if its predecessor booked the generation's end (the workers then still held
+        # its plan, and tell its report again)
+        if any(r.get("event") == "generation_end" and r.get("generation") == generation for r in records[begun[-1]:]):
+            return
+        pending = dict(records[begun[-1]]["pending"])
+        self.books.begin_change(pending.pop("_kind"), pending.pop("_since"), generation, **{**pending, "_unheard": None})
 
     def hear_last_words(self, last_words_of) -> None:
         """The pending recovery's lost members' last words that came after it began, read by
@@ -235,7 +242,7 @@ class JobRecord:
         for kind, changes in (("recovery", self.books.recoveries[before[0]:]),
                               ("reconfiguration", self.books.reconfigurations[before[1]:])):
             for change in changes:  # for a coordinator that may replace this one (the summary's whole job)
-                self.log("change_measured", what=kind, change=change)
+                self.log("change_measured", what=kind, change=dict(change))
         self._count_metrics(results.values(), before)
         outcomes = tuple(r.outcome for r in results.values() if r.outcome.kind != OutcomeKind.DEAD)
         alive = sum(1 for o in outcomes if o.actor_id in members)

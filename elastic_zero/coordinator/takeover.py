@@ -40,9 +40,9 @@ def find_generation(workforce, events: list[dict] = ()) -> Found | None:
     ready = {r["actor_id"] for r in events if r.get("event") == "worker_ready"}
     asked = {handle.last_plan.remote(): actor_id for actor_id, handle in survivors.items()
              if actor_id in ready or not ready}
-    ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=ASK_S)
+    answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=ASK_S)
     plans = []
-    for ref in ready:
+    for ref in answered:
         try:
             packed = ray.get(ref)
         except ray.exceptions.RayError:  # died since it was listed

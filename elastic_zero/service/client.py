@@ -151,7 +151,10 @@ class Client:
             refusal = record and scale_refusal(workers, record["min_workers"], record["max_workers"])
             if refusal:
                 raise ClusterError(refusal)
-        return self._ask("scale", job_id, workers=workers)
+        answer = self._control("scale", job_id, workers=workers)  # (_ask, less its _info: asked above)
+        if not answer["ok"]:
+            raise ClusterError(answer["error"])
+        return answer["value"]
 
     def stop(self, job_id: str, checkpoint: bool = False) -> str:
         """Graceful: the job ends at its next safe point (after a final checkpoint if asked) and exits 0."""

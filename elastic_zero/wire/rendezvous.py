@@ -96,9 +96,14 @@ class RendezvousServer:
                                      str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     pass_fds=(listener.fileno(),))
         listener.close()  # the relay holds the listening socket now
-        self.relay_pid = int(launcher.stdout.readline())
+        said = launcher.stdout.readline()
         launcher.stdout.close()
         launcher.wait()  # (it ended as it forked the relay)
+        if not said.strip().isdigit():
+            launcher.stdin.close()
+            raise RuntimeError(f"the job's store relay did not start (its launcher exited {launcher.returncode}; "
+                               f"the relay's own error, if any, is in this process's stderr)")
+        self.relay_pid = int(said)
         self._relay_stdin = launcher.stdin  # the relay's stdin: it ends at its EOF, this process gone or close()
         self._relay_stdin.write(secret.hex().encode() + b"\n")
         self._relay_stdin.flush()
@@ -127,7 +132,9 @@ def _relay_process(listen_fd: int) -> None:
     challenge, and serves the store to them. Its stdin brings the secret; its end (the coordinator
     gone) ends this process. It makes itself nobody's child first (its launcher forks it and ends),
     in a session of its own: the coordinator's end, not Ray's cleanup of the coordinator's children
-    or process group, ends it. Its pid is the one line it writes."""
+    or process group, ends it. Its pid is the one line it writes; its command line's last argument, its
+    owner's pid, is there for whoever looks for it (bench control-plane). Ended, it is reaped by the
+    node's init (in a container whose PID 1 reaps nothing, it stays a zombie: an entry, no memory)."""
     if os.fork():
         os._exit(0)
     os.setsid()
