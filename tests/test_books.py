@@ -263,6 +263,21 @@ def test_a_replacement_coordinators_summary_counts_its_predecessors_changes(tmp_
     assert record.books.pending_generation == 5
     assert record.books.pending_change == {"_kind": "reconfiguration", "_since": 100.0, "step": 20, "from": 1,
                                            "to": 2, "cause": "joined", "_unheard": None}
+    # a recovery from a checkpoint its predecessor planned (its step known once read) is measured from the
+    # reports of the generation taken over, whose first step names it (found by the chaos drill: this
+    # coordinator has no world-size history before the generation it took over)
+    restored = tmp_path / "restored"
+    earlier = EventLog(str(restored))
+    earlier.add("change_begun", generation=7, pending={"_kind": "recovery", "_since": 9.0, "step": None,
+                                                       "cause": "lost w1; restored from a checkpoint", "reached": 33,
+                                                       "source": "checkpoint"})
+    record = JobRecord(spec_from_dict(spec_dict), spec_dict, "taken", str(restored), 0.0, restarted=True)
+    record.change_taken_over(7)
+    report = _report("w0", 0, [0.5], [0.0], first_step_at=12.0)
+    record.books.add_generation_results(7, [Report(**{**vars(report), "log": ((30, 0, 240, 8),)})])
+    (change,) = record.books.recoveries
+    assert change["step"] == 30 and change["stall_s"] == 3.0 and change["lost_steps"] == 3, change
+
     # its predecessor booked generation 5's end (measured its change) and died before the next began: the
     # workers tell generation 5's report again, and its change is not measured twice
     again = tmp_path / "again"

@@ -63,7 +63,8 @@ class Books:
                 if change.get("step") is None:  # from a checkpoint: the first step the workers ran
                     change["step"] = min(step for r in results for step, *_ in r.log) \
                         if any(r.log for r in results) else None
-                    if change["step"] is not None and self.world_size_history[-1][0] < 0:
+                    # (a replacement coordinator that took this change over has no history before it)
+                    if change["step"] is not None and self.world_size_history and self.world_size_history[-1][0] < 0:
                         self.world_size_history[-1][0] = change["step"]  # known now that it was read
                 _count_lost_steps(change, reached)
             change["failed_at"] = round(since, 4)  # the failure (or the safe point), epoch seconds
