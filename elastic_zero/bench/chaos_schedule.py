@@ -48,9 +48,7 @@ def chaos_faults(seed: int, steps: int, checkpoint_every: int, min_workers: int,
             return faults
         kind = rng.choice(kinds)
         rank = rng.randrange(min_workers)
-        if kind == "kill":
-            faults.append({"at_step": step, "action": "kill", "rank": rank})
-        elif kind == "kill_after_checkpoint":
+        if kind == "kill_after_checkpoint":
             after = (step // checkpoint_every) * checkpoint_every + 1
             if after < steps and all(f["at_step"] != after for f in faults):
                 faults.append({"at_step": after, "action": "kill", "rank": rank})
@@ -61,5 +59,5 @@ def chaos_faults(seed: int, steps: int, checkpoint_every: int, min_workers: int,
             faults.append({"at_step": step, "action": "scale", "workers": rng.randint(min_workers, max_workers)})
         elif kind == "preempt":
             faults.append({"at_step": step, "action": "preempt", "rank": rank, "deadline_s": 30})
-        else:
+        else:  # a kill, and every kind of MORE_KINDS: an action of the kind's name, at a rank
             faults.append({"at_step": step, "action": kind, "rank": rank})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from elastic_zero.bench.chaos_schedule import KINDS as CHAOS_KINDS, MORE_KINDS as CHAOS_MORE_KINDS, fault_kinds
+from elastic_zero.bench.chaos_schedule import KINDS as CHAOS_KINDS, MORE_KINDS as CHAOS_MORE_KINDS
 
 
 def add_bench_parsers(sub) -> None:
@@ -224,7 +224,7 @@ def run_bench(args) -> int:
         every = args.replicate_every
         every = int(every) if every is not None and every.lstrip("-").isdigit() else every
         report = run_chaos(_integers("--seeds", args.seeds), args.steps, _integers("--stages", args.stages),
-                           args.workdir, args.checkpoint_every, every, args.standby_workers, fault_kinds(args.faults))
+                           args.workdir, args.checkpoint_every, every, args.standby_workers, args.faults)
         print(json.dumps(report) if args.json else format_chaos(report))
         return 0 if not report["failed_runs"] else 1
     if args.bench == "checkpoint":

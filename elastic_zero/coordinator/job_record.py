@@ -192,16 +192,16 @@ class JobRecord:
             since = max((r.ended_at for r in last_end.values()), default=time.time())
             self.books.begin_change("reconfiguration", since, plan.number, step=plan.step, **{
                 "from": plan.previous.world_size, "to": plan.generation.world_size}, cause=plan.cause)
-        if plan.source != Source.INIT:  # for a coordinator that takes this generation over, to measure it
-            # (a copy: the books change theirs as they measure it)
-            self.log("change_begun", generation=plan.number, pending=dict(self.books.pending_change))
         self.books.world_size_history.append([plan.step, plan.generation.world_size])
         resumed = {"resume": resume} if plan.source == Source.INIT and resume else {}
         self.log("generation_start", generation=plan.number, step=plan.step, source=plan.source, **resumed,
                  checkpoint=plan.checkpoints[0] if plan.checkpoints else None,
                  workers=[m.actor_id for m in plan.generation.members], leaving=list(plan.leaving),
                  calls=len(plan.participants) if calls is None else calls)
-        if plan.source != Source.INIT:  # counted as they start, as status counts them
+        if plan.source != Source.INIT:
+            # for a coordinator that takes this generation over, to measure it (a copy: the books change
+            # theirs as they measure it); counted as they start, as status counts them
+            self.log("change_begun", generation=plan.number, pending=dict(self.books.pending_change))
             self.metrics.add("elastic_zero_reconfigurations" if plan.source == Source.LIVE else "elastic_zero_recoveries")
 
     def change_taken_over(self, generation: int) -> None:

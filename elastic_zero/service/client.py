@@ -151,10 +151,7 @@ class Client:
             refusal = record and scale_refusal(workers, record["min_workers"], record["max_workers"])
             if refusal:
                 raise ClusterError(refusal)
-        answer = self._control("scale", job_id, workers=workers)  # (_ask, less its _info: asked above)
-        if not answer["ok"]:
-            raise ClusterError(answer["error"])
-        return answer["value"]
+        return self._answer("scale", job_id, workers=workers)
 
     def stop(self, job_id: str, checkpoint: bool = False) -> str:
         """Graceful: the job ends at its next safe point (after a final checkpoint if asked) and exits 0."""
@@ -180,6 +177,10 @@ class Client:
     def _ask(self, op: str, job_id: str, **args) -> str:
         if self.http:
             self._info(job_id)
+        return self._answer(op, job_id, **args)
+
+    def _answer(self, op: str, job_id: str, **args) -> str:
+        """The coordinator's answer to `op`, through a control job (or directly); its refusal raised."""
         answer = self._control(op, job_id, **args)
         if not answer["ok"]:
             raise ClusterError(answer["error"])
