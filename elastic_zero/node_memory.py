@@ -111,6 +111,38 @@ def peak_rss_bytes(pid: int) -> int:
     return 0
 
 
+class ProcessMemory:
+    """A process's resident memory and its peak (VmRSS and VmHWM, bytes; (0, 0) once it is gone), from
+    its /proc status kept open and read again in place: a beat process reads them ten times a second,
+    and opening two files a beat (statm and status) took a quarter of its CPU."""
+
+    def __init__(self, pid: int) -> None:
+        self._path, self._fd = f"/proc/{pid}/status", None
+
+    def __call__(self) -> tuple[int, int]:
+        try:
+            if self._fd is None:
+                self._fd = os.open(self._path, os.O_RDONLY)
+            status = os.pread(self._fd, 8192, 0)
+            return _kib_field(status, b"VmRSS:"), _kib_field(status, b"VmHWM:")
+        except OSError:  # the process is gone (or this is not Linux)
+            self.close()
+            return 0, 0
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _kib_field(status: bytes, name: bytes) -> int:
+    """A "Name:   1234 kB" field of a /proc status, in bytes (0 where it is not there)."""
+    at = status.find(name)
+    if at < 0:
+        return 0
+    return int(status[at + len(name):status.index(b"kB", at)]) * 1024
+
+
 def reset_peak() -> None:
     """This process's peak (VmHWM) starts again from its RSS now (Linux: clear_refs 5), so that a
     generation's peak is its own and not its start-up's."""

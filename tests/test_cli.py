@@ -61,6 +61,7 @@ def test_bench_step_json_reports_the_contract_fields():
          "checkpoint.uri: cannot write to 'README.md'"),  # seen before: a silent fresh start (every job writes there now)
         (("bench", "step", "--stage", "2", "--steps", "1", "--rounds", "3"), "steps >= rounds"),
         (("bench", "step", "--stage", "ddp", "--replicate-every", "1"), "--replicate-every needs a ZeRO --stage"),
+        (("bench", "overhead", "--steps", "3"), "--steps >= 10"),
         (("run", "--set", "elastic.use_gpu=true"), "elastic.use_gpu: true needs GPUs, but this machine has none"),
         (("run", "--set", "model.factory=no_such_mod:build"),  # replaces the demo's preset
          "model.factory: cannot import 'no_such_mod'"),

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_zero.cpu_waits import StillnessMeter, run_queue_wait_ms
+from elastic_zero.cpu_waits import RunQueueWaits, StillnessMeter, run_queue_wait_ms
+from elastic_zero.node_memory import ProcessMemory, peak_rss_bytes, rss_bytes
 from elastic_zero.wire.beat_drain import DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, drain_wait_s, socket_drops
 from elastic_zero.wire.beat_listener import HeartbeatListener
 from elastic_zero.wire.heartbeats import (PHASES, POSITION_FIELDS, PROGRESS, HeartbeatSender, Progress, ProgressBoard,
@@ -676,7 +677,7 @@ def test_the_listener_tells_how_long_a_member_waited_for_a_cpu_while_it_stood_st
 def test_the_stillness_meter_counts_the_wait_for_a_cpu_from_a_stillness_on_at_most_its_length():
     """Oracle: a wait read by hand at each beat of a clock made by hand."""
     clock, waits = [0.0], iter([1000, 1400, 3400, 3500, 9000])
-    meter = StillnessMeter(1, clock=lambda: clock[0], read=lambda pid: next(waits))
+    meter = StillnessMeter(1, clock=lambda: clock[0], read=lambda: next(waits))
     at = (1, 3, 9, 3, 2)
     assert meter(at) == 0  # a new position
     clock[0] = 0.2
@@ -691,6 +692,45 @@ def test_the_stillness_meter_counts_the_wait_for_a_cpu_from_a_stillness_on_at_mo
     assert meter(at) == 1000
     clock[0] = 1.6
     assert meter((1, 3, 10, 3, 2)) == 0  # it moved: nothing counts (9000 never read)
+
+
+def test_the_kept_open_reader_opens_a_thread_begun_and_closes_one_ended():
+    """Oracle: this process's open files, and its threads as /proc lists them."""
+    waits = RunQueueWaits(os.getpid())
+    waits()
+    files_before = len(os.listdir("/proc/self/fd"))
+    go = threading.Event()
+    thread = threading.Thread(target=go.wait)
+    thread.start()
+    waits()
+    assert str(thread.native_id) in waits._files
+    go.set()
+    thread.join()
+    assert _until(lambda: str(thread.native_id) not in os.listdir(f"/proc/{os.getpid()}/task"))  # its task gone
+    waits()
+    assert str(thread.native_id) not in waits._files
+    assert set(waits._files) == set(os.listdir(f"/proc/{os.getpid()}/task"))
+    assert len(os.listdir("/proc/self/fd")) == files_before  # none left open
+    waits.close()
+
+
+def test_a_beat_reads_its_workers_memory_from_one_file_kept_open():
+    """Oracle: statm's resident pages and status's VmHWM, each opened afresh (node_memory's one-shot
+    reads), before and after this process touches 64 MiB more; and a process that is gone."""
+    memory = ProcessMemory(os.getpid())
+    rss, peak = memory()
+    assert abs(rss - rss_bytes(os.getpid())) < 8 << 20 and peak == peak_rss_bytes(os.getpid())
+    block = bytearray(64 << 20)  # zero pages are touched as they are made: resident
+    grown, grown_peak = memory()
+    assert grown - rss > 48 << 20 and grown_peak >= grown
+    assert abs(grown - rss_bytes(os.getpid())) < 8 << 20
+    del block
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone = ProcessMemory(child.pid)
+    assert gone()[0] > 0 or child.poll() is not None  # (it may have ended already)
+    child.wait()
+    assert gone() == (0, 0) and gone._fd is None  # ended: nothing read, its file closed
+    memory.close()
 
 
 # a process with a thread that is ready to run on a CPU a busy process holds, then waits on its
@@ -719,18 +759,23 @@ def test_a_process_waiting_for_a_cpu_is_told_apart_from_one_waiting_on_input():
                                text=True)
     try:
         pid = int(starved.stdout.readline())
-        before = run_queue_wait_ms(pid)
+        kept_open = RunQueueWaits(pid)  # a beat process's reader: its files opened once, read in place
+        before, before_kept = run_queue_wait_ms(pid), kept_open()
         starved.stdin.write("go\n")
         starved.stdin.flush()
         assert starved.stdout.readline() == "busy\n"
         # once it sleeps on its input (it may wait for a slice of the CPU to get there first)
         assert _until(lambda: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "S", 30.0)
-        busy_done = run_queue_wait_ms(pid)
+        busy_done, busy_done_kept = run_queue_wait_ms(pid), kept_open()
         time.sleep(1.0)
         blocked = run_queue_wait_ms(pid)
         assert busy_done - before >= 600, (before, busy_done)  # about 985 of its 1,000 ms
         assert blocked - busy_done < 100, (busy_done, blocked)
+        assert abs((busy_done_kept - before_kept) - (busy_done - before)) < 50, (before_kept, busy_done_kept)
         assert run_queue_wait_ms(2**22 + 7) == 0  # no such process
+        starved.kill()
+        starved.wait()
+        assert kept_open() == 0 and not kept_open._files  # gone: its files closed
     finally:
         busy.kill()
         starved.kill()

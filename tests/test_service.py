@@ -179,8 +179,15 @@ def test_job_on_a_token_auth_head(auth_head, workdir):
     assert live["as_of"] >= record["as_of"] and live["step"] >= record["step"]
     assert "generation" in _ok(_cli(head, cwd, "status", job_id, "--address", head.address))
 
-    # scale: outside [min, max] is refused in one line; 2 -> 4 by the CLI, 4 -> 2 by the Python Client
+    # scale: outside [min, max] is refused in one line, by the client from the published record (no
+    # control job submitted); 2 -> 4 by the CLI, 4 -> 2 by the Python Client
+    ray_jobs = (f"from elastic_zero.service.auth import use_cluster_token; use_cluster_token(); "
+                f"from ray.job_submission import JobSubmissionClient as C; print(len(C({head.address!r}).list_jobs()))")
+    jobs_before = _ok(subprocess.run([sys.executable, "-c", ray_jobs], cwd=cwd, env=head.client_env(),
+                                     capture_output=True, text=True, timeout=120))
     _one_line_error(_cli(head, cwd, "scale", job_id, "9", "--address", head.address), 1, "outside", "[1, 4]")
+    assert _ok(subprocess.run([sys.executable, "-c", ray_jobs], cwd=cwd, env=head.client_env(), capture_output=True,
+                              text=True, timeout=120)) == jobs_before, "a refused scale submitted a control job"
     _ok(_cli(head, cwd, "scale", job_id, "4", "--address", head.address))
     _until(head, cwd, job_id, "at 4 workers", lambda r: r["world_size"] == 4)
     client = (f"import json, elastic_zero as ez; c = ez.Client({head.address!r}); "

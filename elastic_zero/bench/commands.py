@@ -22,6 +22,16 @@ def add_bench_parsers(sub) -> None:
     step.add_argument("--replicate-every", type=int, default=0,
                       help="also time the stage with buddy replicas every N steps, overlapped and synchronous")
     step.add_argument("--json", action="store_true", help="print one JSON object")
+    ov = bench_sub.add_parser("overhead", help="the job's step against the bare engine's at N workers, and where "
+                                               "the cores went (workers, the job's side processes, Ray, idle)")
+    ov.add_argument("--workers", type=int, default=4)
+    ov.add_argument("--preset", default="gpt-small")
+    ov.add_argument("--stage", type=int, default=2)
+    ov.add_argument("--micro-batch", type=int, default=4)
+    ov.add_argument("--warmup", type=int, default=5)
+    ov.add_argument("--steps", type=int, default=60)
+    ov.add_argument("--rounds", type=int, default=2)
+    ov.add_argument("--json", action="store_true", help="print one JSON object")
     rec = bench_sub.add_parser("recovery", help="kill a worker here and in a Ray Train elastic TorchTrainer")
     rec.add_argument("--workers", type=int, default=3)
     rec.add_argument("--preset", default="gpt-small")
@@ -177,6 +187,13 @@ def run_bench(args) -> int:
         report = run_step_bench(args.stage, args.workers, args.preset, args.micro_batch,
                                 args.warmup, args.steps, args.rounds, args.replicate_every)
         print(json.dumps(report) if args.json else format_report(report))
+        return 0
+    if args.bench == "overhead":
+        from elastic_zero.bench.job_overhead import format_overhead, run_overhead_bench
+
+        report = run_overhead_bench(args.workers, args.preset, args.stage, args.micro_batch, args.warmup, args.steps,
+                                    args.rounds)
+        print(json.dumps(report) if args.json else format_overhead(report))
         return 0
     if args.bench == "recovery" and args.fault == "kill_coordinator":
         from elastic_zero.bench.coordinator_loss import format_coordinator_loss, run_coordinator_loss_bench

@@ -283,12 +283,13 @@ def _memory_of(pid: int):
     """() -> (RSS of `pid`, its peak, its node's used memory), from the package's node_memory.py."""
     node_memory = _package_module("node_memory")
     node = {"used": 0, "at": -1.0}
+    process = node_memory.ProcessMemory(pid)
 
     def read() -> tuple[int, int, int]:
         now = time.monotonic()
         if now - node["at"] >= NODE_MEMORY_EVERY_S:  # the node's, less often: several files to read
             node["used"], node["at"] = node_memory.used_bytes(), now
-        return node_memory.rss_bytes(pid), node_memory.peak_rss_bytes(pid), node["used"]
+        return (*process(), node["used"])
 
     return read
 
