@@ -124,9 +124,12 @@ class ProcessMemory:
             if self._fd is None:
                 self._fd = os.open(self._path, os.O_RDONLY)
             status = os.pread(self._fd, 8192, 0)
-            return _kib_field(status, b"VmRSS:"), _kib_field(status, b"VmHWM:")
         except OSError:  # the process is gone (or this is not Linux)
             self.close()
+            return 0, 0
+        try:
+            return _kib_field(status, b"VmRSS:"), _kib_field(status, b"VmHWM:")
+        except ValueError:  # a field this kernel writes otherwise: not known (a beat process must not fail)
             return 0, 0
 
     def close(self) -> None:
