@@ -90,10 +90,12 @@ def test_the_summary_sets_each_variant_against_the_engine_over_all_its_rounds():
     assert rows[ENGINE]["median_step_s"] == 0.4 and rows[ENGINE]["vs_engine"] == 1.0
     assert rows[JOB]["median_step_s"] == 0.44 and rows[JOB]["vs_engine"] == 1.1
     assert rows[JOB_NO_REPLICAS]["vs_engine"] == 1.05
+    assert rows[JOB]["vs_no_replicas"] == round(0.44 / 0.42, 4)
     assert rows[JOB]["cpu"]["job's side"] == 5.0  # the median over the rounds
     assert rows[JOB]["job_side_by_name"] == {"beats": 2.5, "coordinator": 2.5}
     text = format_overhead(report)
     assert "1.100x" in text and "coordinator 2.50%" in text and "every 2 step(s)" in text
+    assert f"with its replicas: {0.44 / 0.42:.3f}x" in text
 
 
 def test_bad_arguments_are_one_line_naming_them():

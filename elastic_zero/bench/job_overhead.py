@@ -26,7 +26,7 @@ from elastic_zero.bench.process_cpu import cpu_shares, snapshot
 ENGINE, JOB, JOB_NO_REPLICAS = "bare engine", "job", "job, no replicas"
 VARIANTS = (ENGINE, JOB, JOB_NO_REPLICAS)
 ENGINE_MARKER, WORKER_MARKER = "multiprocessing.forkserver", "ray::TrainingWorker"
-POLL_S = 0.1  # how often the window's watcher reads the step reached (a small file)
+POLL_S = 0.25  # how often the window's watcher reads the step reached (the status record is rewritten each second)
 MIN_WINDOW_S = 2.0  # a shorter window says little (the kernel counts CPU in 10 ms ticks): no shares from it
 
 
@@ -218,6 +218,8 @@ def summarize(runs: dict, **setup) -> dict:
         if ones and ones[0].get("replicas"):
             row["replicas"] = [one["replicas"] for one in ones]
         rows[variant] = row
+    if JOB in rows and JOB_NO_REPLICAS in rows:  # what the replicas cost the job
+        rows[JOB]["vs_no_replicas"] = round(rows[JOB]["median_step_s"] / rows[JOB_NO_REPLICAS]["median_step_s"], 4)
     return {**setup, "rows": rows}
 
 
@@ -242,6 +244,8 @@ def format_overhead(report: dict) -> str:
         per_step = f"{per_step:.3f}" if per_step is not None else "-"
         lines.append(f"  {variant:18} {row['median_step_s']:>7.3f} {row['vs_engine']:>8.3f}x   {'':18} {shares}   "
                      f"{per_step}")
+    if "vs_no_replicas" in rows.get(JOB, {}):
+        lines.append(f"  the job's step with its replicas: {rows[JOB]['vs_no_replicas']:.3f}x the job's without")
     for variant in (JOB, JOB_NO_REPLICAS):
         side = rows.get(variant, {}).get("job_side_by_name")
         if side:
