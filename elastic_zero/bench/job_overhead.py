@@ -6,7 +6,7 @@ same model as an elastic_zero job on an embedded local Ray, with its defaults (r
 and again without replicas (`replicate_every = 0`). Rounds alternate the three so that drift on a
 shared machine hits them alike. Each one's median step is over its steps after the warm-up; its CPU
 is read between two snapshots of every process (process_cpu.py), taken once the warm-up is done and
-again near its end, and split into its workers (or ranks), the job's own side processes
+again a quarter of its steps before its end, and split into its workers (or ranks), the job's own side processes
 (coordinator, driver, beat processes, beat drain, rendezvous relay), Ray's, the rest and idle.
 
 Where the training's processes outnumber the cores (four workers on two), whatever the side processes
@@ -53,6 +53,12 @@ class _Window:
     def close(self) -> None:
         self._done.set()
         self._thread.join()
+
+
+def _window_end(warmup: int, steps: int) -> int:
+    """The step the window closes at: a quarter of the timed steps before the end, so that it closes while
+    every worker still trains (a job's status record, which tells its step, is up to a second old)."""
+    return warmup + steps - max(4, steps // 4)
 
 
 def _read_step(path: str) -> int:
@@ -121,7 +127,7 @@ def _engine(workers: int, preset: str, stage: int, micro_batch: int, warmup: int
     mark = os.path.join(work, "engine-steps")
     if os.path.exists(mark):
         os.unlink(mark)
-    window = _Window(lambda: _read_step(mark), warmup, warmup + steps - 1)
+    window = _Window(lambda: _read_step(mark), warmup, _window_end(warmup, steps))
     try:
         times = run_local_group(_engine_rank, workers, (preset, stage, micro_batch, warmup, steps, mark),
                                 timeout_s=3600)[0]
@@ -143,8 +149,7 @@ def _job(workers: int, preset: str, stage: int, micro_batch: int, warmup: int, s
         "elastic": {"workers": workers, "min_workers": workers, "max_workers": workers,
                     "replicate_every": replicate_every},
     })
-    # the status record is published about once a second: the window ends a quarter of the steps early
-    window = _Window(_status_step(name), warmup, warmup + steps - max(4, steps // 4))
+    window = _Window(_status_step(name), warmup, _window_end(warmup, steps))
     try:
         result = run(spec, RunConfig(run_dir=os.path.join(work, name), progress=False))
     finally:
