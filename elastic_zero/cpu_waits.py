@@ -10,6 +10,7 @@ import os
 import time
 
 STILL_BEFORE_READ_S = 0.3  # a worker's training stood still this long: its beats tell its wait for a CPU
+MAX_KEPT_FILES = 256  # threads beyond these are read as before, opened and closed each time
 
 
 class RunQueueWaits:
@@ -36,14 +37,22 @@ class RunQueueWaits:
         total = 0
         for tid in threads:
             try:
-                fd = self._files.get(tid)
-                if fd is None:
-                    fd = self._files[tid] = os.open(f"{self._tasks}{tid}/schedstat", os.O_RDONLY)
-                total += int(os.pread(fd, 128, 0).split()[1])
+                total += self._wait_ns(tid)
             except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
                 if tid in self._files:
                     os.close(self._files.pop(tid))
         return total // 1_000_000
+
+    def _wait_ns(self, tid: str) -> int:
+        """One thread's wait (ns), from its file kept open where there is room for it."""
+        fd = self._files.get(tid)
+        if fd is None:
+            fd = os.open(f"{self._tasks}{tid}/schedstat", os.O_RDONLY)
+            if len(self._files) >= MAX_KEPT_FILES:
+                with open(fd, "rb") as f:  # (closes it)
+                    return int(f.read().split()[1])
+            self._files[tid] = fd
+        return int(os.pread(fd, 128, 0).split()[1])
 
     def close(self) -> None:
         for fd in self._files.values():

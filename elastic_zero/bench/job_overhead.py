@@ -16,12 +16,13 @@ take comes out of the step: the CPU a step a worker tells the work apart from th
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import tempfile
 import threading
 import time
 
-from elastic_zero.bench.process_cpu import cpu_shares, snapshot
+from elastic_zero.bench.process_cpu import GROUPS, cpu_shares, snapshot
 
 ENGINE, JOB, JOB_NO_REPLICAS = "bare engine", "job", "job, no replicas"
 VARIANTS = (ENGINE, JOB, JOB_NO_REPLICAS)
@@ -71,7 +72,7 @@ def _read_step(path: str) -> int:
 
 def _status_step(job_id: str):
     """() -> the step in the job's published status record (-1 before there is one), read from the
-    embedded Ray's log directory (coordinator/status_file.py)."""
+    embedded Ray's log directory (coordinator/status_file.py). `job_id` is one no job of this Ray had."""
     import json
 
     from ray._private.worker import global_worker
@@ -83,7 +84,7 @@ def _status_step(job_id: str):
         try:
             with open(path) as f:
                 return int(json.load(f).get("step") or -1)
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError, AttributeError):  # none yet, half written, or not a record
             return -1
 
     return reached
@@ -168,25 +169,29 @@ def _cpu(window: _Window, marker: str, workers: int, step_ends: list | None = No
     """The window's CPU shares, and the CPU a step a worker; None for both where the window did not close
     (the run ended before its second snapshot) or lasted under MIN_WINDOW_S. `step_ends`: when each step
     ended (time.time()), where the steps the window saw are counted by them."""
+    none = {"cpu": None, "cpu_s_per_step_per_worker": None}
     if len(window.snaps) < 2 or window.snaps[1][0] - window.snaps[0][0] < MIN_WINDOW_S:
-        return {"cpu": None, "cpu_s_per_step_per_worker": None}
+        return none
     (t0, s0, before), (t1, s1, after) = window.snaps
+    steps = sum(t0 < at <= t1 for at in step_ends) if step_ends is not None else s1 - s0
+    if steps < 1:
+        return none
     shares = cpu_shares(before, after, marker)
-    steps = max(1, sum(t0 < at <= t1 for at in step_ends) if step_ends is not None else s1 - s0)
     return {"cpu": shares, "window_s": round(t1 - t0, 2),
             "cpu_s_per_step_per_worker": round(shares["workers"] / 100 * (t1 - t0) / steps / workers, 4)}
 
 
 def run_overhead_bench(workers: int = 4, preset: str = "gpt-small", stage: int = 2, micro_batch: int = 4,
                        warmup: int = 5, steps: int = 60, rounds: int = 2, work_root: str | None = None) -> dict:
+    if workers < 1 or micro_batch < 1 or warmup < 1 or steps < 10 or rounds < 1 or stage not in (1, 2, 3):
+        raise ValueError("bench overhead: need --workers >= 1, --micro-batch >= 1, --warmup >= 1, --steps >= 10, "
+                         "--rounds >= 1 and --stage 1, 2 or 3")
     import ray
 
     from elastic_zero.coordinator.actor import NAMESPACE
 
-    if workers < 1 or micro_batch < 1 or warmup < 1 or steps < 10 or rounds < 1 or stage not in (1, 2, 3):
-        raise ValueError("bench overhead: need --workers >= 1, --micro-batch >= 1, --warmup >= 1, --steps >= 10, "
-                         "--rounds >= 1 and --stage 1, 2 or 3")
     work = tempfile.mkdtemp(prefix="bench-overhead-", dir=work_root)
+    tag = os.path.basename(work).rsplit("-", 1)[-1]  # job ids of their own: a Ray used before keeps old records
     own_ray = not ray.is_initialized()
     if own_ray:  # as the driver's embedded Ray (driver.py), started once for every round
         ray.init(num_cpus=max(os.cpu_count() or 1, workers + 1), include_dashboard=False, namespace=NAMESPACE,
@@ -196,11 +201,13 @@ def run_overhead_bench(workers: int = 4, preset: str = "gpt-small", stage: int =
         for r in range(rounds):
             args = (workers, preset, stage, micro_batch, warmup, steps, work)
             runs[ENGINE].append(_engine(*args))
-            runs[JOB].append(_job(*args, "auto", f"overhead-{r}"))
-            runs[JOB_NO_REPLICAS].append(_job(*args, 0, f"overhead-{r}-no-replicas"))
+            runs[JOB].append(_job(*args, "auto", f"overhead-{tag}-{r}"))
+            runs[JOB_NO_REPLICAS].append(_job(*args, 0, f"overhead-{tag}-{r}-no-replicas"))
     finally:
         if own_ray:
             ray.shutdown()
+        if work_root is None:  # each job's run directory holds its final weights
+            shutil.rmtree(work, ignore_errors=True)
     return summarize(runs, workers=workers, preset=preset, stage=stage, micro_batch=micro_batch, warmup=warmup,
                      steps=steps, rounds=rounds)
 
@@ -216,7 +223,7 @@ def summarize(runs: dict, **setup) -> dict:
         row = {"median_step_s": round(median, 4), "vs_engine": round(median / engine, 4),
                "cpu_s_per_step_per_worker": _median([one.get("cpu_s_per_step_per_worker") for one in ones])}
         if cpus:
-            row["cpu"] = {g: _median([c[g] for c in cpus]) for g in ("workers", "job's side", "ray", "other", "idle")}
+            row["cpu"] = {g: _median([c[g] for c in cpus]) for g in GROUPS}
             row["job_side_by_name"] = {name: _median([c["by_name"]["job's side"].get(name, [0.0])[0] for c in cpus])
                                        for name in sorted({n for c in cpus for n in c["by_name"]["job's side"]})}
             row["cores"] = cpus[0]["cores"]
@@ -240,11 +247,12 @@ def format_overhead(report: dict) -> str:
              f"ZeRO-{report['stage']}, {report['steps']} timed steps after {report['warmup']}, "
              f"{report['rounds']} round(s), {cores} cores",
              f"  {'':18} {'step s':>7} {'vs engine':>9}   CPU (% of a core): {'workers':>7} {'job side':>8} "
-             f"{'Ray':>5} {'other':>5} {'idle':>5}   CPU s a step a worker"]
+             f"{'Ray':>5} {'other':>5} {'idle':>5} {'irq':>5}   CPU s a step a worker"]
     for variant, row in rows.items():
         cpu = row.get("cpu") or {}
         shares = " ".join(f"{cpu[g]:>{w}.1f}" if cpu.get(g) is not None else f"{'-':>{w}}"
-                          for g, w in (("workers", 7), ("job's side", 8), ("ray", 5), ("other", 5), ("idle", 5)))
+                          for g, w in (("workers", 7), ("job's side", 8), ("ray", 5), ("other", 5), ("idle", 5),
+                                       ("irq and steal", 5)))
         per_step = row.get("cpu_s_per_step_per_worker")
         per_step = f"{per_step:.3f}" if per_step is not None else "-"
         lines.append(f"  {variant:18} {row['median_step_s']:>7.3f} {row['vs_engine']:>8.3f}x   {'':18} {shares}   "

@@ -254,7 +254,8 @@ def _beat_process() -> None:
     sender.beat(actor_id, at, memory=memory(), waited_ms=starved(at))
     try:
         os.write(1, b"+")  # the first beat is out (beating_started)
-        os.close(1)
+        # the worker's pipe closed, and fd 1 kept taken: a file this process opens later is not its stdout
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     except OSError:  # the worker stopped listening: it goes, and this process with it (its stdin ends)
         pass
     while True:
