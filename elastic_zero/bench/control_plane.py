@@ -18,6 +18,7 @@ from elastic_zero.bench.control_plane_figures import (busiest_nodes, first, grow
                                                      rendezvous_s)
 from elastic_zero.testing.local_cluster import descendants
 from elastic_zero.bench.net_drops import kernel_drops
+from elastic_zero.bench.process_cpu import process_times
 from elastic_zero.testing.sim_workers import SIM_NODE_FORMAT
 
 SCALE_UP = 64
@@ -349,6 +350,4 @@ def _children(pid: int) -> dict[str, list[int]]:
 
 
 def _process_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return process_times(pid)[0] / os.sysconf("SC_CLK_TCK")

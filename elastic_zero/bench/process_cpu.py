@@ -27,6 +27,13 @@ class Snapshot:
     cores: int  # the cores /proc/stat counts
 
 
+def process_times(pid: int) -> tuple[int, int]:
+    """(its CPU so far, utime + stime; its start, after boot), in clock ticks; OSError once it is gone."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return int(fields[11]) + int(fields[12]), int(fields[19])
+
+
 def snapshot() -> Snapshot:
     """Every process's CPU so far and the machine's idle time (Linux; elsewhere, empty)."""
     processes = {}
@@ -34,11 +41,10 @@ def snapshot() -> Snapshot:
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
+            cpu, started = process_times(int(name))
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 command = f.read(400).replace(b"\0", b" ").decode(errors="replace").strip()
-            processes[int(name)] = (int(fields[11]) + int(fields[12]), int(fields[19]), command)  # utime + stime
+            processes[int(name)] = (cpu, started, command)
         except (OSError, IndexError, ValueError):  # it ended meanwhile
             continue
     try:

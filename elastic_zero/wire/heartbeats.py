@@ -255,7 +255,9 @@ def _beat_process() -> None:
     try:
         os.write(1, b"+")  # the first beat is out (beating_started)
         # the worker's pipe closed, and fd 1 kept taken: a file this process opens later is not its stdout
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
     except OSError:  # the worker stopped listening: it goes, and this process with it (its stdin ends)
         pass
     while True:
