@@ -1,6 +1,6 @@
 """A coordinator lost mid-run is replaced, and the replacement takes its workers over: training goes
-on from the step they stopped at, from their memory, with no checkpoint read. Oracle: the same job
-without the kill, at the same world size."""
+on from the step they stopped at, from their memory, with no checkpoint read. Oracle: torch's AdamW
+on one process (conftest's torch_adamw), as for the other runtime tests."""
 
 import pytest
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.runtime
 COLLECTIVE_TIMEOUT_S = 30.0  # elastic.collective_timeout_s of these jobs (the default)
 
 
-def test_a_killed_coordinator_is_replaced_and_its_workers_train_on_from_their_memory(tmp_path):
+def test_a_killed_coordinator_is_replaced_and_its_workers_train_on_from_their_memory(tmp_path, torch_adamw):
     """Killed four times, once more than the driver's COORDINATOR_RESTARTS: a step trained since a
     restart begins its count again. A worker lost first, under the coordinator killed next: the
     summaries its replacements write count that recovery too, as they count the samples."""
@@ -20,8 +20,7 @@ def test_a_killed_coordinator_is_replaced_and_its_workers_train_on_from_their_me
     # until the coordinator's process has ended: 10 steps in a second, seen in CI)
     steps, kills = 80, (15, 30, 45, 60)
     elastic = {"collective_timeout_s": COLLECTIVE_TIMEOUT_S}
-    code, calm, _, expected = job(tmp_path, "calm", train={"steps": steps}, elastic=elastic)
-    assert code == 0, calm.get("error")
+    expected = torch_adamw(steps)
     faults = [{"at_step": 8, "action": "kill", "rank": 1}]
     faults += [{"at_step": at, "action": "kill_coordinator", "rank": 0} for at in kills]
     code, summary, events, weights = job(tmp_path, "killed", faults, train={"steps": steps}, elastic=elastic)
@@ -46,5 +45,5 @@ def test_a_killed_coordinator_is_replaced_and_its_workers_train_on_from_their_me
     assert all(c["stall_s"] < ASK_S for c in taken), taken
     assert summary["steps"] == steps and summary["resumed_from_step"] == 0
     exactly_once(summary)
-    assert relative(expected, weights) <= 1e-5  # (steps on one worker after the loss: sums in another order)
+    assert relative(expected, weights) <= 1e-4
     print(f"coordinator killed before steps {kills}: take-over stalls {[c['stall_s'] for c in taken]} s")

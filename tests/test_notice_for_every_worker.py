@@ -76,7 +76,7 @@ def test_a_notice_for_every_worker_checkpoints_at_once_and_the_job_resumes_from_
     assert 0 < step < first["stopped_at_step"] + 1 and step % ckpt["every"]  # the notice's, not a periodic one
 
     # the stop wrote the latest checkpoint (the weights the job ended with): resume from the notice's
-    code, second, resumed_events, trained = job(tmp_path, "resumed", train={"steps": step + 10}, elastic={"workers": 2},
+    code, second, resumed_events, trained = job(tmp_path, "resumed", train={"steps": step + 10}, elastic={"workers": 1},
                                           checkpoint={**ckpt, "resume": str(step)})
     assert code == 0, second.get("error")
     assert second["resumed_from_step"] == step and second["steps"] == 10

@@ -186,7 +186,7 @@ def test_a_job_is_tracked_in_mlflow_and_tensorboard_and_its_relaunch_continues_t
 def test_a_tracking_server_that_does_not_answer_is_a_warning_and_the_job_trains_on(tmp_path):
     from runtime_jobs import job
 
-    code, summary, events, _ = job(tmp_path, "untracked", train={"steps": 6},
+    code, summary, events, _ = job(tmp_path, "untracked", train={"steps": 6}, elastic={"workers": 1},
                                    tracking={"backends": ["mlflow"], "mlflow_uri": "http://127.0.0.1:9"})
     assert code == 0 and summary["steps"] == 6, summary.get("error")
     (warning,) = [w for w in summary["warnings"] if w.startswith("tracking:")]
