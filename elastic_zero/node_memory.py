@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 
 DEFAULT_THRESHOLD = 0.95
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -136,6 +137,22 @@ class ProcessMemory:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+class BeatMemory:
+    """() -> (RSS of process `pid`, its peak, its node's used memory): what a heartbeat carries. The
+    process's at every read (ProcessMemory); the node's, several files to read, at most every
+    `node_every_s` (the figure before in between)."""
+
+    def __init__(self, pid: int, node_every_s: float) -> None:
+        self._process, self._node_every_s = ProcessMemory(pid), node_every_s
+        self._used, self._used_at = 0, None
+
+    def __call__(self) -> tuple[int, int, int]:
+        now = time.monotonic()
+        if self._used_at is None or now - self._used_at >= self._node_every_s:
+            self._used, self._used_at = used_bytes(), now
+        return (*self._process(), self._used)
 
 
 def _kib_field(status: bytes, name: bytes) -> int:

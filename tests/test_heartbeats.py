@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elastic_zero.cpu_waits import RunQueueWaits, StillnessMeter, run_queue_wait_ms
-from elastic_zero.node_memory import ProcessMemory, peak_rss_bytes, rss_bytes
+from elastic_zero.node_memory import BeatMemory, ProcessMemory, peak_rss_bytes, rss_bytes
 from elastic_zero.wire.beat_drain import DRAIN_EVERY_S, MIN_DRAIN_WAIT_S, drain_wait_s, socket_drops
 from elastic_zero.wire.beat_listener import HeartbeatListener
 from elastic_zero.wire.heartbeats import (PHASES, POSITION_FIELDS, PROGRESS, HeartbeatSender, Progress, ProgressBoard,
@@ -760,6 +760,19 @@ def test_a_beat_reads_its_workers_memory_from_one_file_kept_open():
     child.wait()
     assert gone() == (0, 0) and gone._fd is None  # ended: nothing read, its file closed
     memory.close()
+
+
+def test_a_beat_reads_its_nodes_memory_at_most_so_often_and_its_workers_at_every_beat(monkeypatch):
+    """Oracle: a count of the node's reads (several files each), and this process's own RSS."""
+    import elastic_zero.node_memory as node_memory
+
+    reads = []
+    monkeypatch.setattr(node_memory, "used_bytes", lambda: reads.append(1) or len(reads) << 20)
+    seldom, always = BeatMemory(os.getpid(), node_every_s=3600), BeatMemory(os.getpid(), node_every_s=0)
+    assert [seldom()[2] for _ in range(3)] == [1 << 20] * 3  # read once, then the figure before
+    assert [always()[2] for _ in range(2)] == [2 << 20, 3 << 20]
+    rss, peak, _ = seldom()
+    assert abs(rss - rss_bytes(os.getpid())) < 8 << 20 and peak >= rss
 
 
 def test_a_status_the_beat_cannot_parse_reads_as_not_known(tmp_path):

@@ -56,7 +56,7 @@ PHASES = ("starting", "entering", "data", "compute", "agree", "update", "commit"
 _BOARD = struct.Struct("<Qqqqqq")
 _COUNT = struct.Struct("<q")
 NO_PROGRESS = (-1, -1, 0, 0, 0)  # (generation, steps, marks, phase index, collectives since the mark)
-NODE_MEMORY_EVERY_S = 0.5  # how often a beat process reads its node's used memory (its worker's at every beat)
+NODE_MEMORY_EVERY_S = 0.5  # how often a beat reads its node's used memory (its worker's at every beat): node_memory.BeatMemory
 
 
 def field_bytes(layout: str, fields) -> list[list[int]]:
@@ -247,7 +247,7 @@ def _beat_process() -> None:
     board = ProgressBoard(config["board"], writable=False) if config.get("board") else None
     progress = board.read if board is not None else (lambda: NO_PROGRESS)
     worker = os.getppid()
-    memory = _memory_of(worker)
+    memory = _package_module("node_memory").BeatMemory(worker, NODE_MEMORY_EVERY_S)
     starved = _package_module("cpu_waits").StillnessMeter(worker)
     next_beat = time.monotonic()
     at = progress()
@@ -280,21 +280,6 @@ def _package_module(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def _memory_of(pid: int):
-    """() -> (RSS of `pid`, its peak, its node's used memory), from the package's node_memory.py."""
-    node_memory = _package_module("node_memory")
-    node = {"used": 0, "at": -1.0}
-    process = node_memory.ProcessMemory(pid)
-
-    def read() -> tuple[int, int, int]:
-        now = time.monotonic()
-        if now - node["at"] >= NODE_MEMORY_EVERY_S:  # the node's, less often: several files to read
-            node["used"], node["at"] = node_memory.used_bytes(), now
-        return (*process(), node["used"])
-
-    return read
 
 
 if __name__ == "__main__":  # start_beat_process's child

@@ -15,9 +15,9 @@ import threading
 import time
 
 from elastic_zero.cpu_waits import StillnessMeter
-from elastic_zero.wire.heartbeats import (PHASES, HeartbeatSender, ProgressBoard, beat_token, beating_started,
-                                         start_beat_process)
-from elastic_zero.node_memory import ProcessMemory, capacity_bytes, monitor_threshold, rss_bytes, used_bytes
+from elastic_zero.wire.heartbeats import (NODE_MEMORY_EVERY_S, PHASES, HeartbeatSender, ProgressBoard, beat_token,
+                                         beating_started, start_beat_process)
+from elastic_zero.node_memory import BeatMemory, capacity_bytes, monitor_threshold, rss_bytes, used_bytes
 from elastic_zero.plan.membership import Member
 from elastic_zero.preemption.cloud_watcher import CloudWatcher
 from elastic_zero.preemption.sigterm import catch_sigterm, termination_grace_s
@@ -145,10 +145,10 @@ class NodeDuties:
 
     def _beat(self) -> None:
         self.board.unlink()
-        starved, process = StillnessMeter(os.getpid()), ProcessMemory(os.getpid())
+        starved, memory = StillnessMeter(os.getpid()), BeatMemory(os.getpid(), NODE_MEMORY_EVERY_S)
         while True:
             at = self.board.read()
-            self._sender.beat(self._actor_id, at, memory=(*process(), used_bytes()), waited_ms=starved(at))
+            self._sender.beat(self._actor_id, at, memory=memory(), waited_ms=starved(at))
             time.sleep(HEARTBEAT_EVERY_S)
 
     def _on_sigterm(self, grace_s: float) -> None:
