@@ -74,7 +74,7 @@ def _spec() -> str:
 @pytest.fixture(scope="module")
 def cluster():
     """One cluster for this file's tests: its head and autoscaler, the start of which is what costs (the
-    unplaceable job below needs nothing of the nodes the first test leaves, and starts none)."""
+    unplaceable job below needs nothing of the nodes the spot tests leave, and starts none)."""
     cluster = AutoscaledCluster(auth=False)
     try:
         yield cluster
@@ -115,6 +115,10 @@ def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gi
     JOB 2`: a worker hands over and goes, and the autoscaler removes its node once idle (the job
     holds nothing there), while the job trains on. Then the test stops it, and its weights are
     torch's AdamW's at the step it stopped at."""
+    deadline = time.monotonic() + 120
+    while cluster.worker_nodes():  # the nodes a test before left, given back once idle (12 s): this
+        assert time.monotonic() < deadline, cluster.worker_nodes()  # job's nodes are all started for it
+        time.sleep(0.5)
     (tmp_path / "slow_at_two.py").write_text(SLOW_AT_TWO.format(done=str(tmp_path / "done_watching")))
     (tmp_path / "job.toml").write_text(_spec())
     weights, events_path, log = tmp_path / "final.pt", tmp_path / "out" / "events.jsonl", tmp_path / "driver.log"
@@ -195,6 +199,7 @@ def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gi
     notices = [e for e in events if e["event"] == "preemption_notice"]
     if drain:  # a notice, a hand-off (no second recovery) and a replacement on a new node
         assert [(n["source"], n["actor_ids"]) for n in notices] == [("ray-drain", ["w0"])], notices
+        assert len(drain_replacement) == 1, drain_replacement
         assert drain_replacement[0]["node"] not in set(node_of.values()) | {replacement["node"]}
     else:
         assert not notices and not drain_replacement, (notices, drain_replacement)
