@@ -104,6 +104,14 @@ def _starts(events) -> list[dict]:
     return [e for e in events if e["event"] == "generation_start"]
 
 
+def _job_command(cluster, *args) -> subprocess.CompletedProcess:
+    """`elastic-zero ARGS autoscaled --address GCS` (scale, stop), as a user of the cluster runs it."""
+    command, *rest = args
+    return subprocess.run([sys.executable, "-m", "elastic_zero.cli", command, "autoscaled", *rest, "--address",
+                           cluster.head.gcs_address], env=cluster.head.client_env(), capture_output=True,
+                          text=True, timeout=120)
+
+
 # the drain's variant is long (run by `-m long`, not by CI: an autoscaled node more to start and join,
 # CI's time); a drain handed over at a safe point is CI's in test_nodes.py, without an autoscaler
 @pytest.mark.parametrize("drain", [False, pytest.param(True, marks=pytest.mark.long)],
@@ -154,9 +162,7 @@ def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gi
                                   lambda ev: any("w0" not in s["workers"] and len(s["workers"]) == 3 for s in _starts(ev)))
             cluster.reclaim(node_of["w0"])  # the cloud takes it (it holds nothing of the job's now)
         drain_mark = len(_starts(events))
-        scale = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "scale", "autoscaled", "2", "--address",
-                                cluster.head.gcs_address], env=cluster.head.client_env(), capture_output=True,
-                               text=True, timeout=120)
+        scale = _job_command(cluster, "scale", "2")
         assert scale.returncode == 0, scale.stderr[-2000:]
         events = _until_event(events_path, driver, log, "scaled down to 2",
                               lambda ev: len(_starts(ev)) > drain_mark and len(_starts(ev)[-1]["workers"]) == 2)
@@ -170,9 +176,7 @@ def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gi
             time.sleep(0.5)
         given_back_s = time.time() - left_at
         assert driver.poll() is None  # while the job trains on
-        stop = subprocess.run([sys.executable, "-m", "elastic_zero.cli", "stop", "autoscaled", "--address",
-                               cluster.head.gcs_address], env=cluster.head.client_env(), capture_output=True,
-                              text=True, timeout=120)
+        stop = _job_command(cluster, "stop")
         assert stop.returncode == 0, stop.stderr[-2000:]
         (tmp_path / "done_watching").touch()  # the steps to the stop's safe point need not wait
         assert driver.wait(timeout=300) == 0, open(log).read()[-3000:]
@@ -180,8 +184,7 @@ def test_a_reclaimed_spot_node_is_replaced_by_the_autoscaler_and_a_scale_down_gi
         if driver.poll() is None:  # failed while the job ran: its detached coordinator and workers go too,
             driver.kill()  # or they would train on in the cluster the next test shares
             (tmp_path / "done_watching").touch()
-            subprocess.run([sys.executable, "-m", "elastic_zero.cli", "stop", "autoscaled", "--address",
-                            cluster.head.gcs_address], env=cluster.head.client_env(), capture_output=True, timeout=120)
+            _job_command(cluster, "stop")
     events = _events(events_path)
     summary = json.load(open(tmp_path / "out" / "summary.json"))
     starts = _starts(events)
