@@ -17,7 +17,7 @@ def test_the_gpu_bench_runs_on_the_cpu_and_finds_every_figure(tmp_path):
     # as the checkpointing job's do
     partial = tmp_path / "partial.json"
     report = run_gpu_bench(("tiny",), micro_batch=2, steps=16, warmup=1, save_every=5, workdir=str(tmp_path),
-                           steady=False, partial=str(partial))
+                           steady=False, partial=str(partial), keep_runs=False)
     assert json.loads(partial.read_text()) == json.loads(json.dumps(report))  # kept after the last measurement
     assert report["device"].startswith("cpu (no CUDA")
     row = report["models"]["tiny"]
@@ -42,6 +42,8 @@ def test_the_gpu_bench_runs_on_the_cpu_and_finds_every_figure(tmp_path):
     assert ("s after the failure, started: ray" in format_gpu(report)) == (waited is not None)
     assert all(v is None or v > 0 for v in row["ratios"].values())
     assert "recovery from the checkpoint" in format_gpu(report) and "the last worker's start: ray" in format_gpu(report)
+    # each job's run dir (its checkpoints, its final weights) went once its figures were read
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["partial.json", "tiny"] and not any((tmp_path / "tiny").iterdir())
 
 
 @pytest.mark.unit

@@ -1,7 +1,8 @@
-"""The test clusters' ports (testing/local_cluster.py): the ones their processes listen on come from
+"""The test clusters (testing/local_cluster.py). Their ports: the ones their processes listen on come from
 a band of this process's own, below the kernel's ephemeral range, so no connection's source port or
 another process's bind(0) can take one between its pick and Ray's bind (seen: a node's agent found
-its port taken, and the raylet ended with it). Oracle: the kernel's own range, and bind()."""
+its port taken, and the raylet ended with it). Oracle: the kernel's own range, and bind(). Their temp
+dirs go when they stop, unless asked to stay (the nodes' own test checks a real cluster's)."""
 
 import socket
 
@@ -32,3 +33,15 @@ def test_listen_ports_are_this_processs_own_below_the_ephemeral_range_and_skip_a
     assert base not in again and again == [base + i for i in range(1, 7)]
     with pytest.raises(RuntimeError, match=f"no {LISTEN_BAND + 1} free ports left in this process's band"):
         listen_ports(LISTEN_BAND + 1)
+
+
+def test_a_stopped_clusters_dir_goes_unless_asked_to_stay(tmp_path, monkeypatch):
+    kept, removed = tmp_path / "kept", tmp_path / "removed"
+    for d in (kept, removed):
+        (d / "ray" / "session").mkdir(parents=True)
+        (d / "head.log").write_text("ray start\n")
+    monkeypatch.setenv(local_cluster.KEEP_DIRS_ENV, "1")
+    local_cluster._remove_dir(str(kept))
+    monkeypatch.delenv(local_cluster.KEEP_DIRS_ENV)
+    local_cluster._remove_dir(str(removed))
+    assert (kept / "head.log").read_text() == "ray start\n" and not removed.exists()

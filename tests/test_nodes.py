@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from elastic_zero.testing.local_cluster import RAY_CLI, RayHead, RayNode
+from elastic_zero.testing.local_cluster import KEEP_DIRS_ENV, RAY_CLI, RayHead, RayNode
 from fake_metadata import FakeMetadata
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
@@ -68,6 +68,8 @@ def cluster():
         for node in nodes:
             node.stop()
         head.stop()
+    if not os.environ.get(KEEP_DIRS_ENV):  # nothing of theirs left on disk: their temp dirs and Ray's logs
+        assert [d for d in (head.dir, *(n.dir for n in nodes)) if os.path.exists(d)] == []
 
 
 def _start(head, tmp_path, job_id: str, steps: int = STEPS, preemption: str = "", paced: bool = False

@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 
 from elastic_zero.bench.baselines import ADAMW, default_group, fsdp2
+from elastic_zero.bench.scratch import scratch_dir
 from elastic_zero.testing.local_group import LocalRank, run_local_group
 from elastic_zero.models import build_preset, lm_loss
 
@@ -228,9 +228,9 @@ def _start_from(ctx: LocalRank, preset: str, root: str) -> dict:
 
 def run_checkpoint_bench(preset: str = "gpt-small", save_workers: int = 2, load_workers: int = 3,
                          rounds: int = 3) -> dict:
-    work = tempfile.mkdtemp(prefix="elastic-zero-ckpt-bench-")
-    saves = run_local_group(_save_phase, save_workers, (preset, work, rounds), timeout_s=1800)
-    loads = run_local_group(_load_phase, load_workers, (preset, work, rounds), timeout_s=1800)
+    with scratch_dir("elastic-zero-ckpt-bench-") as work:  # the checkpoints: gigabytes at a real size
+        saves = run_local_group(_save_phase, save_workers, (preset, work, rounds), timeout_s=1800)
+        loads = run_local_group(_load_phase, load_workers, (preset, work, rounds), timeout_s=1800)
     med = statistics.median
 
     def worst(results, key):  # the slowest rank sets the pace of a collective save or load

@@ -6,11 +6,11 @@ workers saw, and from the coordinator's process (/proc)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 from elastic_zero.node_memory import available_bytes, peak_rss_bytes
@@ -19,6 +19,7 @@ from elastic_zero.bench.control_plane_figures import (busiest_nodes, first, grow
 from elastic_zero.testing.local_cluster import descendants
 from elastic_zero.bench.net_drops import kernel_drops
 from elastic_zero.bench.process_cpu import process_times
+from elastic_zero.bench.scratch import scratch_dir
 from elastic_zero.testing.sim_workers import SIM_NODE_FORMAT
 
 SCALE_UP = 64
@@ -70,9 +71,8 @@ def _real_job_cpu(workers: int, sample_s: float) -> float:
                            "elastic": {"workers": workers, "min_workers": 1, "max_workers": workers}})
     ray.init(num_cpus=max(os.cpu_count() or 2, workers + 1), include_dashboard=False, logging_level="ERROR",
              namespace=NAMESPACE, log_to_driver=False)
-    try:
-        job = threading.Thread(target=run, args=(spec, RunConfig(run_dir=tempfile.mkdtemp(prefix="ez-coordinator-cpu-"),
-                                                                 progress=False)), daemon=True)
+    with scratch_dir("ez-coordinator-cpu-") as run_dir, _shut_down_ray():
+        job = threading.Thread(target=run, args=(spec, RunConfig(run_dir=run_dir, progress=False)), daemon=True)
         job.start()
         deadline = time.monotonic() + WAIT_S
         coordinator = None
@@ -94,11 +94,25 @@ def _real_job_cpu(workers: int, sample_s: float) -> float:
         ray.get(coordinator.stop.remote())
         job.join(WAIT_S)
         return round(cpu, 4)
+
+
+@contextlib.contextmanager
+def _shut_down_ray():
+    """Ray shut down as the block ends, however it ends (before the scratch dir its jobs wrote in goes)."""
+    import ray
+
+    try:
+        yield
     finally:
         ray.shutdown()
 
 
 def _one_size(n: int, per_node: int, steady_s: float, step_s: float) -> dict:
+    with scratch_dir("ez-control-plane-") as work:
+        return _one_size_in(n, per_node, steady_s, step_s, work)
+
+
+def _one_size_in(n: int, per_node: int, steady_s: float, step_s: float, work: str) -> dict:
     import ray
 
     from elastic_zero.testing.sim_referee import StepReferee
@@ -106,7 +120,6 @@ def _one_size(n: int, per_node: int, steady_s: float, step_s: float) -> dict:
     from elastic_zero.coordinator.actor import NAMESPACE
     from elastic_zero.job.spec import spec_from_dict
 
-    work = tempfile.mkdtemp(prefix="ez-control-plane-")
     run_dir = os.path.join(work, "run")
     spec = spec_from_dict({
         "name": f"control-plane-{n}", "model": {"preset": "gpt-tiny"},

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
+from elastic_zero.bench.scratch import scratch_dir
 from elastic_zero.bench.recovery import check_fault_run, run_fault_job
 
 WINDOW = 5  # steps after the fault whose pauses count as its stall
@@ -54,14 +54,14 @@ def run_coordinator_loss_bench(preset: str = "gpt-small", workers: int = 3, step
     import ray
 
     check_fault_run(preset, workers, steps, fault_step)
-    work_dir = tempfile.mkdtemp(prefix="elastic-zero-bench-")
     ray.init(num_cpus=workers + 2, include_dashboard=False, logging_level="ERROR", namespace="elastic_zero")
     try:
-        runs = {name: _run(name, preset, workers, steps, micro_batch, faults, work_dir, fault_step)
-                for name, faults in (("clean", []),
-                                     ("kill_coordinator", [{"at_step": fault_step, "action": "kill_coordinator",
-                                                            "rank": 0}]),
-                                     ("kill", [{"at_step": fault_step, "action": "kill", "rank": 1}]))}
+        with scratch_dir("elastic-zero-bench-") as work_dir:
+            runs = {name: _run(name, preset, workers, steps, micro_batch, faults, work_dir, fault_step)
+                    for name, faults in (("clean", []),
+                                         ("kill_coordinator", [{"at_step": fault_step, "action": "kill_coordinator",
+                                                                "rank": 0}]),
+                                         ("kill", [{"at_step": fault_step, "action": "kill", "rank": 1}]))}
     finally:
         ray.shutdown()
     clean = runs["clean"]["training_s"]

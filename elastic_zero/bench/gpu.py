@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -142,8 +143,11 @@ def _engine_step(shape: dict, device, batch, stage: int, host_copy: bool):
     return step, engine.close
 
 
-def _job(name: str, shape: dict, micro_batch: int, steps: int, work: str, **sections) -> dict:
-    """One job of the shape on the embedded (or the connected) Ray: its summary and events."""
+def _job(name: str, shape: dict, micro_batch: int, steps: int, work: str, keep_runs: bool, **sections) -> dict:
+    """One job of the shape on the embedded (or the connected) Ray: its summary and events. Its run
+    dir (`work/name`: its final weights, its checkpoints) goes once read, unless `keep_runs` (a
+    failed job's stays): every job writes its final checkpoint, about 4 GB of 355M's state (the
+    checkpointing jobs two more), and a lent GPU's disk is 64 GB."""
     from elastic_zero.api import RunConfig, run
     from elastic_zero.job.spec import spec_from_dict
     from elastic_zero.observe.event_log import read_events
@@ -163,7 +167,10 @@ def _job(name: str, shape: dict, micro_batch: int, steps: int, work: str, **sect
     result = run(spec_from_dict(data), RunConfig(run_dir=os.path.join(work, name), progress=False))
     if not result.ok:
         raise RuntimeError(f"bench gpu: the job {name} failed: {result.error}")
-    return {"summary": result.metrics, "events": read_events(result.path)}
+    done = {"summary": result.metrics, "events": read_events(result.path)}
+    if not keep_runs:
+        shutil.rmtree(os.path.join(work, name), ignore_errors=True)
+    return done
 
 
 def _steady(summary: dict, skip: int = 2) -> float | None:
@@ -173,23 +180,25 @@ def _steady(summary: dict, skip: int = 2) -> float | None:
 
 
 def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str, row: dict, kept,
-          steady: bool = True) -> None:
+          steady: bool = True, keep_runs: bool = False) -> None:
     """The jobs' figures, into `row`, kept (`kept()`) after each job; without `steady`, only the
     job with checkpoints and a recovery (the plain job's and the replicas' figures are None: CI's
     shorter run of the bench)."""
     row.update(job_step_s=None, replicas_step_s=None, auto_replicas_step_s=None, auto_cadence=None)
     plain = None
     if steady:
-        plain = _job("plain", shape, micro_batch, steps, work)["summary"]
+        plain = _job("plain", shape, micro_batch, steps, work, keep_runs)["summary"]
         row.update(job_step_s=_steady(plain), time_to_first_step_s=plain["time_to_first_step_s"],
                    first_step_phases_s=(plain.get("start") or {}).get("phases_s", {}),
                    first_worker_start_s=(plain.get("start") or {}).get("worker_start_s"))
         kept()
-        replicas = _job("replicas", shape, micro_batch, steps, work, elastic={"replicate_every": 1})["summary"]
+        replicas = _job("replicas", shape, micro_batch, steps, work, keep_runs,
+                        elastic={"replicate_every": 1})["summary"]
         row["replicas_step_s"] = _steady(replicas)
         kept()
         # the default cadence: the ranks' choice from the copies' measured cost (plan/cadence.py)
-        auto = _job("replicas-auto", shape, micro_batch, steps, work, elastic={"replicate_every": "auto"})["summary"]
+        auto = _job("replicas-auto", shape, micro_batch, steps, work, keep_runs,
+                    elastic={"replicate_every": "auto"})["summary"]
         row.update(auto_replicas_step_s=_steady(auto), auto_cadence=auto["replicas"])
         kept()
     # a checkpoint every `save_every` steps, and the worker killed a step after the first once that one is
@@ -200,7 +209,7 @@ def _jobs(shape: dict, micro_batch: int, steps: int, save_every: int, work: str,
     standby = _standby_devices()
 
     def killed_after_save(name: str, standby_workers: int) -> dict:
-        return _job(name, shape, micro_batch, steps, work,
+        return _job(name, shape, micro_batch, steps, work, keep_runs,
                     checkpoint={"uri": os.path.join(work, name, "ckpt"), "every": save_every, "keep": 2},
                     elastic={"standby_workers": standby_workers},
                     faults=[{"at_step": save_every + 1, "action": "kill_after_save", "rank": 0}])["summary"]
@@ -238,11 +247,12 @@ def _recovery(summary: dict, standby: int) -> dict:
 
 def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None = None, steps: int | None = None,
                   warmup: int = 3, save_every: int = 10, workdir: str | None = None, steady: bool = True,
-                  partial: str | None = None) -> dict:
+                  partial: str | None = None, keep_runs: bool | None = None) -> dict:
     """The bench on CUDA when there is one (GPT-2 124M and 355M shapes, micro batch 8 of 1,024
     tokens), else on the CPU on tiny shapes. `steady` False: no plain job and no job with replicas.
     `partial`: a file the figures so far are written to after each measurement (a run cut short by
-    a time limit, as a lent GPU's are, keeps them)."""
+    a time limit, as a lent GPU's are, keeps them). `keep_runs`: whether each job's run dir stays
+    (default: where `workdir` is given); the bench's own `workdir` goes when it ends well."""
     import torch
 
     cuda = _cuda()
@@ -257,6 +267,7 @@ def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None
     device = torch.cuda.get_device_name(0) if cuda else "cpu (no CUDA: tiny shapes, absolute times mean nothing)"
     report = {"device": device, "torch": torch.__version__, "micro_batch": micro_batch, "steps": steps, "models": {}}
     work = workdir or tempfile.mkdtemp(prefix="ez-bench-gpu-")
+    keep_runs = workdir is not None if keep_runs is None else keep_runs
 
     def kept() -> None:
         if partial:
@@ -275,21 +286,23 @@ def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None
     try:
         for name in models:
             report["models"][name] = row = {"shape": SHAPES[name]}
-            _model_row(name, micro_batch, steps, warmup, save_every, work, row, kept, steady)
+            _model_row(name, micro_batch, steps, warmup, save_every, work, row, kept, steady, keep_runs)
             kept()
     finally:
         if own_ray:
             ray.shutdown()
+    if workdir is None and not keep_runs:
+        shutil.rmtree(work, ignore_errors=True)
     return report
 
 
 def _model_row(name: str, micro_batch: int, steps: int, warmup: int, save_every: int, work: str, row: dict,
-               kept, steady: bool = True) -> None:
+               kept, steady: bool = True, keep_runs: bool = False) -> None:
     """One shape's row, into `row`: the bare measurements, the jobs', and their ratios."""
     shape = SHAPES[name]
     row.update(_bare(shape, micro_batch, min(steps, 20), warmup))
     kept()
-    _jobs(shape, micro_batch, steps, save_every, os.path.join(work, name), row, kept, steady)
+    _jobs(shape, micro_batch, steps, save_every, os.path.join(work, name), row, kept, steady, keep_runs)
     engine = row["engine_stage2_step_s"]
     row["ratios"] = {
         "engine_vs_torch": round(engine / row["torch_step_s"], 3),

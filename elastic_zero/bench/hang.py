@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
+from elastic_zero.bench.scratch import scratch_dir
 from elastic_zero.bench.recovery import check_fault_run, first_recovery, run_fault_job
 from elastic_zero.job.spec import HANG_ACTIONS
 
@@ -32,12 +32,12 @@ def run_hang_bench(fault: str, preset: str = "gpt-small", workers: int = 3, step
     if fault not in HANG_ACTIONS:
         raise ValueError(f"--fault: got {fault!r}; allowed: kill, {', '.join(HANG_ACTIONS)}")
     check_fault_run(preset, workers, steps, hang_step)
-    work_dir = tempfile.mkdtemp(prefix="elastic-zero-bench-")
     ray.init(num_cpus=workers + 2, include_dashboard=False, logging_level="ERROR", namespace="elastic_zero")
     try:
-        runs = {name: _run(name, preset, workers, steps, micro_batch, faults, work_dir) for name, faults in (
-            ("clean", []), (fault, [{"at_step": hang_step, "action": fault, "rank": 1}]),
-            ("kill", [{"at_step": hang_step, "action": "kill", "rank": 1}]))}
+        with scratch_dir("elastic-zero-bench-") as work_dir:
+            runs = {name: _run(name, preset, workers, steps, micro_batch, faults, work_dir) for name, faults in (
+                ("clean", []), (fault, [{"at_step": hang_step, "action": fault, "rank": 1}]),
+                ("kill", [{"at_step": hang_step, "action": "kill", "rank": 1}]))}
     finally:
         ray.shutdown()
     clean_s = runs["clean"][2]

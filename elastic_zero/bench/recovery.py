@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
+from elastic_zero.bench.scratch import scratch_dir
 from elastic_zero.models import PRESETS
 
 
@@ -161,16 +161,16 @@ def run_recovery_bench(preset: str = "gpt-small", workers: int = 3, steps: int =
 
         if not torchft_installed():
             raise ValueError(f"--against torchft: {MISSING}")
-    work_dir = tempfile.mkdtemp(prefix="elastic-zero-bench-")
-    ray.init(num_cpus=workers + 2, include_dashboard=False, logging_level="ERROR", namespace="elastic_zero")
-    try:
-        ours = _elastic_zero(preset, workers, steps, kill_step, micro_batch, work_dir)
-        if against == "ray-train":
-            theirs = _ray_train(preset, workers, steps, kill_step, micro_batch, checkpoint_every, work_dir)
-    finally:
-        ray.shutdown()
-    if against == "torchft":  # its own processes, with Ray down
-        theirs = _torchft(preset, workers, steps, kill_step, micro_batch, work_dir)
+    with scratch_dir("elastic-zero-bench-") as work_dir:
+        ray.init(num_cpus=workers + 2, include_dashboard=False, logging_level="ERROR", namespace="elastic_zero")
+        try:
+            ours = _elastic_zero(preset, workers, steps, kill_step, micro_batch, work_dir)
+            if against == "ray-train":
+                theirs = _ray_train(preset, workers, steps, kill_step, micro_batch, checkpoint_every, work_dir)
+        finally:
+            ray.shutdown()
+        if against == "torchft":  # its own processes, with Ray down
+            theirs = _torchft(preset, workers, steps, kill_step, micro_batch, work_dir)
     key = against.replace("-", "_")
     report = {
         "preset": preset, "workers": workers, "kill_step": kill_step, "against": against,
