@@ -288,3 +288,37 @@ def test_a_replacement_coordinators_summary_counts_its_predecessors_changes(tmp_
     record = JobRecord(spec_from_dict(spec_dict), spec_dict, "taken", str(again), 0.0, restarted=True)
     record.change_taken_over(5)
     assert record.books.pending_change is None
+
+
+def test_a_coordinator_that_takes_over_books_the_records_its_predecessor_restored_from_a_checkpoint(tmp_path):
+    """Seen in the chaos drill (seed 62, stage 1): generation 3 trained steps 63-64 and was lost
+    with its reports; generation 4 restored the checkpoint of step 65, whose records of those steps
+    were booked; then the coordinator died. Its replacement read only the generations' reports from
+    the log: the final summary counted 16 samples skipped that were trained once (the weights
+    matched the fault-free run), and its world sizes began at its own first generation. Oracles: the
+    predecessor's own books, and the job's status."""
+    from elastic_zero.coordinator.job_record import JobRecord
+    from elastic_zero.job.spec import spec_from_dict
+    from elastic_zero.observe.live import world_size_history
+
+    spec_dict = {"name": "taken", "model": {"preset": "gpt-tiny"}, "train": {"steps": 65, "global_batch": 8}}
+    spec = spec_from_dict(spec_dict)
+    first = JobRecord(spec, spec_dict, "taken", str(tmp_path), 0.0, restarted=False)
+    for generation, step, source in ((2, 0, "init"), (3, 63, "snapshot"), (4, -1, "checkpoint")):
+        first.log("generation_start", generation=generation, step=step, source=source, checkpoint=None,
+                  workers=["w0", "w1"], leaving=[], calls=2)
+    first.books.samples.add(2, [[(step, 0, step * 8, 8) for step in range(63)]])
+    first.log("generation_end", generation=2, outcomes=["dead"], ended_at={}, errors={},
+              samples=[(2, 0, 0, 63, 0, 8, 8)])
+    checkpoint_rows = [(3, step, 0, step * 8, 8) for step in (63, 64)]
+    first.restore_candidates([("c/step-0000000065", checkpoint_rows)])
+    first.restored(4, "c/step-0000000065", 65)
+    first.add_checkpoint_logs(4, "c/step-0000000065")
+    first.add_checkpoint_logs(4, "c/step-0000000065")  # (its reports name it again: logged once)
+    assert first.books.summary(None)["skipped_samples"] == 0
+    taken_over = JobRecord(spec, spec_dict, "taken", str(tmp_path), 0.0, restarted=True)
+    books = taken_over.books.summary(None)
+    assert (books["steps"], books["samples_consumed"], books["skipped_samples"]) == (65, 65 * 8, 0)
+    assert sum(1 for r in taken_over.events.records if r["event"] == "checkpoint_samples") == 1
+    # and the world sizes of its predecessor's generations, as the job's status shows them
+    assert books["world_size_history"] == world_size_history(taken_over.events.records) == [[0, 2], [63, 2], [65, 2]]

@@ -22,6 +22,7 @@ import torch
 
 from elastic_zero.bench.chaos_schedule import KINDS, chaos_faults, fault_kinds
 from elastic_zero.observe.event_log import read_events
+from elastic_zero.observe.live import world_size_history
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "chaos.toml")
 
@@ -154,10 +155,13 @@ def _judge(seed, stage, data, code, summary, events, weights, reference, wall_s)
     if code != 0:
         problems.append(f"exit {code}: {summary.get('error')}")
     else:
-        expected = summary["steps"] * summary["global_batch"]
+        expected = data["train"]["steps"] * summary["global_batch"]  # every step's, however many coordinators booked them
         if summary["samples_consumed"] != expected or summary["duplicate_samples"] or summary["skipped_samples"]:
             problems.append(f"samples: {summary['samples_consumed']} of {expected}, {summary['duplicate_samples']} "
                             f"duplicated, {summary['skipped_samples']} skipped")
+        sizes = [n for _, n in world_size_history(events)]  # every generation's, as the job's status has them
+        if [n for _, n in summary["world_size_history"]] != sizes:
+            problems.append(f"world sizes: the summary's {summary['world_size_history']} are not the job's {sizes}")
         diff = _relative(reference, weights)
         if not diff <= 1e-4:
             problems.append(f"final weights {diff:.2e} from the fault-free run")

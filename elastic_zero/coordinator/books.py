@@ -145,11 +145,14 @@ class Books:
         (self.recoveries if change.pop("_kind") == "recovery" else self.reconfigurations).append(change)
         self.pending_change = None
 
-    def add_checkpoint_log(self, rows) -> None:
+    def add_checkpoint_log(self, rows) -> list:
         """Sample records saved with checkpoints: they fill in ranks whose own report was lost. Those
-        of steps before the job's first (a checkpoint of the run it resumed) are not this job's."""
+        of steps before the job's first (a checkpoint of the run it resumed) are not this job's.
+        Returns the rows booked."""
         first = self.samples.first_step()
-        self.samples.add_rows(row for row in rows if first is None or row[1] >= first)
+        booked = [row for row in rows if first is None or row[1] >= first]
+        self.samples.add_rows(booked)
+        return booked
 
     def add_earlier_change(self, kind: str, change: dict) -> None:
         """A recovery or reconfiguration an earlier coordinator of this job measured (its

@@ -262,7 +262,7 @@ class JobLoop:
         for directory in {r.restored_from for r in results.values() if r.restored_from}:
             self.checkpoint_restored(plan.number, directory)
             if plan.source == Source.CHECKPOINT:
-                self.record.add_checkpoint_logs(directory)
+                self.record.add_checkpoint_logs(plan.number, directory)
         for directory in [d for r in results.values() for d in r.checkpoints]:
             self.checkpoint_committed(directory, plan.number)
         outcomes = self.generations.close(run)
@@ -289,7 +289,7 @@ class JobLoop:
         run = self.generations.running
         if run is not None and run.number == generation and run.plan.source == Source.CHECKPOINT:
             # now, not only from the generation's reports: should every member be lost, none would name it
-            self.record.add_checkpoint_logs(directory)
+            self.record.add_checkpoint_logs(generation, directory)
 
     def _find_own_commits(self) -> None:
         """This job's commits in its store that no note told of (rank 0 told each as it committed, but

@@ -14,11 +14,11 @@ import threading
 import time
 
 from elastic_zero.checkpoint.catalog import step_of_directory
-from elastic_zero.checkpoint.sample_runs import decode_runs, runs_of_logs
+from elastic_zero.checkpoint.sample_runs import decode_runs, encode_runs, runs_of_logs
 from elastic_zero.coordinator.books import Books
 from elastic_zero.coordinator.death_causes import is_memory_kill
 from elastic_zero.observe.event_log import EventLog
-from elastic_zero.observe.live import LiveProgress
+from elastic_zero.observe.live import LiveProgress, world_size_history
 from elastic_zero.observe.metrics import JobMetrics
 from elastic_zero.observe.tracking import start_tracking
 from elastic_zero.protocol import OutcomeKind, Source
@@ -36,18 +36,23 @@ class JobRecord:
         if self.tracking is not None:
             self.events.listener = self.tracking.event
         self._commits_told = {r["directory"] for r in self.events.records if r.get("event") == "checkpoint_committed"}
-        # an earlier coordinator's: what its generations trained, its workers' starts, its changes
+        # an earlier coordinator's: what its generations trained (their reports', and its restores'
+        # records of steps whose reports were lost), its workers' starts, its changes
         for r in self.events.records:
-            if r.get("event") == "generation_end" and r.get("samples"):
+            if r.get("event") in ("generation_end", "checkpoint_samples") and r.get("samples"):
                 self.books.add_earlier_rows(decode_runs(r["samples"]))
             elif r.get("event") == "worker_ready" and r.get("start_s"):
                 self.books.worker_ready(r["actor_id"], r["t"], r["start_s"])
             elif r.get("event") == "change_measured":
                 self.books.add_earlier_change(r["what"], r["change"])
+        # its generations' sizes, the one taken over's too (a step not known yet: -1, as the books keep it)
+        self.books.world_size_history = [[-1 if step is None else step, size]
+                                         for step, size in world_size_history(self.events.records)]
         # (a coordinator that takes a generation over has its predecessor's told already)
         self._restores_told = {(r["generation"], r["directory"]) for r in self.events.records
                                if r.get("event") == "checkpoint_restored"}
         self._candidate_logs: list = []  # (directory, sample records) of a checkpoint generation's candidates
+        self._samples_told: set[tuple[int, str]] = set()  # (generation, directory) whose restored records were logged
 
     def log(self, kind: str, **fields) -> None:
         self.events.add(kind, **fields)
@@ -107,12 +112,19 @@ class JobRecord:
         when it is planned, as pruning may remove them while it trains."""
         self._candidate_logs = list(reversed(candidates))
 
-    def add_checkpoint_logs(self, restored: str) -> None:
-        """The sample records of the restored checkpoint and older commits, for reports that were lost."""
+    def add_checkpoint_logs(self, generation: int, restored: str) -> None:
+        """The sample records of the restored checkpoint and older commits, for reports that were lost;
+        logged once (`checkpoint_samples`), for a coordinator that may replace this one."""
+        booked = []
         for directory, rows in self._candidate_logs:  # oldest commit first
-            self.books.add_checkpoint_log(rows)
+            booked += self.books.add_checkpoint_log(rows)
             if directory == restored:
                 break
+        with self._lock:
+            told = (generation, restored) in self._samples_told
+            self._samples_told.add((generation, restored))
+        if booked and not told:
+            self.log("checkpoint_samples", generation=generation, directory=restored, samples=encode_runs(booked))
 
     def saves_skipped(self, generation: int, steps) -> None:
         """Periodic saves the ranks skipped together (every rank's report names the same steps): the

@@ -69,6 +69,10 @@ KINDS: dict[str, EventKind] = {k.name: k for k in (
     _kind("checkpoint_failed", "generation actor_id error", "a checkpoint could not be written"),
     _kind("checkpoint_skipped", "generation step", "a periodic checkpoint skipped (the previous one still writing)"),
     _kind("checkpoint_restored", "generation step directory", "a generation restored this checkpoint"),
+    _kind("checkpoint_samples", "generation directory samples",
+          "the sample records (runs) a restore booked from its checkpoint and older commits, of steps whose "
+          "own reports were lost: a coordinator that takes over books them again, as the store may have "
+          "pruned those checkpoints by then"),
 )}
 
 
