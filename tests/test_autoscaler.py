@@ -72,14 +72,16 @@ def _spec() -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(request):
     """One cluster for this file's tests: its head and autoscaler, the start of which is what costs (the
-    unplaceable job below needs nothing of the nodes the spot tests leave, and starts none)."""
+    unplaceable job below needs nothing of the nodes the spot tests leave, and starts none). Its Ray
+    logs stay where one of them failed."""
+    failed = request.session.testsfailed
     cluster = AutoscaledCluster(auth=False)
     try:
         yield cluster
     finally:
-        cluster.stop()
+        cluster.stop(keep_dir=request.session.testsfailed > failed)
 
 
 def _events(path) -> list[dict]:

@@ -264,8 +264,8 @@ def test_a_replacement_coordinators_summary_counts_its_predecessors_changes(tmp_
     assert record.books.pending_change == {"_kind": "reconfiguration", "_since": 100.0, "step": 20, "from": 1,
                                            "to": 2, "cause": "joined", "_unheard": None}
     # a recovery from a checkpoint its predecessor planned (its step known once read) is measured from the
-    # reports of the generation taken over, whose first step names it (found by the chaos drill: this
-    # coordinator has no world-size history before the generation it took over)
+    # reports of the generation taken over, whose first step names it (found by the chaos drill; this log
+    # holds no generation_start, so the books have no world-size entry to fill in)
     restored = tmp_path / "restored"
     earlier = EventLog(str(restored))
     earlier.add("change_begun", generation=7, pending={"_kind": "recovery", "_since": 9.0, "step": None,
@@ -322,3 +322,10 @@ def test_a_coordinator_that_takes_over_books_the_records_its_predecessor_restore
     assert sum(1 for r in taken_over.events.records if r["event"] == "checkpoint_samples") == 1
     # and the world sizes of its predecessor's generations, as the job's status shows them
     assert books["world_size_history"] == world_size_history(taken_over.events.records) == [[0, 2], [63, 2], [65, 2]]
+    # its own generation resumes the latest checkpoint (its workers gone): a start with no change pending,
+    # whose step the restore tells (as generation_starts books and logs it)
+    taken_over.books.world_size_history.append([0, 3])
+    taken_over.log("generation_start", generation=5, step=0, source="init", resume="latest", checkpoint=None,
+                   workers=["w5", "w6", "w7"], leaving=[], calls=3)
+    assert taken_over.restored(5, "c/step-0000000065", 65)
+    assert taken_over.books.summary(None)["world_size_history"] == [[0, 2], [63, 2], [65, 2], [65, 3]]

@@ -58,17 +58,19 @@ def _spec(steps: int = STEPS, preemption: str = "", paced: bool = False) -> str:
 
 
 @pytest.fixture
-def cluster():
+def cluster(request):
+    failed = request.session.testsfailed  # a failed test's cluster keeps its Ray logs
     head = RayHead(auth=False, num_cpus=0)
     nodes = []
     try:
         nodes = [RayNode(head, f"ez_node_{i}", num_cpus=2, index=i) for i in range(2)]
         yield head, nodes
     finally:
+        keep = request.session.testsfailed > failed
         for node in nodes:
-            node.stop()
-        head.stop()
-    if not os.environ.get(KEEP_DIRS_ENV):  # nothing of theirs left on disk: their temp dirs and Ray's logs
+            node.stop(keep_dir=keep)
+        head.stop(keep_dir=keep)
+    if not (keep or os.environ.get(KEEP_DIRS_ENV)):  # nothing of theirs left on disk: their temp dirs, Ray's logs
         assert [d for d in (head.dir, *(n.dir for n in nodes)) if os.path.exists(d)] == []
 
 

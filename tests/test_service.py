@@ -142,17 +142,19 @@ def _metric(head, name: str, job_id: str) -> float | None:
 
 
 @pytest.fixture(scope="module")
-def auth_head():
+def auth_head(request):
+    failed = request.session.testsfailed  # a failed test's cluster keeps its Ray logs
     head = RayHead(auth=True, env={"RAY_metrics_report_interval_ms": "1000"})  # its metrics read within seconds
     yield head
-    head.stop()
+    head.stop(keep_dir=request.session.testsfailed > failed)
 
 
 @pytest.fixture(scope="module")
-def open_head():
+def open_head(request):
+    failed = request.session.testsfailed
     head = RayHead(auth=False, env={"ELASTIC_ZERO_LINGER_S": "3"})  # a finished coordinator nobody collects from goes soon
     yield head
-    head.stop()
+    head.stop(keep_dir=request.session.testsfailed > failed)
 
 
 def test_job_on_a_token_auth_head(auth_head, workdir):

@@ -138,6 +138,9 @@ def test_the_world_size_history_takes_a_restored_checkpoints_step_once_it_was_re
     assert world_size_history(records) == [[20, 2], [31, 1], [30, 2]]
     fresh = [start(0, 0, ["w0"], source="init", resume="latest")]  # nothing committed to resume: not read
     assert world_size_history(fresh) == [[None, 1]]
+    # ended without a restore, it found nothing to resume: it began at step 0
+    fresh += [{"event": "generation_end", "generation": 0}, start(1, 12, ["w0", "w1"], source="live")]
+    assert world_size_history(fresh) == [[0, 1], [12, 2]]
     # a telling without the step does not hide one with it; a start over that read the resumed checkpoint
     records += [{"event": "checkpoint_restored", "generation": 2, "directory": "d/step-0000000030", "step": None},
                 start(3, 0, ["w0", "w3"], source="restart"),

@@ -159,9 +159,10 @@ def _judge(seed, stage, data, code, summary, events, weights, reference, wall_s)
         if summary["samples_consumed"] != expected or summary["duplicate_samples"] or summary["skipped_samples"]:
             problems.append(f"samples: {summary['samples_consumed']} of {expected}, {summary['duplicate_samples']} "
                             f"duplicated, {summary['skipped_samples']} skipped")
-        sizes = [n for _, n in world_size_history(events)]  # every generation's, as the job's status has them
-        if [n for _, n in summary["world_size_history"]] != sizes:
-            problems.append(f"world sizes: the summary's {summary['world_size_history']} are not the job's {sizes}")
+        # every generation's [step, size], as the job's status reads them from the log (a step it does not know: any)
+        known, booked = world_size_history(events), summary["world_size_history"]
+        if len(known) != len(booked) or any(n != m or s not in (None, t) for (s, n), (t, m) in zip(known, booked)):
+            problems.append(f"world sizes: the summary's {booked} are not the job's {known}")
         diff = _relative(reference, weights)
         if not diff <= 1e-4:
             problems.append(f"final weights {diff:.2e} from the fault-free run")

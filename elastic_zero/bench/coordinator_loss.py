@@ -54,16 +54,16 @@ def run_coordinator_loss_bench(preset: str = "gpt-small", workers: int = 3, step
     import ray
 
     check_fault_run(preset, workers, steps, fault_step)
-    ray.init(num_cpus=workers + 2, include_dashboard=False, logging_level="ERROR", namespace="elastic_zero")
-    try:
-        with scratch_dir("elastic-zero-bench-") as work_dir:
+    with scratch_dir("elastic-zero-bench-") as work_dir:  # (it goes once Ray is down)
+        ray.init(num_cpus=workers + 2, include_dashboard=False, logging_level="ERROR", namespace="elastic_zero")
+        try:
             runs = {name: _run(name, preset, workers, steps, micro_batch, faults, work_dir, fault_step)
                     for name, faults in (("clean", []),
                                          ("kill_coordinator", [{"at_step": fault_step, "action": "kill_coordinator",
                                                                 "rank": 0}]),
                                          ("kill", [{"at_step": fault_step, "action": "kill", "rank": 1}]))}
-    finally:
-        ray.shutdown()
+        finally:
+            ray.shutdown()
     clean = runs["clean"]["training_s"]
     return {"preset": preset, "workers": workers, "steps": steps, "fault_step": fault_step,
             "step_time_s_median": runs["clean"]["step_time_s_median"],

@@ -166,7 +166,8 @@ def _job(name: str, shape: dict, micro_batch: int, steps: int, work: str, keep_r
         data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
     result = run(spec_from_dict(data), RunConfig(run_dir=os.path.join(work, name), progress=False))
     if not result.ok:
-        raise RuntimeError(f"bench gpu: the job {name} failed: {result.error}")
+        raise RuntimeError(f"bench gpu: the job {name} failed (its outputs: {os.path.join(work, name)}): "
+                           f"{result.error}")
     done = {"summary": result.metrics, "events": read_events(result.path)}
     if not keep_runs:
         shutil.rmtree(os.path.join(work, name), ignore_errors=True)
@@ -252,7 +253,8 @@ def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None
     tokens), else on the CPU on tiny shapes. `steady` False: no plain job and no job with replicas.
     `partial`: a file the figures so far are written to after each measurement (a run cut short by
     a time limit, as a lent GPU's are, keeps them). `keep_runs`: whether each job's run dir stays
-    (default: where `workdir` is given); the bench's own `workdir` goes when it ends well."""
+    (default: where `workdir` is given); without a `workdir` the bench's temp dir goes when it ends
+    well (unless `keep_runs`: the report's "workdir" names it)."""
     import torch
 
     cuda = _cuda()
@@ -265,9 +267,10 @@ def run_gpu_bench(models: tuple[str, ...] | None = None, micro_batch: int | None
     if steps < 3 * save_every or save_every < 2:
         raise ValueError(f"--steps ({steps}) must be at least 3 x --save-every ({save_every}), and --save-every >= 2")
     device = torch.cuda.get_device_name(0) if cuda else "cpu (no CUDA: tiny shapes, absolute times mean nothing)"
-    report = {"device": device, "torch": torch.__version__, "micro_batch": micro_batch, "steps": steps, "models": {}}
     work = workdir or tempfile.mkdtemp(prefix="ez-bench-gpu-")
     keep_runs = workdir is not None if keep_runs is None else keep_runs
+    report = {"device": device, "torch": torch.__version__, "micro_batch": micro_batch, "steps": steps, "models": {},
+              "workdir": work if keep_runs else None}
 
     def kept() -> None:
         if partial:

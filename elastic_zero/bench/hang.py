@@ -32,14 +32,14 @@ def run_hang_bench(fault: str, preset: str = "gpt-small", workers: int = 3, step
     if fault not in HANG_ACTIONS:
         raise ValueError(f"--fault: got {fault!r}; allowed: kill, {', '.join(HANG_ACTIONS)}")
     check_fault_run(preset, workers, steps, hang_step)
-    ray.init(num_cpus=workers + 2, include_dashboard=False, logging_level="ERROR", namespace="elastic_zero")
-    try:
-        with scratch_dir("elastic-zero-bench-") as work_dir:
+    with scratch_dir("elastic-zero-bench-") as work_dir:  # (it goes once Ray is down)
+        ray.init(num_cpus=workers + 2, include_dashboard=False, logging_level="ERROR", namespace="elastic_zero")
+        try:
             runs = {name: _run(name, preset, workers, steps, micro_batch, faults, work_dir) for name, faults in (
                 ("clean", []), (fault, [{"at_step": hang_step, "action": fault, "rank": 1}]),
                 ("kill", [{"at_step": hang_step, "action": "kill", "rank": 1}]))}
-    finally:
-        ray.shutdown()
+        finally:
+            ray.shutdown()
     clean_s = runs["clean"][2]
     stuck = [e for e in runs[fault][1] if e["event"] == "worker_stuck"]
     return {"preset": preset, "workers": workers, "steps": steps, "hang_step": hang_step, "fault": fault,

@@ -63,7 +63,7 @@ class Books:
                 if change.get("step") is None:  # from a checkpoint: the first step the workers ran
                     change["step"] = min(step for r in results for step, *_ in r.log) \
                         if any(r.log for r in results) else None
-                    # (a replacement coordinator that took this change over has no history before it)
+                    # (the generation's entry: the last; a replacement coordinator's begin with its predecessor's)
                     if change["step"] is not None and self.world_size_history and self.world_size_history[-1][0] < 0:
                         self.world_size_history[-1][0] = change["step"]  # known now that it was read
                 _count_lost_steps(change, reached)

@@ -45,9 +45,7 @@ class JobRecord:
                 self.books.worker_ready(r["actor_id"], r["t"], r["start_s"])
             elif r.get("event") == "change_measured":
                 self.books.add_earlier_change(r["what"], r["change"])
-        # its generations' sizes, the one taken over's too (a step not known yet: -1, as the books keep it)
-        self.books.world_size_history = [[-1 if step is None else step, size]
-                                         for step, size in world_size_history(self.events.records)]
+        self._sync_world_sizes()  # its generations', the one taken over's too
         # (a coordinator that takes a generation over has its predecessor's told already)
         self._restores_told = {(r["generation"], r["directory"]) for r in self.events.records
                                if r.get("event") == "checkpoint_restored"}
@@ -105,7 +103,16 @@ class JobRecord:
         self.log("checkpoint_restored", generation=generation, directory=directory, step=step)
         if step is not None:
             self.books.restored(generation, step)
+            self._sync_world_sizes()  # a generation with no change pending too (a restarted coordinator's resume)
         return True
+
+    def _sync_world_sizes(self) -> None:
+        """The books' [step, size] of each generation from the job's log, as the status reads it (every
+        coordinator's generations, one entry each, in the same order as the books append theirs): a
+        step the log does not know yet keeps the books' own, -1 where they have none."""
+        own = self.books.world_size_history
+        self.books.world_size_history = [[(own[i][0] if i < len(own) else -1) if step is None else step, size]
+                                         for i, (step, size) in enumerate(world_size_history(self.events.records))]
 
     def restore_candidates(self, candidates: list[tuple[str, list]]) -> None:
         """The sample records of what a checkpoint generation may restore, newest commit first: read

@@ -98,8 +98,17 @@ def world_size_history(records: list[dict]) -> list[list]:
     """[step, world size] of each generation the job's events began, the step None while unknown: a
     generation that restores a checkpoint knows its step once it has read it (its
     `checkpoint_restored` event), as does a job that resumes one, or starts over from the one it
-    resumed."""
+    resumed. A resuming generation that ended without a restore found nothing to resume: it began at
+    its own step."""
     restored = {r["generation"]: r["step"] for r in records
                 if r.get("event") == "checkpoint_restored" and r.get("step") is not None}
-    return [[restored.get(r["generation"], None if r["step"] < 0 or r.get("resume") else r["step"]),
-             len(r["workers"])] for r in records if r.get("event") == "generation_start"]
+    ended = {r["generation"] for r in records if r.get("event") == "generation_end"}
+
+    def step_of(start: dict) -> int | None:
+        generation = start["generation"]
+        if generation in restored:
+            return restored[generation]
+        unread = start["step"] < 0 or (start.get("resume") and generation not in ended)
+        return None if unread else start["step"]
+
+    return [[step_of(r), len(r["workers"])] for r in records if r.get("event") == "generation_start"]

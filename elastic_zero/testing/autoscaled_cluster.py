@@ -84,8 +84,8 @@ class AutoscaledCluster:
                 pass
         return len(pids)
 
-    def stop(self) -> None:
-        self.head.stop()
+    def stop(self, keep_dir: bool = False) -> None:
+        self.head.stop(keep_dir)
 
 
 def _is_raylet(pid: int) -> bool:

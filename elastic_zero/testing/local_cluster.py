@@ -28,13 +28,15 @@ RAY_CLI = (sys.executable, "-c", "import sys; sys.modules['ray.serve.scripts'] =
 # core to start and about 1% of one a node while up (measured).
 NO_LOG_MONITOR = ("--include-log-monitor", "false")
 
-# Set (to anything), a stopped head's or node's temp dir stays, with its Ray logs, to read after a
-# failure; else it goes with the cluster (about 2 MB a head, 0.2 MB a node: a suite's run left 12).
+# Set (to anything), a stopped head's or node's temp dir stays, with Ray's logs; else it goes (2 MB a head,
+# 0.2 MB a node: a suite's run left 12) unless its stop keeps it (a test's fixture, after a failure).
 KEEP_DIRS_ENV = "ELASTIC_ZERO_KEEP_CLUSTER_DIRS"
 
 
-def _remove_dir(path: str) -> None:
-    if not os.environ.get(KEEP_DIRS_ENV):
+def _remove_dir(path: str, keep: bool = False) -> None:
+    if keep:
+        print(f"kept {path}: Ray's logs of the cluster", file=sys.stderr)
+    elif not os.environ.get(KEEP_DIRS_ENV):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -223,9 +225,10 @@ class RayHead:
         self.stop()
         raise RuntimeError(f"the Ray head at {self.address} did not come up in {timeout_s:.0f} s: {printed}")
 
-    def stop(self) -> None:
+    def stop(self, keep_dir: bool = False) -> None:
         """SIGTERM to `ray start --block` (which stops the processes it started, one by one), and
-        after a few seconds SIGKILL to it and to whatever is left of its descendants."""
+        after a few seconds SIGKILL to it and to whatever is left of its descendants. Its temp dir
+        goes, unless `keep_dir`."""
         self._stop_poller()
         pids = descendants(self.proc.pid)
         if self.proc.poll() is None:
@@ -244,7 +247,7 @@ class RayHead:
             except ProcessLookupError:
                 pass
         self.log.close()
-        _remove_dir(self.dir)
+        _remove_dir(self.dir, keep_dir)
 
     def run_job(self, work_dir: str, spec_file: str, job_id: str, args: tuple = ()) -> subprocess.Popen:
         """`elastic-zero run` of a spec in `work_dir` as this cluster's driver, outputs in
@@ -358,8 +361,9 @@ class RayNode:
                 if self.name in node.get("resources_total", {}):
                     return node["node_id"]
             time.sleep(0.5)
+        printed = open(self.log.name).read()[-2000:]
         self.stop()
-        raise RuntimeError(f"node {self.name} did not join the cluster in {timeout_s:.0f} s")
+        raise RuntimeError(f"node {self.name} did not join the cluster in {timeout_s:.0f} s: {printed}")
 
     def _kill_leftovers(self) -> None:
         """SIGKILL to every process of a failed start: `ray start` has exited, so they are no longer
@@ -383,8 +387,9 @@ class RayNode:
             except ProcessLookupError:
                 pass
 
-    def stop(self) -> None:
-        """SIGKILL to the node's processes (a frozen node cannot stop itself)."""
+    def stop(self, keep_dir: bool = False) -> None:
+        """SIGKILL to the node's processes (a frozen node cannot stop itself); its temp dir goes,
+        unless `keep_dir`."""
         for pid in self.processes():
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -392,4 +397,4 @@ class RayNode:
                 pass
         self.proc.wait()
         self.log.close()
-        _remove_dir(self.dir)
+        _remove_dir(self.dir, keep_dir)
