@@ -311,7 +311,7 @@ def test_a_coordinator_that_takes_over_books_the_records_its_predecessor_restore
     first.log("generation_end", generation=2, outcomes=["dead"], ended_at={}, errors={},
               samples=[(2, 0, 0, 63, 0, 8, 8)])
     checkpoint_rows = [(3, step, 0, step * 8, 8) for step in (63, 64)]
-    first.restore_candidates([("c/step-0000000065", checkpoint_rows)])
+    first.restore_candidates(4, [("c/step-0000000065", checkpoint_rows)])
     first.restored(4, "c/step-0000000065", 65)
     first.add_checkpoint_logs(4, "c/step-0000000065")
     first.add_checkpoint_logs(4, "c/step-0000000065")  # (its reports name it again: logged once)
@@ -329,3 +329,25 @@ def test_a_coordinator_that_takes_over_books_the_records_its_predecessor_restore
                    workers=["w5", "w6", "w7"], leaving=[], calls=3)
     assert taken_over.restored(5, "c/step-0000000065", 65)
     assert taken_over.books.summary(None)["world_size_history"] == [[0, 2], [63, 2], [65, 2], [65, 3]]
+
+
+def test_a_restore_books_only_the_records_read_for_its_own_generation(tmp_path):
+    """Candidates are read for one generation (a checkpoint recovery's, or a restarted coordinator's
+    resume of the job's own latest commit): a restore by another (a start over that read another run's
+    checkpoint) books nothing of them. The job's first step is its first generation's, as the log
+    tells. Oracle: the books' counts."""
+    from elastic_zero.coordinator.job_record import JobRecord
+    from elastic_zero.job.spec import spec_from_dict
+
+    spec_dict = {"name": "gated", "model": {"preset": "gpt-tiny"}, "train": {"steps": 20, "global_batch": 8}}
+    record = JobRecord(spec_from_dict(spec_dict), spec_dict, "gated", str(tmp_path), 0.0, restarted=False)
+    assert record.first_step() == 0  # nothing logged yet
+    record.log("generation_start", generation=0, step=0, source="init", resume="latest", checkpoint=None,
+               workers=["w0"], leaving=[], calls=1)
+    record.restored(0, "c/step-0000000012", 12)
+    assert record.first_step() == 12  # it resumed another run's checkpoint
+    record.restore_candidates(1, [("c/step-0000000015", [(0, step, 0, step * 8, 8) for step in range(12, 15)])])
+    record.add_checkpoint_logs(2, "c/step-0000000015")  # another generation's restore: none of them
+    assert len(record.books.samples) == 0
+    record.add_checkpoint_logs(1, "c/step-0000000015")
+    assert len(record.books.samples) == 3

@@ -45,8 +45,20 @@ class Generations:
         there is none to read."""
         if plan.source == Source.CHECKPOINT:
             candidates, logs = checkpoint_candidates(self._spec.checkpoint.uri)
-            self._record.restore_candidates(logs)
+            self._record.restore_candidates(plan.number, logs)
             plan = dataclasses.replace(plan, checkpoints=candidates)
+        elif plan.source == Source.INIT and self._spec.checkpoint.resume and self._record.committed_directories():
+            # a restarted coordinator, its workers gone, resumes the job's latest checkpoint: the steps its
+            # predecessor's last generation trained are in that commit's records only
+            # (its own commits' records of its own steps: a job that resumed another run's checkpoint carries
+            # that run's records on)
+            own, first = set(self._record.committed_directories()), self._record.first_step()
+            try:
+                logs = checkpoint_candidates(self._spec.checkpoint.uri)[1]
+            except ValueError:  # none committed any more: the generation starts afresh
+                logs = []
+            self._record.restore_candidates(plan.number, [(d, [r for r in rows if r[1] >= first])
+                                                          for d, rows in logs if d in own])
         last = self.last_end
         failed_at = reached = unheard = None
         if plan.source in (Source.SNAPSHOT, Source.CHECKPOINT, Source.RESTART):

@@ -37,7 +37,7 @@ from elastic_zero.coordinator.state import (CheckpointNow, CoordinatorState, Fai
                                             GenerationEnded, MemorySeen, RequestSafePoint, Retire, Spawn, Start,
                                             StartGeneration, Stop, Tick, Warn, decide)
 from elastic_zero.job.spec import spec_from_dict
-from elastic_zero.protocol import OutcomeKind, Source
+from elastic_zero.protocol import OutcomeKind
 from elastic_zero.wire.rendezvous import RendezvousServer, new_secret
 
 
@@ -261,8 +261,7 @@ class JobLoop:
         plan, results = run.plan, run.results
         for directory in {r.restored_from for r in results.values() if r.restored_from}:
             self.checkpoint_restored(plan.number, directory)
-            if plan.source == Source.CHECKPOINT:
-                self.record.add_checkpoint_logs(plan.number, directory)
+            self.record.add_checkpoint_logs(plan.number, directory)  # (where its candidates were read)
         for directory in [d for r in results.values() for d in r.checkpoints]:
             self.checkpoint_committed(directory, plan.number)
         outcomes = self.generations.close(run)
@@ -286,10 +285,8 @@ class JobLoop:
     def checkpoint_restored(self, generation: int, directory: str, step: int | None = None) -> None:
         if not self.record.restored(generation, directory, step):
             return
-        run = self.generations.running
-        if run is not None and run.number == generation and run.plan.source == Source.CHECKPOINT:
-            # now, not only from the generation's reports: should every member be lost, none would name it
-            self.record.add_checkpoint_logs(generation, directory)
+        # now, not only from the generation's reports: should every member be lost, none would name it
+        self.record.add_checkpoint_logs(generation, directory)
 
     def _find_own_commits(self) -> None:
         """This job's commits in its store that no note told of (rank 0 told each as it committed, but

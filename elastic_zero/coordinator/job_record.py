@@ -50,6 +50,7 @@ class JobRecord:
         self._restores_told = {(r["generation"], r["directory"]) for r in self.events.records
                                if r.get("event") == "checkpoint_restored"}
         self._candidate_logs: list = []  # (directory, sample records) of a checkpoint generation's candidates
+        self._candidates_for: int | None = None  # that generation
         self._samples_told: set[tuple[int, str]] = set()  # (generation, directory) whose restored records were logged
 
     def log(self, kind: str, **fields) -> None:
@@ -114,14 +115,23 @@ class JobRecord:
         self.books.world_size_history = [[(own[i][0] if i < len(own) else -1) if step is None else step, size]
                                          for i, (step, size) in enumerate(world_size_history(self.events.records))]
 
-    def restore_candidates(self, candidates: list[tuple[str, list]]) -> None:
-        """The sample records of what a checkpoint generation may restore, newest commit first: read
-        when it is planned, as pruning may remove them while it trains."""
-        self._candidate_logs = list(reversed(candidates))
+    def first_step(self) -> int:
+        """The job's first step, as its log tells (one that resumed another run's checkpoint began at
+        its step; 0 while that is not known)."""
+        sizes = world_size_history(self.events.records)
+        return (sizes[0][0] or 0) if sizes else 0
+
+    def restore_candidates(self, generation: int, candidates: list[tuple[str, list]]) -> None:
+        """The sample records of what `generation` may restore, newest commit first: read when it is
+        planned, as pruning may remove them while it trains."""
+        self._candidate_logs, self._candidates_for = list(reversed(candidates)), generation
 
     def add_checkpoint_logs(self, generation: int, restored: str) -> None:
         """The sample records of the restored checkpoint and older commits, for reports that were lost;
-        logged once (`checkpoint_samples`), for a coordinator that may replace this one."""
+        logged once (`checkpoint_samples`), for a coordinator that may replace this one. Only for the
+        generation whose candidates were read (a restore of another run's checkpoint books nothing)."""
+        if generation != self._candidates_for:
+            return
         booked = []
         for directory, rows in self._candidate_logs:  # oldest commit first
             booked += self.books.add_checkpoint_log(rows)
