@@ -57,6 +57,9 @@ class Generations:
                 logs = checkpoint_candidates(self._spec.checkpoint.uri)[1]
             except ValueError:  # none committed any more: the generation starts afresh
                 logs = []
+            except OSError as exc:  # the workers' own read may still succeed: only the counting lacks them
+                self._record.warn(f"could not read the sample records of the job's checkpoints: {exc}")
+                logs = []
             self._record.restore_candidates(plan.number, [(d, [r for r in rows if r[1] >= first])
                                                           for d, rows in logs if d in own])
         last = self.last_end
