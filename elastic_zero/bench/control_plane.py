@@ -6,7 +6,6 @@ workers saw, and from the coordinator's process (/proc)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import statistics
@@ -58,6 +57,11 @@ def run_control_plane(sizes: list[int], per_node: int = 8, steady_s: float = 60.
 def _real_job_cpu(workers: int, sample_s: float) -> float:
     """The coordinator's CPU per wall second over `sample_s` of a real job's steady training (gpt-tiny,
     no faults), stopped after."""
+    with scratch_dir("ez-coordinator-cpu-") as run_dir:  # (it goes once Ray is down)
+        return _real_job_cpu_in(workers, sample_s, run_dir)
+
+
+def _real_job_cpu_in(workers: int, sample_s: float, run_dir: str) -> float:
     import threading
 
     import ray
@@ -71,7 +75,7 @@ def _real_job_cpu(workers: int, sample_s: float) -> float:
                            "elastic": {"workers": workers, "min_workers": 1, "max_workers": workers}})
     ray.init(num_cpus=max(os.cpu_count() or 2, workers + 1), include_dashboard=False, logging_level="ERROR",
              namespace=NAMESPACE, log_to_driver=False)
-    with scratch_dir("ez-coordinator-cpu-") as run_dir, _shut_down_ray():
+    try:
         job = threading.Thread(target=run, args=(spec, RunConfig(run_dir=run_dir, progress=False)), daemon=True)
         job.start()
         deadline = time.monotonic() + WAIT_S
@@ -94,15 +98,6 @@ def _real_job_cpu(workers: int, sample_s: float) -> float:
         ray.get(coordinator.stop.remote())
         job.join(WAIT_S)
         return round(cpu, 4)
-
-
-@contextlib.contextmanager
-def _shut_down_ray():
-    """Ray shut down as the block ends, however it ends (before the scratch dir its jobs wrote in goes)."""
-    import ray
-
-    try:
-        yield
     finally:
         ray.shutdown()
 
